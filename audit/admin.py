@@ -1,0 +1,21 @@
+from django.contrib import admin
+
+from audit.models import AuditEvent
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """Read-only: the trail is append-only."""
+
+    list_display = ("seq", "tenant_id", "action", "target", "actor_id", "allowed", "created_at")
+    list_filter = ("allowed", "action", "origin")
+    search_fields = ("id", "tenant_id", "target", "actor_id", "request_id")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

@@ -1,0 +1,1 @@
+"""What the agent and the control plane share: ids, enums and wire messages."""

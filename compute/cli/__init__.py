@@ -1,0 +1,1 @@
+"""The `better-compute` command line: an HTTP client of the API envelope (no Django)."""

@@ -1,0 +1,109 @@
+"""Configuration from the environment and the envelope client."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+USER_AGENT = "better-compute-cli"
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed without a traceback, exit status 1."""
+
+
+class ApiError(CliError):
+    def __init__(self, code: str, message: str, status: int, details: dict[str, Any]) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.status = status
+        self.details = details
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(url: str) -> str:
+    """The API URL, ending in /api/compute. Plain http is allowed only for loopback hosts."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"BETTER_COMPUTE_URL must be an http(s) URL, got {url!r}")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise CliError(f"BETTER_COMPUTE_URL uses plain http for {parts.hostname}, which is not a "
+                       "loopback address: use https")
+    base = url.rstrip("/")
+    if not base.endswith("/api/compute"):
+        base += "/api/compute"
+    return base
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    token: str
+    tenant: str | None
+
+    @classmethod
+    def from_env(cls) -> Config:
+        url = os.environ.get("BETTER_COMPUTE_URL", "").strip()
+        if not url:
+            raise CliError("BETTER_COMPUTE_URL is not set: export the API URL printed by "
+                           "`better-compute dev`, e.g. http://127.0.0.1:3000/api/compute")
+        token = os.environ.get("BETTER_COMPUTE_TOKEN", "").strip()
+        token_file = os.environ.get("BETTER_COMPUTE_TOKEN_FILE", "").strip()
+        if not token and token_file:
+            try:
+                with open(token_file) as handle:
+                    token = handle.read().strip()
+            except OSError as error:
+                raise CliError(f"cannot read BETTER_COMPUTE_TOKEN_FILE: {error}") from error
+        if not token:
+            raise CliError("BETTER_COMPUTE_TOKEN is not set: export a biam_… API token "
+                           "(or BETTER_COMPUTE_TOKEN_FILE naming a file that holds one)")
+        return cls(url=check_url(url), token=token,
+                   tenant=os.environ.get("BETTER_COMPUTE_TENANT") or None)
+
+
+class Client:
+    def __init__(self, config: Config, timeout: float = 30.0) -> None:
+        self.config = config
+        self.http = httpx.Client(timeout=timeout, headers={
+            "Authorization": f"Bearer {config.token}", "User-Agent": USER_AGENT})
+
+    def call(self, method: str, body: dict[str, Any] | None = None,
+             tenant: str | None = None) -> Any:
+        group, _, name = method.partition(".")
+        if not name:
+            raise CliError(f"method must look like group.method, got {method!r}")
+        payload = {k: v for k, v in (body or {}).items() if v is not None}
+        tenant = tenant or self.config.tenant
+        if tenant and "tenantId" not in payload:
+            payload["tenantId"] = tenant
+        url = f"{self.config.url}/{group}/{name}"
+        try:
+            response = self.http.post(url, json=payload)
+        except httpx.HTTPError as error:
+            raise CliError(f"cannot reach {self.config.url}: {error}") from error
+        try:
+            envelope = response.json()
+        except ValueError:
+            raise CliError(f"{url} answered HTTP {response.status_code} without a JSON "
+                           "envelope: is BETTER_COMPUTE_URL the API?") from None
+        if not isinstance(envelope, dict) or "ok" not in envelope:
+            raise CliError(f"{url} answered something that is not an API envelope")
+        if not envelope["ok"]:
+            error = envelope.get("error") or {}
+            raise ApiError(error.get("code", "internal"), error.get("message", ""),
+                           response.status_code, error.get("details") or {})
+        return envelope["result"]

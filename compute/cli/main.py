@@ -1,0 +1,87 @@
+"""`better-compute`: every command is an HTTP call to BETTER_COMPUTE_URL, except `dev`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from compute.cli.client import ApiError, CliError
+from compute.cli.common import call_and_show, output_options, parse_assignment
+from compute.cli.dev import dev
+from compute.cli.resources import GROUPS
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """better-compute: a control plane for GPU, CPU and sandbox capacity.
+
+    Configure with BETTER_COMPUTE_URL, BETTER_COMPUTE_TOKEN and BETTER_COMPUTE_TENANT.
+    """
+
+
+for group in GROUPS:
+    cli.add_command(group)
+cli.add_command(dev)
+
+
+@cli.command("api")
+@click.argument("method")
+@click.argument("fields", nargs=-1)
+@output_options
+def api(method: str, fields: tuple[str, ...], output: str | None, query: str | None,
+        tenant: str | None) -> None:
+    """Call any API method: api GROUP.METHOD key=value… (values may be JSON)."""
+    body = dict(parse_assignment(field) for field in fields)
+    call_and_show(method, body, tenant=tenant, output=output, query=query)
+
+
+@cli.command("help")
+@click.argument("command", nargs=-1)
+@click.pass_context
+def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
+    """List every command, or show one: help pools offer."""
+    target: click.Command = cli
+    parent = ctx.parent
+    path = [ctx.find_root().info_name or "better-compute"]
+    for name in command:
+        if not isinstance(target, click.Group) or name not in target.commands:
+            raise CliError(f"no command {' '.join(command)!r}; see better-compute help")
+        target = target.commands[name]
+        path.append(name)
+    if command:
+        click.echo(target.get_help(click.Context(target, info_name=" ".join(path),
+                                                 parent=parent)))
+        return
+    click.echo(cli.get_help(ctx.parent or ctx))
+    click.echo("\nAll commands:")
+    for name, sub in sorted(cli.commands.items()):
+        if isinstance(sub, click.Group):
+            for child_name, child in sorted(sub.commands.items()):
+                label = f"{name} {child_name}"
+                click.echo(f"  {label:<24} {child.get_short_help_str(60)}")
+        else:
+            click.echo(f"  {name:<24} {sub.get_short_help_str(60)}")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except ApiError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2 if error.status < 500 else 3)
+    except CliError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except click.exceptions.Exit as error:
+        sys.exit(error.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Printing results: a table on a terminal, JSON or YAML on request, `--query` for one value."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from typing import Any
+
+import yaml
+
+from compute.cli.client import CliError
+
+
+def query(value: Any, path: str) -> Any:
+    """Follow a dotted path (`binding.nodeId`, `items.0.id`) into a result."""
+    for part in filter(None, path.split(".")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and (
+                -len(value) <= int(part) < len(value)):
+            value = value[int(part)]
+        else:
+            raise CliError(f"--query {path}: no {part!r} in the result")
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(none)"
+    columns = columns or [k for k in rows[0] if not isinstance(rows[0][k], dict | list)][:8]
+    width = shutil.get_terminal_size((120, 20)).columns
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    budget = max(8, (width - 2 * len(columns)) // max(1, len(columns)))
+    widths = [min(w, max(budget, 12)) for w in widths]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(
+            (v if len(v) <= w else v[: w - 1] + "…").ljust(w) for v, w in zip(values, widths,
+                                                                             strict=True))
+
+    return "\n".join([line([c.upper() for c in columns]), *(line(r) for r in cells)]).rstrip()
+
+
+def render(value: Any, *, output: str | None, path: str | None,
+           columns: list[str] | None = None) -> str:
+    if path:
+        value = query(value, path)
+        if output is None and not isinstance(value, dict | list):
+            return "" if value is None else str(value)
+    fmt = output or ("table" if sys.stdout.isatty() else "json")
+    if fmt == "json":
+        return json.dumps(value, indent=2, sort_keys=False)
+    if fmt == "yaml":
+        return yaml.safe_dump(value, sort_keys=False).rstrip()
+    if isinstance(value, dict) and isinstance(value.get("items"), list):
+        return table(value["items"], columns)
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return table(value, columns)
+    if isinstance(value, dict):
+        return table([{"field": k, "value": _cell(v)} for k, v in value.items()])
+    return _cell(value)

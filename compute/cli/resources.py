@@ -1,0 +1,210 @@
+"""Commands over the API's objects: tenants, tokens, sites, pools, offerings, events."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from compute.cli.common import api_command, output_options, read_json_file, show
+from compute.cli.common import client as make_client
+from compute.cli.durations import Duration
+
+
+@click.group()
+def system() -> None:
+    """The API itself."""
+
+
+@api_command(system, "whoami", "system.whoami")
+def whoami() -> dict[str, Any]:
+    """Who the token belongs to, the tenant and the roles."""
+    return {}
+
+
+@click.group()
+def tenants() -> None:
+    """Customer tenants (created by root administrators)."""
+
+
+@api_command(tenants, "create", "tenants.create")
+@click.option("--slug", required=True, help="Short unique name, e.g. acme.")
+@click.option("--name", default=None, help="Display name.")
+@click.option("--key", default=None, help="Idempotency key: the same key returns the same tenant.")
+def tenants_create(slug: str, name: str | None, key: str | None) -> dict[str, Any]:
+    """Create a customer tenant."""
+    return {"slug": slug, "name": name, "idempotencyKey": key}
+
+
+@api_command(tenants, "get", "tenants.get")
+def tenants_get() -> dict[str, Any]:
+    """The acting tenant (see --tenant)."""
+    return {}
+
+
+@api_command(tenants, "list", "tenants.list", columns=["id", "slug", "name", "createdAt"])
+def tenants_list() -> dict[str, Any]:
+    """Tenants you can see."""
+    return {}
+
+
+@click.group()
+def tokens() -> None:
+    """API tokens (biam_…)."""
+
+
+@tokens.command("create")
+@click.option("--name", required=True)
+@click.option("--role", type=click.Choice(["admin", "operator", "member", "viewer"]),
+              default="member", show_default=True)
+@click.option("--ttl", type=Duration(), default=None, help="Lifetime such as 30d; none if absent.")
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+              help="Write the token to this new file (mode 0600) instead of printing it.")
+@output_options
+def tokens_create(name: str, role: str, ttl: int | None, out: str | None, output: str | None,
+                  query: str | None, tenant: str | None) -> None:
+    """Mint an API token for a new service principal. The token is shown once."""
+    result = make_client().call("tokens.create", {"name": name, "role": role, "ttl": ttl},
+                                tenant=tenant)
+    if out:
+        write_secret_file(out, result.pop("token"))
+        click.echo(f"token written to {out}", err=True)
+    show(result, output=output, query=query)
+
+
+def write_secret_file(path: str, secret: str) -> None:
+    """A new file with mode 0600; an existing file is never overwritten."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise click.BadParameter(f"{path} exists; it is never overwritten") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret + "\n")
+
+
+@api_command(tokens, "list", "tokens.list",
+             columns=["id", "name", "principalId", "expiresAt", "revokedAt"])
+def tokens_list() -> dict[str, Any]:
+    """Tokens of the tenant (never their secrets)."""
+    return {}
+
+
+@api_command(tokens, "revoke", "tokens.revoke")
+@click.argument("token_id")
+def tokens_revoke(token_id: str) -> dict[str, Any]:
+    """Revoke a token."""
+    return {"tokenId": token_id}
+
+
+@click.group()
+def sites() -> None:
+    """Sites: where machines live."""
+
+
+@api_command(sites, "create", "sites.create")
+@click.option("--kind", type=click.Choice(["shared", "dedicated"]), required=True)
+@click.option("--region", required=True)
+@click.option("--name", default=None)
+@click.option("--key", default=None, help="Idempotency key: the same key returns the same site.")
+def sites_create(kind: str, region: str, name: str | None, key: str | None) -> dict[str, Any]:
+    """Create a platform site (root tenant)."""
+    return {"kind": kind, "region": region, "name": name, "idempotencyKey": key}
+
+
+@api_command(sites, "get", "sites.get")
+@click.argument("site_id")
+def sites_get(site_id: str) -> dict[str, Any]:
+    """One site."""
+    return {"siteId": site_id}
+
+
+@api_command(sites, "list", "sites.list", columns=["id", "kind", "region", "name", "createdAt"])
+def sites_list() -> dict[str, Any]:
+    """Sites of the tenant."""
+    return {}
+
+
+@click.group()
+def pools() -> None:
+    """Pools: machines of one GPU model under one policy."""
+
+
+@api_command(pools, "create", "pools.create")
+@click.option("--site", "site_id", required=True)
+@click.option("--class", "pool_class", type=click.Choice(["metal-host", "cpu-host"]),
+              required=True)
+@click.option("--gpu-model", default=None, help="GPU family such as H100.")
+@click.option("--policy-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="JSON policy: acceptance checks, expect.gpuCount, hostShare, kubernetes.")
+@click.option("--name", default=None)
+@click.option("--key", default=None, help="Idempotency key: the same key returns the same pool.")
+def pools_create(site_id: str, pool_class: str, gpu_model: str | None, policy_file: str | None,
+                 name: str | None, key: str | None) -> dict[str, Any]:
+    """Create a pool."""
+    policy = read_json_file(policy_file) if policy_file else None
+    return {"siteId": site_id, "class": pool_class, "gpuModel": gpu_model, "policy": policy,
+            "name": name, "idempotencyKey": key}
+
+
+@api_command(pools, "get", "pools.get")
+@click.argument("pool_id")
+def pools_get(pool_id: str) -> dict[str, Any]:
+    """One pool."""
+    return {"poolId": pool_id}
+
+
+@api_command(pools, "list", "pools.list", columns=["id", "name", "class", "gpuModel", "siteId"])
+def pools_list() -> dict[str, Any]:
+    """Pools you own or were offered."""
+    return {}
+
+
+def parse_quota(values: tuple[str, ...]) -> dict[str, int]:
+    quota: dict[str, int] = {}
+    for text in values:
+        resource, sep, amount = text.partition("=")
+        if not sep or not amount.isdigit():
+            raise click.BadParameter(f"{text!r} is not resource=amount, e.g. gpu=16")
+        quota[resource] = int(amount)
+    return quota
+
+
+@api_command(pools, "offer", "pools.offer")
+@click.argument("pool_id")
+@click.option("--to", "to", required=True, help="Tenant id or slug.")
+@click.option("--quota", multiple=True, required=True, help="resource=amount, e.g. gpu=16.")
+def pools_offer(pool_id: str, to: str, quota: tuple[str, ...]) -> dict[str, Any]:
+    """Offer a pool to a tenant with a quota."""
+    return {"poolId": pool_id, "to": to, "quota": parse_quota(quota)}
+
+
+@click.group()
+def offerings() -> None:
+    """Offerings of pools between tenants."""
+
+
+@api_command(offerings, "list", "offerings.list",
+             columns=["id", "poolId", "tenant", "quota", "updatedAt"])
+def offerings_list() -> dict[str, Any]:
+    """Offerings you made or received."""
+    return {}
+
+
+@click.group()
+def events() -> None:
+    """The event log (every state change)."""
+
+
+@api_command(events, "list", "events.list", columns=["seq", "type", "subject", "createdAt"])
+@click.option("--types", default=None, help="Comma-separated globs, e.g. 'node.*,pool.*'.")
+@click.option("--since", type=int, default=None, help="Events after this sequence.")
+@click.option("--subject", default=None, help="Only events about this object id.")
+@click.option("--limit", type=int, default=None)
+def events_list(types: str | None, since: int | None, subject: str | None,
+                limit: int | None) -> dict[str, Any]:
+    """Page through events, oldest first."""
+    return {"types": types, "since": since, "subject": subject, "limit": limit}
+
+
+GROUPS = [system, tenants, tokens, sites, pools, offerings, events]

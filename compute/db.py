@@ -1,0 +1,76 @@
+"""Transaction helpers: the one retry wrapper and the mapping of constraint violations."""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+from django.db import IntegrityError, OperationalError, connection
+
+from compute.errors import ComputeError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock detected
+MAX_ATTEMPTS = 5
+
+
+def sqlstate(error: BaseException) -> str | None:
+    cause = getattr(error, "__cause__", None)
+    return getattr(cause, "sqlstate", None)
+
+
+def constraint_name(error: BaseException) -> str | None:
+    cause = getattr(error, "__cause__", None)
+    diag = getattr(cause, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def retrying(func: Callable[P, R]) -> Callable[P, R]:
+    """Retry the outermost transaction on serialization failures and deadlocks, with jitter.
+
+    Sits above a durable `transaction.atomic`; constraint violations are domain answers
+    and are never retried.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                return func(*args, **kwargs)
+            except OperationalError as error:
+                if sqlstate(error) not in RETRYABLE_SQLSTATES or attempt == MAX_ATTEMPTS:
+                    raise
+                time.sleep(random.uniform(0, 0.01 * 2**attempt))  # noqa: S311 (jitter)
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+@contextmanager
+def constraint_errors(mapping: dict[str, Callable[[], ComputeError]]) -> Iterator[None]:
+    """Turn an IntegrityError on a named constraint into the domain error it stands for."""
+    try:
+        yield
+    except IntegrityError as error:
+        factory = mapping.get(constraint_name(error) or "")
+        if factory is None:
+            raise
+        raise factory() from error
+
+
+def advisory_xact_lock(name: str) -> None:
+    """Serialize with every other transaction that takes the same named lock."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [name])
+
+
+def database_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]

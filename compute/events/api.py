@@ -1,0 +1,29 @@
+"""API method events.list: the outbox, paged by sequence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import Input
+from compute.api.registry import CallContext, endpoint
+from compute.events.selectors import event_list
+from compute.events.serializers import present_event
+
+
+class EventListIn(Input):
+    types = serializers.CharField(required=False, max_length=500,
+                                  help_text="Comma-separated globs such as 'node.*,pool.*'.")
+    since = serializers.IntegerField(required=False, min_value=0, default=0,
+                                     help_text="Return events after this sequence.")
+    subject = serializers.CharField(required=False, max_length=32)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
+
+
+@endpoint("events", "list", input=EventListIn, mutating=False)
+def events_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Events of the tenant after `since`, oldest first."""
+    rows = event_list(tenant=ctx.tenant, **data)
+    items = [present_event(row) for row in rows]
+    return {"items": items, "nextSince": items[-1]["seq"] if items else data["since"]}

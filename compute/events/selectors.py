@@ -1,0 +1,27 @@
+"""Reads of the outbox."""
+
+from __future__ import annotations
+
+import re
+
+from django.db.models import Q
+
+from compute.events.models import Event
+from compute.tenancy.models import Tenant
+
+
+def type_filter(types: str | None) -> Q:
+    """`node.*,reservation.placed` as a Q over Event.type (globs with `*` only)."""
+    query = Q()
+    for glob in filter(None, (t.strip() for t in (types or "").split(","))):
+        pattern = "^" + ".*".join(re.escape(part) for part in glob.split("*")) + "$"
+        query |= Q(type__regex=pattern)
+    return query
+
+
+def event_list(*, tenant: Tenant, types: str | None = None, since: int = 0,
+               subject: str | None = None, limit: int = 100) -> list[Event]:
+    queryset = Event.objects.filter(tenant=tenant, seq__gt=since).filter(type_filter(types))
+    if subject:
+        queryset = queryset.filter(subject=subject)
+    return list(queryset.order_by("seq")[:limit])

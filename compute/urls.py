@@ -1,0 +1,11 @@
+from django.contrib import admin
+from django.urls import path
+
+from compute.api.envelope import EnvelopeView
+from compute.api.openapi import openapi_view
+
+urlpatterns = [
+    path("api/compute/openapi.json", openapi_view, name="openapi"),
+    path("api/compute/<str:group>/<str:method>", EnvelopeView.as_view(), name="envelope"),
+    path("admin/", admin.site.urls),
+]

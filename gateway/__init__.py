@@ -1,0 +1,1 @@
+"""The gateway: a standalone gRPC server holding node sessions over mTLS."""

@@ -1,0 +1,19 @@
+#!/usr/bin/env python
+"""Django's command-line utility for better-compute."""
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    from compute.pg import ensure_database_url
+
+    ensure_database_url()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ReservationsConfig(AppConfig):
+    name = "reservations"
+    verbose_name = "Capacity ledger"

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from compute.db import retrying
+from compute.errors import InvalidArgument, InvalidState
+from compute.events.services import event_emit
+from compute.tenancy.models import Principal, Tenant
+from fleet.models import PoolClass
+from fleet.selectors import access_pool_by_id
+from reservations.offerings import GPU_RESOURCE, HOST_RESOURCES, Offering, Quota
+
+
+def allowed_resources(pool_class: str) -> tuple[str, ...]:
+    return HOST_RESOURCES if pool_class == PoolClass.CPU_HOST else (GPU_RESOURCE,)
+
+
+@retrying
+@transaction.atomic(durable=True)
+def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
+               quota: dict[str, int]) -> Offering:
+    """Offer an owned pool to another tenant with quotas, or change an offering's quotas.
+
+    A GPU pool's only quota resource is `gpu`; a CPU pool's are `vcpu` and `memory` (GiB).
+    A limit below what the tenant already holds is refused.
+    """
+    pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True, lock=True)
+    allowed = allowed_resources(pool.pool_class)
+    unknown = sorted(set(quota) - set(allowed))
+    if unknown:
+        raise InvalidArgument(
+            f"quota: {', '.join(unknown)} is not a resource of a {pool.pool_class} pool "
+            f"(allowed: {', '.join(allowed)})", field="quota", allowed=list(allowed))
+    if to.pk == tenant.pk:
+        raise InvalidArgument("to: a pool's owner needs no offering", field="to")
+    offering, created = Offering.objects.get_or_create(pool=pool, tenant=to)
+    if not created:
+        offering.updated_at = timezone.now()
+        offering.save(update_fields=["updated_at"])
+    for resource, limit in sorted(quota.items()):
+        row, _ = Quota.objects.select_for_update().get_or_create(
+            tenant=to, pool=pool, resource=resource,
+            defaults={"offering": offering, "limit": limit})
+        if row.used > limit:
+            raise InvalidState(
+                f"quota {resource}={limit} is below what {to.slug} holds now ({row.used})",
+                resource=resource, used=row.used, limit=limit)
+        row.limit = limit
+        row.save(update_fields=["limit"])
+    data = {"poolId": pool.id, "to": to.id, "quota": quota}
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.offer", target=pool.id,
+                 data=data)
+    event_emit(tenant_id=tenant.id, type="pool.offered", subject=pool.id, payload=data)
+    event_emit(tenant_id=to.id, type="offering.updated", subject=offering.id, payload=data)
+    return offering

@@ -1,0 +1,100 @@
+"""Walk the registry: every method refuses other tenants' objects and lists none of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from compute.api.inputs import PublicIdField
+from compute.api.registry import REGISTRY
+
+# Extra fields a method needs besides `id` to get past validation.
+EXTRA: dict[str, dict[str, Any]] = {
+    "pools.offer": {"to": "globex", "quota": {"gpu": 1}},
+    "pools.create": {"class": "metal-host", "gpuModel": "H100"},
+}
+
+# Valid bodies for methods that act on the tenant as a whole.
+TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
+    "system.whoami": {},
+    "tenants.get": {},
+    "tenants.create": {"slug": "intruder"},
+    "tokens.create": {"name": "intruder", "role": "admin"},
+    "sites.create": {"kind": "shared", "region": "eu-9"},
+    "events.list": {},
+}
+
+
+def make_objects(root, acme) -> dict[str, str]:
+    """One object of each kind owned by root or acme (never by globex)."""
+    site = root("sites.create", kind="shared", region="eu-1")
+    pool = root("pools.create", siteId=site["id"], gpuModel="H100", **{"class": "metal-host"})
+    token = acme("tokens.create", name="svc", role="viewer")
+    return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id}
+
+
+def target(endpoint) -> tuple[str, str] | None:
+    """(wire name, id prefix) of the object a method acts on, if it acts on one."""
+    for name, field in endpoint.input().fields.items():
+        if isinstance(field, PublicIdField) and field.required:
+            return endpoint.input.wire_name(name), field.prefix
+    return None
+
+
+def id_prefix(endpoint) -> str | None:
+    found = target(endpoint)
+    return found[1] if found else None
+
+
+@pytest.fixture
+def world(root, acme, globex):
+    return make_objects(root, acme)
+
+
+def test_every_method_is_covered_by_this_contract():
+    for (group, method), endpoint in REGISTRY.items():
+        name = f"{group}.{method}"
+        assert id_prefix(endpoint) or method == "list" or name in TENANT_LEVEL_BODIES, name
+
+
+@pytest.mark.parametrize("name", sorted(f"{g}.{m}" for g, m in REGISTRY))
+def test_other_tenants_objects_are_invisible(name, world, globex, root):
+    endpoint = REGISTRY[tuple(name.split(".", 1))]
+    prefix = id_prefix(endpoint)
+    if prefix:
+        assert prefix in world, f"make_objects must create a {prefix}_ object for {name}"
+        field = target(endpoint)[0]
+        answer = globex.call(name, {field: world[prefix], **EXTRA.get(name, {})})
+        assert answer.status in (403, 404), (name, answer.body)
+    elif endpoint.method == "list":
+        answer = globex.call(name)
+        assert answer.ok, answer.body
+        text = str(answer.result)
+        leaked = [v for v in world.values() if v in text]
+        assert not leaked, (name, leaked)
+    # Acting inside another tenant by naming it is refused.
+    body = ({target(endpoint)[0]: world[prefix], **EXTRA.get(name, {})} if prefix
+            else dict(TENANT_LEVEL_BODIES.get(name, {})))
+    answer = globex.call(name, body, tenantId="acme")
+    assert answer.status in (403, 404), (name, answer.body)
+    if answer.status == 403:
+        assert answer.code in ("permission_denied",)
+
+
+@pytest.mark.parametrize("name", sorted(f"{g}.{m}" for g, m in REGISTRY))
+def test_every_method_requires_authentication(name, api, db):
+    group, method = name.split(".", 1)
+    answer = api.raw(f"/api/compute/{group}/{method}", "{}")
+    assert (answer.status, answer.code) == (401, "unauthenticated")
+    assert set(answer.body) == {"ok", "error", "requestId"}
+    assert set(answer.body["error"]) == {"code", "message", "details"}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(f"{g}.{m}" for (g, m), e in REGISTRY.items() if id_prefix(e)))
+def test_wrong_id_prefix_is_invalid_argument(name, root):
+    wrong = "node_01jbx0000000000000000000aa"
+    field = target(REGISTRY[tuple(name.split(".", 1))])[0]
+    answer = root.call(name, {field: wrong, **EXTRA.get(name, {})})
+    assert (answer.status, answer.code) == (400, "invalid_argument"), answer.body

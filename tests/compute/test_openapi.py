@@ -1,0 +1,23 @@
+from openapi_spec_validator import validate
+
+from compute.api.registry import REGISTRY
+
+
+def test_openapi_document_lists_every_method_and_validates(client, db):
+    response = client.get("/api/compute/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    validate(document)
+    listed = {op["post"]["operationId"] for op in document["paths"].values()}
+    assert listed == {f"{g}.{m}" for g, m in REGISTRY}
+
+
+def test_openapi_schema_is_the_validating_schema(client, db):
+    document = client.get("/api/compute/openapi.json").json()
+    body = document["paths"]["/api/compute/pools/create"]["post"]["requestBody"]
+    schema = body["content"]["application/json"]["schema"]
+    assert {"siteId", "class", "gpuModel", "policy", "idempotencyKey", "tenantId"} <= set(
+        schema["properties"])
+    assert schema["additionalProperties"] is False
+    acceptance = schema["properties"]["policy"]["properties"]["acceptance"]
+    assert "diag.nvml" in acceptance["items"]["properties"]["kind"]["enum"]

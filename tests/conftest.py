@@ -1,0 +1,67 @@
+"""Test harness: one real embedded Postgres per session, a clean transaction per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from compute import pg
+from compute.dburl import parse_database_url
+
+
+@pytest.fixture(scope="session")
+def embedded_postgres() -> Iterator[pg.EmbeddedPostgres | None]:
+    """A throw-away server for the session, unless DATABASE_URL names a real one."""
+    if os.environ.get("DATABASE_URL"):
+        yield None
+        return
+    server = pg.throwaway().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(embedded_postgres: pg.EmbeddedPostgres | None,
+                                 django_db_modify_db_settings_parallel_suffix: None) -> None:
+    if embedded_postgres is None:
+        return
+    from django.conf import settings
+    from django.db import connections
+
+    fresh = parse_database_url(embedded_postgres.url)
+    settings.DATABASES["default"].update(fresh)
+    connections["default"].settings_dict.update(fresh)
+
+
+@pytest.fixture
+def api(client: Any) -> Any:
+    from tests.support.client import ApiClient
+
+    return ApiClient(client)
+
+
+@pytest.fixture
+def root_token(db: None) -> str:
+    from compute.tenancy.services import root_bootstrap
+
+    return root_bootstrap().plaintext
+
+
+@pytest.fixture
+def root(api: Any, root_token: str) -> Any:
+    """The API as the root administrator."""
+    return api.as_token(root_token)
+
+
+@pytest.fixture
+def acme(root: Any) -> Any:
+    """A customer tenant `acme` and the API as its administrator."""
+    return root.new_tenant("acme")
+
+
+@pytest.fixture
+def globex(root: Any) -> Any:
+    return root.new_tenant("globex")
