@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 
@@ -29,7 +30,7 @@ class AuditEvent(models.Model):
     decision_id = models.CharField(max_length=32, blank=True)
     request_id = models.CharField(max_length=32, blank=True)
     origin = models.CharField(max_length=16, default="api")
-    data = models.JSONField(default=dict)
+    data = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

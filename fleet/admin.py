@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from fleet.models import Pool, Site
+from fleet.models import Device, Node, Pool, Site
 
 
 @admin.register(Site)
@@ -15,3 +15,28 @@ class PoolAdmin(admin.ModelAdmin):
     list_display = ("id", "name", "pool_class", "gpu_model", "site", "tenant")
     list_filter = ("pool_class", "gpu_model", "site")
     search_fields = ("id", "name", "gpu_model")
+
+
+class DeviceInline(admin.TabularInline):
+    model = Device
+    extra = 0
+    fields = ("uuid", "index", "product", "nvlink_domain", "health", "present")
+    readonly_fields = fields
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("id", "hostname", "pool", "provision_state", "connectivity", "health",
+                    "cordoned", "vcpus_allocated", "vcpus")
+    list_filter = ("provision_state", "connectivity", "health", "cordoned", "pool")
+    search_fields = ("id", "hostname", "serial", "product_uuid")
+    readonly_fields = ("vcpus_allocated", "memory_gib_allocated")
+    inlines = [DeviceInline]
+
+
+@admin.register(Device)
+class DeviceAdmin(admin.ModelAdmin):
+    list_display = ("id", "uuid", "node", "index", "product", "nvlink_domain", "health",
+                    "present")
+    list_filter = ("model", "health", "present", "device_class")
+    search_fields = ("id", "uuid", "node__id", "node__hostname")

@@ -9,10 +9,13 @@ from rest_framework import serializers
 from compute.api.drafts import object_draft
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, endpoint
+from compute.events.selectors import event_list
+from compute.events.serializers import present_event
 from compute.paging import page
 from fleet import selectors
-from fleet.models import Pool, PoolClass, Site
-from fleet.serializers import PolicyIn, present_pool, present_site
+from fleet.models import Node, Pool, PoolClass, Site
+from fleet.serializers import PolicyIn, present_device, present_node, present_pool, present_site
+from fleet.services.nodes import node_cordon, node_uncordon
 from fleet.services.pools import pool_create
 from fleet.services.sites import site_create
 
@@ -90,3 +93,63 @@ def pools_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Pools the tenant owns or was offered."""
     return page(selectors.pool_list(tenant=ctx.tenant), present=present_pool, **data)
+
+
+class NodeListIn(ListInput):
+    pool_id = PublicIdField("pool", required=False)
+
+
+@endpoint("nodes", "list", input=NodeListIn, mutating=False)
+def nodes_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Nodes of the tenant's pools."""
+    queryset = selectors.node_list(tenant=ctx.tenant, pool_id=data.pop("pool_id", None))
+    return page(queryset, present=present_node, **data)
+
+
+def _node_guard(ctx: CallContext, node_id: str) -> Node:
+    return selectors.access_node_by_id(tenant=ctx.tenant, node_id=node_id)
+
+
+class NodeIdIn(Input):
+    node_id = PublicIdField("node")
+
+
+@endpoint("nodes", "get", input=NodeIdIn, mutating=False,
+          draft=object_draft("node", _node_guard, "node_id"))
+def nodes_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """One node with its conditions and devices."""
+    node = _node_guard(ctx, data["node_id"])
+    return {**present_node(node),
+            "devices": [present_device(d) for d in node.devices.filter(present=True)]}
+
+
+class NodeEventsIn(NodeIdIn):
+    since = serializers.IntegerField(required=False, min_value=0, default=0)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
+
+
+@endpoint("nodes", "events", input=NodeEventsIn, mutating=False,
+          draft=object_draft("node", _node_guard, "node_id"))
+def nodes_events(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Events about one node, oldest first."""
+    rows = event_list(tenant=ctx.tenant, subject=data["node_id"], since=data["since"],
+                      limit=data["limit"])
+    return {"items": [present_event(row) for row in rows]}
+
+
+class NodeCordonIn(NodeIdIn):
+    reason = serializers.CharField(required=False, default="", max_length=300, allow_blank=True)
+
+
+@endpoint("nodes", "cordon", input=NodeCordonIn, mutating=True,
+          draft=object_draft("node", _node_guard, "node_id"))
+def nodes_cordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Stop placing on a node; what it holds stays."""
+    return present_node(node_cordon(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+@endpoint("nodes", "uncordon", input=NodeCordonIn, mutating=True,
+          draft=object_draft("node", _node_guard, "node_id"))
+def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Let the placer use a node again."""
+    return present_node(node_uncordon(tenant=ctx.tenant, actor=ctx.principal, **data))

@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 
 from compute.errors import NotFound
 from compute.tenancy.models import Tenant
-from fleet.models import Pool, Site
+from fleet.models import Node, Pool, Site
 
 
 def site_list(*, tenant: Tenant) -> QuerySet[Site]:
@@ -35,3 +35,21 @@ def access_pool_by_id(*, tenant: Tenant, pool_id: str, owned: bool = False,
     if lock:
         pool = Pool.objects.select_for_update().get(pk=pool.pk)
     return pool
+
+
+def node_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Node]:
+    """Nodes of pools the tenant owns."""
+    queryset = Node.objects.filter(pool__tenant=tenant).select_related("pool")
+    if pool_id:
+        queryset = queryset.filter(pool_id=pool_id)
+    return queryset
+
+
+def access_node_by_id(*, tenant: Tenant, node_id: str, lock: bool = False) -> Node:
+    queryset = node_list(tenant=tenant)
+    if lock:
+        queryset = queryset.select_for_update(of=("self",))
+    node = queryset.filter(pk=node_id).first()
+    if node is None:
+        raise NotFound(f"node {node_id} not found", nodeId=node_id)
+    return node

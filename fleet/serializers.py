@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from compute.api.inputs import Input
-from fleet.models import Pool, Site
+from fleet.models import Device, Node, Pool, Site
 
 ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network")
 
@@ -46,3 +46,39 @@ def present_pool(pool: Pool) -> dict[str, Any]:
     return {"id": pool.id, "tenantId": pool.tenant_id, "siteId": pool.site_id,
             "name": pool.name, "class": pool.pool_class, "gpuModel": pool.gpu_model or None,
             "policy": pool.policy, "createdAt": pool.created_at}
+
+
+def present_node(node: Node) -> dict[str, Any]:
+    return {
+        "id": node.id, "poolId": node.pool_id, "siteId": node.site_id,
+        "hostname": node.hostname, "provisionState": node.provision_state,
+        "connectivity": node.connectivity, "health": node.health, "cordoned": node.cordoned,
+        "schedulable": node.schedulable, "labels": node.labels,
+        "vcpus": node.vcpus, "memoryGiB": node.memory_gib,
+        "vcpusAllocated": node.vcpus_allocated, "memoryGiBAllocated": node.memory_gib_allocated,
+        "serial": node.serial or None, "productUuid": node.product_uuid or None,
+        "macs": node.macs, "createdAt": node.created_at,
+        "lastHeartbeatAt": node.last_heartbeat_at,
+        "conditions": node_conditions(node),
+    }
+
+
+def node_conditions(node: Node) -> list[dict[str, Any]]:
+    """Why a node is or is not schedulable, one condition each."""
+    return [
+        {"type": "Adopted", "status": node.provision_state == "adopted",
+         "reason": node.provision_state},
+        {"type": "Reachable", "status": node.connectivity != "unreachable",
+         "reason": node.connectivity},
+        {"type": "Healthy", "status": node.health == "healthy", "reason": node.health},
+        {"type": "Schedulable", "status": node.schedulable,
+         "reason": "cordoned" if node.cordoned else ("ok" if node.schedulable else "see above")},
+    ]
+
+
+def present_device(device: Device) -> dict[str, Any]:
+    return {"id": device.id, "uuid": device.uuid, "class": device.device_class,
+            "index": device.index, "product": device.product, "model": device.model,
+            "vramGiB": device.vram_gib, "nvlinkDomain": device.nvlink_domain or None,
+            "migProfile": device.mig_profile or None, "health": device.health,
+            "present": device.present}

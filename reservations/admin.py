@@ -1,6 +1,14 @@
 from django.contrib import admin
 
-from reservations.models import Offering, Quota
+from reservations.models import (
+    Allocation,
+    Booking,
+    Offering,
+    Quota,
+    Reservation,
+    Sandbox,
+    UsageRecord,
+)
 
 
 class QuotaInline(admin.TabularInline):
@@ -22,3 +30,49 @@ class QuotaAdmin(admin.ModelAdmin):
     list_display = ("tenant", "pool", "resource", "used", "limit")
     list_filter = ("resource", "tenant")
     search_fields = ("tenant__slug", "pool__id")
+
+
+class LedgerReadOnly(admin.ModelAdmin):
+    """Ledger rows change only through the services, which keep counters and quotas true."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Reservation)
+class ReservationAdmin(LedgerReadOnly):
+    list_display = ("id", "tenant", "pool", "state", "gpu_count", "during", "created_at")
+    list_filter = ("state", "pool", "tenant")
+    search_fields = ("id", "tenant__slug")
+
+
+@admin.register(Allocation)
+class AllocationAdmin(LedgerReadOnly):
+    list_display = ("id", "reservation", "node", "vcpus", "memory_gib", "ended_at")
+    search_fields = ("id", "reservation__id", "node__id")
+
+
+@admin.register(Booking)
+class BookingAdmin(LedgerReadOnly):
+    list_display = ("id", "device", "allocation", "during")
+    search_fields = ("allocation__id", "device__uuid", "device__id")
+
+
+@admin.register(Sandbox)
+class SandboxAdmin(LedgerReadOnly):
+    list_display = ("id", "tenant", "pool", "node", "vcpus", "memory_gib", "state")
+    list_filter = ("state", "pool")
+    search_fields = ("id", "tenant__slug", "node__id")
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(LedgerReadOnly):
+    list_display = ("subject", "tenant", "meter", "quantity", "window_start", "window_end")
+    list_filter = ("meter", "tenant")
+    search_fields = ("id", "subject")

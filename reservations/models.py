@@ -1,5 +1,9 @@
 """The capacity ledger's tables."""
 
+from reservations.ledger import Allocation, Booking, Reservation, ReservationState, Topology
 from reservations.offerings import Offering, Quota
+from reservations.sandboxes import Sandbox, SandboxState
+from reservations.usage import UsageRecord
 
-__all__ = ["Offering", "Quota"]
+__all__ = ["Allocation", "Booking", "Offering", "Quota", "Reservation", "ReservationState",
+           "Sandbox", "SandboxState", "Topology", "UsageRecord"]

@@ -1,12 +1,59 @@
+"""Reads of the ledger, always scoped to the acting tenant."""
+
 from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
+from compute.errors import NotFound
 from compute.tenancy.models import Tenant
+from reservations.ledger import Reservation
 from reservations.offerings import Offering
+from reservations.sandboxes import Sandbox
+from reservations.usage import UsageRecord
 
 
 def offering_list(*, tenant: Tenant) -> QuerySet[Offering]:
     """Offerings the tenant made (of its pools) or received."""
     return Offering.objects.filter(Q(tenant=tenant) | Q(pool__tenant=tenant)).prefetch_related(
         "quotas").select_related("pool", "tenant")
+
+
+def reservation_list(*, tenant: Tenant, pool_id: str | None = None,
+                     state: str | None = None) -> QuerySet[Reservation]:
+    queryset = Reservation.objects.filter(tenant=tenant).select_related("pool")
+    if pool_id:
+        queryset = queryset.filter(pool_id=pool_id)
+    if state:
+        queryset = queryset.filter(state=state)
+    return queryset
+
+
+def access_reservation_by_id(*, tenant: Tenant, reservation_id: str,
+                             lock: bool = False) -> Reservation:
+    queryset = reservation_list(tenant=tenant)
+    if lock:
+        queryset = queryset.select_for_update(of=("self",))
+    rsv = queryset.filter(pk=reservation_id).first()
+    if rsv is None:
+        raise NotFound(f"reservation {reservation_id} not found", reservationId=reservation_id)
+    return rsv
+
+
+def sandbox_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Sandbox]:
+    queryset = Sandbox.objects.filter(tenant=tenant)
+    return queryset.filter(pool_id=pool_id) if pool_id else queryset
+
+
+def access_sandbox_by_id(*, tenant: Tenant, sandbox_id: str, lock: bool = False) -> Sandbox:
+    queryset = sandbox_list(tenant=tenant)
+    if lock:
+        queryset = queryset.select_for_update()
+    sandbox = queryset.filter(pk=sandbox_id).first()
+    if sandbox is None:
+        raise NotFound(f"sandbox {sandbox_id} not found", sandboxId=sandbox_id)
+    return sandbox
+
+
+def usage_list(*, tenant: Tenant, meter: str | None = None) -> QuerySet[UsageRecord]:
+    queryset = UsageRecord.objects.filter(tenant=tenant)
+    return queryset.filter(meter=meter) if meter else queryset

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from reservations.ledger import Reservation
 from reservations.offerings import Offering
+from reservations.sandboxes import Sandbox
+from reservations.usage import UsageRecord
 
 
 def present_offering(offering: Offering) -> dict[str, Any]:
@@ -11,3 +14,36 @@ def present_offering(offering: Offering) -> dict[str, Any]:
             "quota": {q.resource: {"limit": q.limit, "used": q.used}
                       for q in offering.quotas.all()},
             "createdAt": offering.created_at, "updatedAt": offering.updated_at}
+
+
+def present_reservation(rsv: Reservation) -> dict[str, Any]:
+    allocation = next((a for a in rsv.allocations.all() if a.ended_at is None), None)
+    return {
+        "id": rsv.id, "tenantId": rsv.tenant_id, "poolId": rsv.pool_id, "state": rsv.state,
+        "devices": [{"class": "gpu", "count": rsv.gpu_count, "topology": rsv.topology}],
+        "model": rsv.model or None, "product": rsv.product or None,
+        "selector": rsv.selector or None, "kubernetes": rsv.kubernetes,
+        "bindingKind": rsv.binding_kind,
+        "start": rsv.starts_at, "end": rsv.ends_at, "durationMs": rsv.duration_ms,
+        "nodeId": allocation.node_id if allocation else None,
+        "allocationId": allocation.id if allocation else None,
+        "hostShare": ({"vcpus": allocation.vcpus, "memoryGiB": allocation.memory_gib}
+                      if allocation else None),
+        "binding": rsv.binding,
+        "placementAttempts": rsv.placement_attempts,
+        "failureReason": rsv.failure_reason or None,
+        "createdAt": rsv.created_at, "placedAt": rsv.placed_at, "endedAt": rsv.ended_at,
+    }
+
+
+def present_sandbox(sandbox: Sandbox) -> dict[str, Any]:
+    return {"id": sandbox.id, "tenantId": sandbox.tenant_id, "poolId": sandbox.pool_id,
+            "nodeId": sandbox.node_id, "name": sandbox.name, "vcpus": sandbox.vcpus,
+            "memoryGiB": sandbox.memory_gib, "state": sandbox.state,
+            "createdAt": sandbox.created_at, "releasedAt": sandbox.released_at}
+
+
+def present_usage(record: UsageRecord) -> dict[str, Any]:
+    return {"id": record.id, "subject": record.subject, "meter": record.meter,
+            "quantity": str(record.quantity), "windowStart": record.window_start,
+            "windowEnd": record.window_end}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 
@@ -19,7 +20,7 @@ class Event(models.Model):
     type = models.CharField(max_length=64, db_index=True)
     tenant = models.ForeignKey("compute.Tenant", on_delete=models.PROTECT, related_name="+")
     subject = models.CharField(max_length=32, db_index=True)
-    payload = models.JSONField(default=dict)
+    payload = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

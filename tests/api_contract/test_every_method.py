@@ -8,11 +8,17 @@ import pytest
 
 from compute.api.inputs import PublicIdField
 from compute.api.registry import REGISTRY
+from tests.factories import make_node
 
 # Extra fields a method needs besides `id` to get past validation.
+SHAPE = {"devices": [{"class": "gpu", "count": 1}], "duration": 3_600_000}
 EXTRA: dict[str, dict[str, Any]] = {
     "pools.offer": {"to": "globex", "quota": {"gpu": 1}},
     "pools.create": {"class": "metal-host", "gpuModel": "H100"},
+    "reservations.create": SHAPE,
+    "capacity.preview": SHAPE,
+    "reservations.extend": {"by": 60_000},
+    "sandboxes.create": {"vcpus": 1, "memoryGiB": 1},
 }
 
 # Valid bodies for methods that act on the tenant as a whole.
@@ -30,8 +36,13 @@ def make_objects(root, acme) -> dict[str, str]:
     """One object of each kind owned by root or acme (never by globex)."""
     site = root("sites.create", kind="shared", region="eu-1")
     pool = root("pools.create", siteId=site["id"], gpuModel="H100", **{"class": "metal-host"})
+    node = make_node(pool["id"])
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    rsv = acme("reservations.create", poolId=pool["id"], **SHAPE)
+    sandbox = root("sandboxes.create", poolId=pool["id"], vcpus=2, memoryGiB=4)
     token = acme("tokens.create", name="svc", role="viewer")
-    return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id}
+    return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
+            "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"]}
 
 
 def target(endpoint) -> tuple[str, str] | None:
@@ -94,7 +105,7 @@ def test_every_method_requires_authentication(name, api, db):
 @pytest.mark.parametrize(
     "name", sorted(f"{g}.{m}" for (g, m), e in REGISTRY.items() if id_prefix(e)))
 def test_wrong_id_prefix_is_invalid_argument(name, root):
-    wrong = "node_01jbx0000000000000000000aa"
-    field = target(REGISTRY[tuple(name.split(".", 1))])[0]
+    field, prefix = target(REGISTRY[tuple(name.split(".", 1))])
+    wrong = ("pool_" if prefix == "node" else "node_") + "01jbx0000000000000000000aa"
     answer = root.call(name, {field: wrong, **EXTRA.get(name, {})})
     assert (answer.status, answer.code) == (400, "invalid_argument"), answer.body

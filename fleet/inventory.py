@@ -1,0 +1,108 @@
+"""Inventory reports: what a machine says it has. Pure parsing and derivation, no ORM."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from compute.errors import InvalidArgument
+
+_VENDOR_PREFIXES = ("NVIDIA ", "Tesla ")
+_TWO_WORD_FAMILIES = ("RTX", "QUADRO", "GEFORCE")
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def gpu_family(product: str) -> str:
+    """The GPU model family of a product name: `H100-SXM5-80GB` and `NVIDIA H100 80GB HBM3`
+    are both `H100`; `NVIDIA RTX 6000 Ada Generation` is `RTX-6000`."""
+    name = product.strip()
+    for prefix in _VENDOR_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    tokens = [t for t in re.split(r"[\s\-_]+", name) if t]
+    if not tokens:
+        return ""
+    if tokens[0].upper() in _TWO_WORD_FAMILIES and len(tokens) > 1:
+        return f"{tokens[0].upper()}-{tokens[1].upper()}"
+    return tokens[0].upper()
+
+
+@dataclass(frozen=True)
+class MigReport:
+    uuid: str
+    profile: str
+    vram_gib: int
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    uuid: str
+    index: int
+    product: str
+    vram_gib: int
+    nvlink_domain: str = ""
+    healthy: bool = True
+    mig: tuple[MigReport, ...] = ()
+
+    @property
+    def model(self) -> str:
+        return gpu_family(self.product)
+
+
+@dataclass(frozen=True)
+class InventoryReport:
+    hostname: str
+    vcpus: int
+    memory_gib: int
+    serial: str = ""
+    product_uuid: str = ""
+    macs: tuple[str, ...] = ()
+    gpus: tuple[GpuReport, ...] = field(default_factory=tuple)
+
+    def models(self) -> set[str]:
+        return {gpu.model for gpu in self.gpus}
+
+
+def _get(data: dict[str, Any], key: str, kind: type, where: str, default: Any = None) -> Any:
+    value = data.get(key, default)
+    if value is None and default is None:
+        raise InvalidArgument(f"{where}{key} is required", field=f"{where}{key}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidArgument(f"{where}{key} must be a non-negative integer",
+                              field=f"{where}{key}")
+    if kind is str and not isinstance(value, str):
+        raise InvalidArgument(f"{where}{key} must be a string", field=f"{where}{key}")
+    return value
+
+
+def parse_inventory(data: dict[str, Any]) -> InventoryReport:
+    """Validate a report in wire form (camelCase), naming the first bad field."""
+    if not isinstance(data, dict):
+        raise InvalidArgument("inventory must be an object")
+    gpus = []
+    for i, raw in enumerate(data.get("gpus") or []):
+        where = f"gpus[{i}]."
+        if not isinstance(raw, dict):
+            raise InvalidArgument(f"{where[:-1]} must be an object", field=where[:-1])
+        migs = tuple(
+            MigReport(uuid=_get(m, "uuid", str, f"{where}mig[{j}]."),
+                      profile=_get(m, "profile", str, f"{where}mig[{j}]."),
+                      vram_gib=_get(m, "vramGiB", int, f"{where}mig[{j}].", 0))
+            for j, m in enumerate(raw.get("mig") or []))
+        gpus.append(GpuReport(
+            uuid=_get(raw, "uuid", str, where), index=_get(raw, "index", int, where, i),
+            product=_get(raw, "product", str, where), vram_gib=_get(raw, "vramGiB", int, where, 0),
+            nvlink_domain=str(raw.get("nvlinkDomain") or ""),
+            healthy=raw.get("health", "healthy") == "healthy", mig=migs))
+    uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig]
+    if len(set(uuids)) != len(uuids):
+        raise InvalidArgument("gpus: a device UUID appears twice", field="gpus")
+    macs = tuple(str(m).lower() for m in data.get("macs") or [])
+    bad = [m for m in macs if not _MAC.match(m)]
+    if bad:
+        raise InvalidArgument(f"macs: {bad[0]!r} is not a MAC address", field="macs")
+    return InventoryReport(
+        hostname=_get(data, "hostname", str, "", ""), vcpus=_get(data, "vcpus", int, ""),
+        memory_gib=_get(data, "memoryGiB", int, ""), serial=_get(data, "serial", str, "", ""),
+        product_uuid=_get(data, "productUuid", str, "", ""), macs=macs, gpus=tuple(gpus))

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from compute.fields import id_field
+from fleet.models.nodes import Health
+
+
+class DeviceClass(models.TextChoices):
+    GPU = "gpu"
+    MIG = "mig"
+
+
+class Device(models.Model):
+    """A bookable atom on a node: a whole GPU or a MIG instance, named by its UUID.
+
+    Devices come from inventory reports; one that disappears is kept (`present=False`) so
+    its bookings keep their meaning, and is never placed again.
+    """
+
+    id = id_field("dev")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="devices")
+    uuid = models.CharField(max_length=96, unique=True)
+    device_class = models.CharField(max_length=8, choices=DeviceClass.choices,
+                                    default=DeviceClass.GPU)
+    index = models.PositiveSmallIntegerField(default=0)
+    product = models.CharField(max_length=96)
+    model = models.CharField(max_length=32)
+    vram_gib = models.PositiveIntegerField(default=0)
+    nvlink_domain = models.CharField(max_length=32, blank=True)
+    mig_parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="mig_instances")
+    mig_profile = models.CharField(max_length=32, blank=True)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    present = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node", "index", "id"]
+
+    def __str__(self) -> str:
+        return self.uuid

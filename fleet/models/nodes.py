@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from compute.fields import id_field
+
+
+class ProvisionState(models.TextChoices):
+    ADOPTING = "adopting"
+    ADOPTED = "adopted"
+    ACCEPTANCE_FAILED = "acceptance-failed"
+    RETIRED = "retired"
+
+
+class Connectivity(models.TextChoices):
+    UNKNOWN = "unknown"
+    CONNECTED = "connected"
+    UNREACHABLE = "unreachable"
+
+
+class Health(models.TextChoices):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class Node(models.Model):
+    """A machine in a pool.
+
+    Host vCPUs and memory are guarded counters: `*_allocated` is what live allocations and
+    sandboxes hold, and a CHECK keeps it within the machine's size, so a GPU reservation's
+    host share and a sandbox can never take what the other holds.
+    """
+
+    id = id_field("node")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="nodes")
+    site = models.ForeignKey("fleet.Site", on_delete=models.PROTECT, related_name="nodes")
+    hostname = models.CharField(max_length=253, blank=True)
+    provision_state = models.CharField(max_length=24, choices=ProvisionState.choices,
+                                       default=ProvisionState.ADOPTING)
+    connectivity = models.CharField(max_length=16, choices=Connectivity.choices,
+                                    default=Connectivity.UNKNOWN)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    cordoned = models.BooleanField(default=False)
+    labels = models.JSONField(default=dict, blank=True)
+    vcpus = models.PositiveIntegerField(default=0)
+    memory_gib = models.PositiveIntegerField(default=0)
+    vcpus_allocated = models.PositiveIntegerField(default=0)
+    memory_gib_allocated = models.PositiveIntegerField(default=0)
+    serial = models.CharField(max_length=128, blank=True)
+    product_uuid = models.CharField(max_length=64, blank=True)
+    macs = ArrayField(models.CharField(max_length=17), default=list, blank=True)
+    inventory_generation = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(vcpus_allocated__lte=F("vcpus")),
+                                   name="fleet_node_vcpus_within_size"),
+            models.CheckConstraint(condition=Q(memory_gib_allocated__lte=F("memory_gib")),
+                                   name="fleet_node_memory_within_size"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hostname or self.id}"
+
+    @property
+    def schedulable(self) -> bool:
+        return (self.provision_state == ProvisionState.ADOPTED and not self.cordoned
+                and self.connectivity != Connectivity.UNREACHABLE
+                and self.health == Health.HEALTHY)
+
+
+SCHEDULABLE = Q(provision_state=ProvisionState.ADOPTED, cordoned=False,
+                health=Health.HEALTHY) & ~Q(connectivity=Connectivity.UNREACHABLE)

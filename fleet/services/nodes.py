@@ -1,0 +1,166 @@
+"""Node writes: creation, inventory, adoption and cordoning."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from compute.db import retrying
+from compute.errors import Conflict, InvalidState
+from compute.events.services import event_emit
+from compute.tenancy.models import Principal, Tenant
+from fleet.inventory import InventoryReport
+from fleet.models import Device, DeviceClass, Health, Node, Pool, PoolClass, ProvisionState
+from fleet.selectors import access_node_by_id
+
+
+class InventoryRefused(Conflict):
+    code = "inventory_refused"
+
+
+def _node_event(node: Node, type_: str, actor_id: str, action: str, **data: object) -> None:
+    audit_record(tenant_id=node.pool.tenant_id, actor_id=actor_id, action=action,
+                 target=node.id, data=data)
+    event_emit(tenant_id=node.pool.tenant_id, type=type_, subject=node.id,
+               payload={"poolId": node.pool_id, **data})
+
+
+def node_create_locked(*, pool: Pool, actor_id: str, hostname: str = "", serial: str = "",
+                       product_uuid: str = "", macs: tuple[str, ...] = ()) -> Node:
+    """Create a node in `adopting` inside the caller's transaction (the join path uses it)."""
+    node = Node.objects.create(pool=pool, site_id=pool.site_id, hostname=hostname,
+                               serial=serial, product_uuid=product_uuid, macs=list(macs))
+    node.pool = pool
+    _node_event(node, "node.joined", actor_id, "node.join", hostname=hostname)
+    return node
+
+
+@retrying
+@transaction.atomic(durable=True)
+def node_create(*, pool: Pool, actor_id: str, hostname: str = "", serial: str = "",
+                product_uuid: str = "", macs: tuple[str, ...] = ()) -> Node:
+    return node_create_locked(pool=pool, actor_id=actor_id, hostname=hostname, serial=serial,
+                              product_uuid=product_uuid, macs=macs)
+
+
+@retrying
+@transaction.atomic(durable=True)
+def node_inventory_ingest(*, node_id: str, report: InventoryReport) -> Node:
+    """Record what a machine has and derive its devices, idempotently.
+
+    Devices are matched by UUID; a device missing from the report is kept but marked
+    absent, so the placer never chooses it. A GPU pool takes only its own GPU model: a
+    machine with other GPUs is refused with the models named, and nothing is written.
+    """
+    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    pool = node.pool
+    if pool.pool_class == PoolClass.METAL_HOST and report.gpus:
+        foreign = sorted(report.models() - {pool.gpu_model.upper()})
+        if foreign:
+            raise InventoryRefused(
+                f"pool {pool.id} holds {pool.gpu_model} GPUs; this machine has "
+                f"{', '.join(foreign)}", poolModel=pool.gpu_model, found=foreign)
+    if report.vcpus < node.vcpus_allocated or report.memory_gib < node.memory_gib_allocated:
+        raise InventoryRefused("the machine reports fewer vCPUs or less memory than its "
+                               "allocations hold", vcpus=report.vcpus)
+    node.hostname = report.hostname or node.hostname
+    node.vcpus, node.memory_gib = report.vcpus, report.memory_gib
+    node.serial = report.serial or node.serial
+    node.product_uuid = report.product_uuid or node.product_uuid
+    node.macs = list(report.macs) or node.macs
+    node.inventory_generation += 1
+    node.save(update_fields=["hostname", "vcpus", "memory_gib", "serial", "product_uuid",
+                             "macs", "inventory_generation"])
+    seen: set[str] = set()
+    for gpu in report.gpus:
+        parent = _upsert_device(node, uuid=gpu.uuid, device_class=DeviceClass.GPU,
+                                index=gpu.index, product=gpu.product, model=gpu.model,
+                                vram_gib=gpu.vram_gib, nvlink_domain=gpu.nvlink_domain,
+                                healthy=gpu.healthy)
+        seen.add(gpu.uuid)
+        for mig in gpu.mig:
+            _upsert_device(node, uuid=mig.uuid, device_class=DeviceClass.MIG, index=gpu.index,
+                           product=gpu.product, model=gpu.model, vram_gib=mig.vram_gib,
+                           nvlink_domain="", healthy=gpu.healthy, mig_parent=parent,
+                           mig_profile=mig.profile)
+            seen.add(mig.uuid)
+    gone = node.devices.filter(present=True).exclude(uuid__in=seen).update(present=False)
+    _node_event(node, "node.inventory.updated", node.id, "node.inventory",
+                gpus=len(report.gpus), vcpus=report.vcpus, memoryGiB=report.memory_gib,
+                devicesGone=gone)
+    return node
+
+
+def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, product: str,
+                   model: str, vram_gib: int, nvlink_domain: str, healthy: bool,
+                   mig_parent: Device | None = None, mig_profile: str = "") -> Device:
+    values = {"node": node, "device_class": device_class, "index": index, "product": product,
+              "model": model, "vram_gib": vram_gib, "nvlink_domain": nvlink_domain,
+              "health": Health.HEALTHY if healthy else Health.UNHEALTHY, "present": True,
+              "mig_parent": mig_parent, "mig_profile": mig_profile}
+    device, created = Device.objects.get_or_create(uuid=uuid, defaults=values)
+    if not created:
+        if device.node_id != node.id:
+            raise InventoryRefused(f"device {uuid} belongs to another node", uuid=uuid)
+        for key, value in values.items():
+            setattr(device, key, value)
+        device.save(update_fields=[k for k in values if k != "node"])
+    return device
+
+
+@retrying
+@transaction.atomic(durable=True)
+def node_adopted(*, node_id: str, actor_id: str, checks: list[str]) -> Node:
+    """The node passed its pool's acceptance checks: the placer may now consider it."""
+    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    if node.provision_state not in (ProvisionState.ADOPTING, ProvisionState.ACCEPTANCE_FAILED):
+        raise InvalidState(f"node {node.id} is {node.provision_state}, not adopting",
+                           provisionState=node.provision_state)
+    node.provision_state = ProvisionState.ADOPTED
+    node.save(update_fields=["provision_state"])
+    _node_event(node, "node.adopted", actor_id, "node.adopt", checks=checks)
+    return node
+
+
+def _set_cordon(*, tenant: Tenant, actor: Principal, node_id: str, cordoned: bool,
+                reason: str) -> Node:
+    node = access_node_by_id(tenant=tenant, node_id=node_id, lock=True)
+    if node.cordoned == cordoned:
+        return node
+    node.cordoned = cordoned
+    node.save(update_fields=["cordoned"])
+    verb = "cordon" if cordoned else "uncordon"
+    _node_event(node, f"node.{verb}ed", actor.id, f"node.{verb}", reason=reason)
+    return node
+
+
+@retrying
+@transaction.atomic(durable=True)
+def node_cordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str = "") -> Node:
+    """Take a node out of placement; what it holds stays."""
+    return _set_cordon(tenant=tenant, actor=actor, node_id=node_id, cordoned=True,
+                       reason=reason)
+
+
+@retrying
+@transaction.atomic(durable=True)
+def node_uncordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str = "") -> Node:
+    return _set_cordon(tenant=tenant, actor=actor, node_id=node_id, cordoned=False,
+                       reason=reason)
+
+
+@retrying
+@transaction.atomic(durable=True)
+def node_set_connectivity(*, node_id: str, connectivity: str) -> Node:
+    """Record whether the node's session is up. Nothing it holds is released either way."""
+    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    if node.connectivity != connectivity:
+        node.connectivity = connectivity
+        fields = ["connectivity"]
+        if connectivity == "connected":
+            node.last_heartbeat_at = timezone.now()
+            fields.append("last_heartbeat_at")
+        node.save(update_fields=fields)
+        _node_event(node, f"node.{connectivity}", node.id, f"node.{connectivity}")
+    return node

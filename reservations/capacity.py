@@ -1,0 +1,80 @@
+"""Capacity of a pool: the rollup per resource, and "would this request fit now"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.db.models import Count, Exists, OuterRef, Q, Sum
+
+from compute.db import database_now
+from fleet.models import SCHEDULABLE, Connectivity, Device, DeviceClass, Health, Node, Pool
+from fleet.models import ProvisionState as PS
+from reservations.candidates import load_candidates, placement_request, window
+from reservations.ledger import Booking, Reservation
+from reservations.placement import choose
+
+
+def capacity_rollup(pool: Pool) -> dict[str, Any]:
+    """Per resource: total, allocatable, allocated (held now), reserved (with a booking that
+    starts later) and available now; plus GPUs provisioning, unhealthy, in maintenance or
+    unreachable. Allocatable means on a node the placer considers."""
+    now = database_now()
+    instant = DateTimeTZRange(now, now, "[]")
+    held_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant)
+    booked_later = Booking.objects.filter(device=OuterRef("pk"), during__startswith__gt=now)
+    gpus = (Device.objects.filter(node__pool=pool, present=True, device_class=DeviceClass.GPU)
+            .annotate(held=Exists(held_now), later=Exists(booked_later)))
+    schedulable = Q(node__in=Node.objects.filter(pool=pool).filter(SCHEDULABLE)) & Q(
+        health=Health.HEALTHY)
+    counts = gpus.aggregate(
+        total=Count("pk"),
+        allocatable=Count("pk", filter=schedulable),
+        allocated=Count("pk", filter=Q(held=True)),
+        reserved=Count("pk", filter=Q(later=True)),
+        available=Count("pk", filter=schedulable & Q(held=False)),
+        provisioning=Count("pk", filter=~Q(node__provision_state=PS.ADOPTED)),
+        unhealthy=Count("pk", filter=Q(health=Health.UNHEALTHY) | Q(
+            node__health=Health.UNHEALTHY)),
+        maintenance=Count("pk", filter=Q(node__cordoned=True)),
+        unreachable=Count("pk", filter=Q(node__connectivity=Connectivity.UNREACHABLE)),
+    )
+    nodes = Node.objects.filter(pool=pool)
+    host = nodes.aggregate(vcpus=Sum("vcpus"), vcpus_allocated=Sum("vcpus_allocated"),
+                           memory=Sum("memory_gib"), memory_allocated=Sum("memory_gib_allocated"))
+    live = nodes.filter(SCHEDULABLE).aggregate(
+        vcpus=Sum("vcpus"), vcpus_allocated=Sum("vcpus_allocated"), memory=Sum("memory_gib"),
+        memory_allocated=Sum("memory_gib_allocated"))
+
+    def host_row(total: str, allocated: str) -> dict[str, int]:
+        allocatable = live[total] or 0
+        return {"total": host[total] or 0, "allocatable": allocatable,
+                "allocated": host[allocated] or 0,
+                "available": allocatable - (live[allocated] or 0)}
+
+    return {
+        "poolId": pool.id, "gpuModel": pool.gpu_model or None, "at": now,
+        "nodes": nodes.count(),
+        "gpu": {k: counts[k] for k in ("total", "allocatable", "allocated", "reserved",
+                                       "available")},
+        "gpusNotSchedulable": {k: counts[k] for k in ("provisioning", "unhealthy",
+                                                      "maintenance", "unreachable")},
+        "vcpu": host_row("vcpus", "vcpus_allocated"),
+        "memoryGiB": host_row("memory", "memory_allocated"),
+        "pending": Reservation.objects.filter(pool=pool, state="pending").count(),
+    }
+
+
+def capacity_preview(pool: Pool, rsv: Reservation) -> dict[str, Any]:
+    """Would `rsv` (unsaved) fit now? Books nothing and takes no locks."""
+    now = database_now()
+    during = window(now, rsv.duration_ms)
+    choice = choose(load_candidates(pool, during), placement_request(rsv))
+    if choice is None:
+        return {"fits": False, "poolId": pool.id, "gpus": rsv.gpu_count,
+                "reason": "no schedulable node has the GPUs, topology and host share free now"}
+    return {"fits": True, "poolId": pool.id, "gpus": rsv.gpu_count, "nodeId": choice.node_id,
+            "nodeClass": pool.pool_class, "devices": [d.uuid for d in choice.devices],
+            "nvlinkDomains": sorted({d.nvlink_domain for d in choice.devices if d.nvlink_domain}),
+            "vcpus": choice.vcpus, "memoryGiB": choice.memory_gib,
+            "window": {"start": during.lower, "end": during.upper}}

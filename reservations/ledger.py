@@ -1,0 +1,116 @@
+"""The ledger's rows: reservations, their allocations on a node, and device bookings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.postgres.fields import DateTimeRangeField
+from django.db import models
+from django.utils import timezone
+
+from compute.fields import id_field
+
+
+class ReservationState(models.TextChoices):
+    PENDING = "pending"
+    PLACED = "placed"
+    BINDING = "binding"
+    ACTIVE = "active"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class Topology(models.TextChoices):
+    ANY = "any"
+    NVLINK_ALL = "nvlink-all"
+
+
+class Reservation(models.Model):
+    """A tenant's request for GPUs of one pool for a window of time, and its lifecycle.
+
+    A pending reservation has no allocation. A placed one has exactly one live allocation
+    whose bookings cover `gpu_count` devices over the reservation's window.
+    """
+
+    id = id_field("rsv")
+    tenant = models.ForeignKey("compute.Tenant", on_delete=models.PROTECT,
+                               related_name="reservations")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="reservations")
+    state = models.CharField(max_length=16, choices=ReservationState.choices,
+                             default=ReservationState.PENDING, db_index=True)
+    gpu_count = models.PositiveSmallIntegerField()
+    topology = models.CharField(max_length=16, choices=Topology.choices, default=Topology.ANY)
+    model = models.CharField(max_length=32, blank=True)
+    product = models.CharField(max_length=96, blank=True)
+    selector = models.CharField(max_length=300, blank=True)
+    kubernetes = models.BooleanField(default=False)
+    binding_kind = models.CharField(max_length=16, default="hold")
+    requested_start = models.DateTimeField(null=True, blank=True,
+                                           help_text="Null: start as soon as placed.")
+    duration_ms = models.BigIntegerField()
+    during = DateTimeRangeField(null=True, blank=True,
+                                help_text="The booked window, once placed.")
+    placement_attempts = models.PositiveSmallIntegerField(default=0)
+    failure_reason = models.CharField(max_length=300, blank=True)
+    binding = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["pool", "state", "created_at"],
+                                name="reservations_rsv_pool_state")]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.state}"
+
+    @property
+    def starts_at(self) -> datetime | None:
+        return self.during.lower if self.during else self.requested_start
+
+    @property
+    def ends_at(self) -> datetime | None:
+        return self.during.upper if self.during else None
+
+
+class Allocation(models.Model):
+    """One placement of a reservation on one node: its device bookings and host share.
+
+    `ended_at` is null while it holds capacity.
+    """
+
+    id = id_field("alloc")
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE,
+                                    related_name="allocations")
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="allocations")
+    vcpus = models.PositiveIntegerField(default=0)
+    memory_gib = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [models.UniqueConstraint(
+            fields=["reservation"], condition=models.Q(ended_at__isnull=True),
+            name="reservations_allocation_one_live_per_reservation")]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Booking(models.Model):
+    """One device atom held over a time range. No two bookings of a device overlap: the
+    EXCLUDE constraint `reservations_booking_device_no_overlap` (migration 0004) says so."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE,
+                                   related_name="bookings")
+    device = models.ForeignKey("fleet.Device", on_delete=models.PROTECT, related_name="bookings")
+    during = DateTimeRangeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["allocation"], name="reservations_booking_alloc")]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} {self.during}"

@@ -1,0 +1,30 @@
+"""Metering: usage rows written when a booked window ends (in the ending transaction)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from reservations.usage import UsageRecord
+
+_HOUR_S = Decimal(3600)
+
+
+def hours(start: datetime, end: datetime) -> Decimal:
+    seconds = Decimal(max(0.0, (end - start).total_seconds()))
+    return (seconds / _HOUR_S).quantize(Decimal("0.000001"))
+
+
+def usage_record(*, tenant_id: str, subject: str, meter: str, units: int, start: datetime,
+                 end: datetime) -> None:
+    """`units` times the hours of [start, end) of `meter`; metering a window twice is a no-op."""
+    if end <= start or units <= 0:
+        return
+    UsageRecord.objects.get_or_create(
+        subject=subject, meter=meter, window_start=start,
+        defaults={"tenant_id": tenant_id, "quantity": hours(start, end) * units,
+                  "window_end": end})
+
+
+def gpu_meter(model: str) -> str:
+    return f"gpu.{model}.hours"

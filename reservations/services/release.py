@@ -1,0 +1,175 @@
+"""Ending reservations: release, cancel, the end of a window, and extend."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import F
+
+from audit.services import audit_record
+from compute.db import constraint_errors, database_now, retrying
+from compute.errors import CapacityConflict, InvalidArgument, InvalidState
+from compute.events.services import event_emit
+from compute.tenancy.models import Principal, Tenant
+from fleet.models import Node
+from reservations.constraints import LEDGER_CONSTRAINTS
+from reservations.ledger import Allocation, Booking, Reservation, ReservationState
+from reservations.quotas import quota_refund
+from reservations.selectors import access_reservation_by_id
+from reservations.services.book import GPU
+from reservations.services.metering import gpu_meter, usage_record
+from reservations.states import HOLDING, TERMINAL, transition
+
+
+def live_allocation(rsv: Reservation) -> Allocation | None:
+    return rsv.allocations.filter(ended_at__isnull=True).first()
+
+
+def _free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool) -> None:
+    """End an allocation: its bookings end at `now` (or vanish if they had not started), and
+    the node's host counters give back its share."""
+    if keep_history:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE reservations_booking SET during = tstzrange(lower(during), "
+                "LEAST(upper(during), %s), '[)') WHERE allocation_id = %s", [now, allocation.id])
+    else:
+        Booking.objects.filter(allocation=allocation).delete()
+    Node.objects.filter(pk=allocation.node_id).update(
+        vcpus_allocated=F("vcpus_allocated") - allocation.vcpus,
+        memory_gib_allocated=F("memory_gib_allocated") - allocation.memory_gib)
+    allocation.ended_at = now
+    allocation.save(update_fields=["ended_at"])
+
+
+def end_reservation(rsv: Reservation, *, to: str, now: datetime, actor_id: str,
+                    reason: str = "") -> None:
+    """Move a reservation to released or cancelled and give back all it holds.
+
+    Inside the caller's transaction, which holds the reservation row's lock.
+    """
+    allocation = live_allocation(rsv)
+    started = rsv.during is not None and rsv.during.lower <= now
+    if allocation is not None:
+        _free_allocation(allocation, now, keep_history=started)
+    if rsv.during is not None and started:
+        end = min(rsv.during.upper, now)
+        usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=gpu_meter(rsv.pool.gpu_model),
+                     units=rsv.gpu_count, start=rsv.during.lower, end=end)
+    quota_refund(tenant_id=rsv.tenant_id, pool=rsv.pool, resource=GPU, amount=rsv.gpu_count)
+    transition(rsv, to)
+    rsv.ended_at = now
+    rsv.failure_reason = reason if to == ReservationState.FAILED else rsv.failure_reason
+    rsv.save(update_fields=["state", "ended_at", "failure_reason"])
+    verb = {ReservationState.RELEASED: "release", ReservationState.CANCELLED: "cancel",
+            ReservationState.FAILED: "fail"}[to]
+    audit_record(tenant_id=rsv.tenant_id, actor_id=actor_id, action=f"reservation.{verb}",
+                 target=rsv.id, data={"reason": reason} if reason else {})
+    event_emit(tenant_id=rsv.tenant_id, type=f"reservation.{to}", subject=rsv.id,
+               payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count,
+                        "nodeId": allocation.node_id if allocation else None})
+
+
+@retrying
+@transaction.atomic(durable=True)
+def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str,
+                        cancel: bool = False) -> Reservation:
+    """Release a reservation: its bookings end at the database's now(), quota is refunded.
+
+    One that has not started (pending, or placed for a later start) is withdrawn
+    (cancelled). With `cancel`, one that has started is refused: release it instead.
+    """
+    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id, lock=True)
+    if rsv.state in TERMINAL:
+        raise InvalidState(f"reservation {rsv.id} is already {rsv.state}", state=rsv.state)
+    now = database_now()
+    started = rsv.state in HOLDING and rsv.during is not None and rsv.during.lower <= now
+    if cancel and started:
+        raise InvalidState(f"reservation {rsv.id} has started; release it instead of "
+                           "cancelling", state=rsv.state)
+    to = ReservationState.RELEASED if started else ReservationState.CANCELLED
+    end_reservation(rsv, to=to, now=now, actor_id=actor.id)
+    return rsv
+
+
+@retrying
+@transaction.atomic(durable=True)
+def reservations_expire(*, limit: int = 100) -> list[str]:
+    """Release reservations whose window has ended (the reservations reconciler calls it)."""
+    now = database_now()
+    due = list(Reservation.objects.select_for_update(skip_locked=True)
+               .filter(state__in=HOLDING, during__endswith__lte=now)
+               .select_related("pool").order_by("id")[:limit])
+    for rsv in due:
+        end_reservation(rsv, to=ReservationState.RELEASED, now=now, actor_id="system",
+                        reason="window ended")
+    return [rsv.id for rsv in due]
+
+
+@retrying
+@transaction.atomic(durable=True)
+def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
+                       by_ms: int) -> Reservation:
+    """Move the end of a reservation by `by_ms` (negative shortens it).
+
+    Growing fails with a `capacity_conflict` naming the window that blocks it; shortening
+    never ends before now (use release for that).
+    """
+    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id, lock=True)
+    if rsv.state in TERMINAL:
+        raise InvalidState(f"reservation {rsv.id} is {rsv.state}", state=rsv.state)
+    if by_ms == 0:
+        raise InvalidArgument("by: must not be zero", field="by")
+    new_duration = rsv.duration_ms + by_ms
+    if new_duration <= 0:
+        raise InvalidArgument("by: would end the reservation before it starts", field="by")
+    now = database_now()
+    if rsv.during is not None:
+        old_end = rsv.during.upper
+        new_end = old_end + timedelta(milliseconds=by_ms)
+        if new_end <= max(now, rsv.during.lower):
+            raise InvalidArgument("by: the new end is in the past; release it instead",
+                                  field="by")
+        allocation = live_allocation(rsv)
+        if allocation is not None:
+            _move_end(rsv, allocation, old_end, new_end)
+        rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
+    rsv.duration_ms = new_duration
+    rsv.save(update_fields=["during", "duration_ms"])
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",
+                 target=rsv.id, data={"byMs": by_ms})
+    event_emit(tenant_id=tenant.id, type="reservation.extended", subject=rsv.id,
+               payload={"byMs": by_ms, "end": rsv.ends_at})
+    return rsv
+
+
+def _move_end(rsv: Reservation, allocation: Allocation, old_end: datetime,
+              new_end: datetime) -> None:
+    try:
+        with transaction.atomic(), constraint_errors(LEDGER_CONSTRAINTS), \
+                connection.cursor() as cursor:
+            cursor.execute(
+                    "UPDATE reservations_booking SET during = tstzrange(lower(during), %s, "
+                    "'[)') WHERE allocation_id = %s", [new_end, allocation.id])
+    except CapacityConflict:
+        blocking = _blocking_window(allocation, old_end, new_end)
+        raise CapacityConflict(
+            f"cannot extend {rsv.id} to {new_end.isoformat()}: its GPUs are booked from "
+            f"{blocking[0].isoformat()} to {blocking[1].isoformat()}",
+            blockedFrom=blocking[0], blockedUntil=blocking[1]) from None
+
+
+def _blocking_window(allocation: Allocation, old_end: datetime,
+                     new_end: datetime) -> tuple[datetime, datetime]:
+    """The earliest other booking of this allocation's devices inside the extension."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT lower(other.during), upper(other.during) FROM reservations_booking other "
+            "JOIN reservations_booking mine ON mine.device_id = other.device_id "
+            "WHERE mine.allocation_id = %s AND other.allocation_id <> %s "
+            "AND other.during && tstzrange(%s, %s, '[)') "
+            "ORDER BY lower(other.during) LIMIT 1", [allocation.id, allocation.id, old_end,
+                                                     new_end])
+        row = cursor.fetchone()
+    return (row[0], row[1]) if row else (old_end, new_end)

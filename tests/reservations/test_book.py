@@ -1,0 +1,240 @@
+"""Booking through the API on a real ledger: placement, pending, quotas, lifecycle."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from audit.models import AuditEvent
+from compute.events.models import Event
+from fleet.models import Device, Node
+from fleet.services.nodes import node_set_connectivity
+from reservations.models import Booking, Quota, Reservation
+from tests.factories import make_node
+from tests.reservations.conftest import HOUR, gpus, reserve
+
+
+def booked_uuids(rsv_id):
+    return sorted(Booking.objects.filter(allocation__reservation_id=rsv_id,
+                                         allocation__ended_at__isnull=True)
+                  .values_list("device__uuid", flat=True))
+
+
+def test_four_gpus_take_a_whole_nvlink_domain(root, pool):
+    node = make_node(pool["id"])
+    rsv = reserve(root, pool, 4).result
+    assert rsv["state"] == "placed"
+    assert rsv["nodeId"] == node.id
+    domains = set(Device.objects.filter(uuid__in=booked_uuids(rsv["id"]))
+                  .values_list("nvlink_domain", flat=True))
+    assert len(domains) == 1
+    assert rsv["hostShare"] == {"vcpus": 48, "memoryGiB": 384}
+    node.refresh_from_db()
+    assert (node.vcpus_allocated, node.memory_gib_allocated) == (48, 384)
+
+
+def test_create_writes_one_audit_and_one_placed_event(root, pool):
+    make_node(pool["id"])
+    rsv = reserve(root, pool, 2).result
+    assert AuditEvent.objects.filter(target=rsv["id"], action="reservation.create").count() == 1
+    assert list(Event.objects.filter(subject=rsv["id"]).values_list("type", flat=True)) == [
+        "reservation.placed"]
+
+
+def test_nvlink_all_never_spans_domains(root, pool):
+    make_node(pool["id"])
+    assert reserve(root, pool, 2).result["state"] == "placed"  # leaves nv0 with 2 free
+    assert reserve(root, pool, 2).result["state"] == "placed"  # fills nv0
+    # 4 GPUs left in nv1: nvlink-all of 4 fits; of 5 never (5 > any domain).
+    assert reserve(root, pool, 5, "nvlink-all").result["state"] == "pending"
+    assert reserve(root, pool, 4, "nvlink-all").result["state"] == "placed"
+
+
+def test_selector_and_product_filters(root, pool):
+    small = make_node(pool["id"], product="H100-PCIE-40GB", vram=40)
+    big = make_node(pool["id"])
+    assert reserve(root, pool, 1, selector="vramGiB >= 80").result["nodeId"] == big.id
+    assert reserve(root, pool, 1, product="H100-PCIE-40GB").result["nodeId"] == small.id
+    answer = reserve(root, pool, 1, model="A100")
+    assert (answer.code, answer.body["error"]["details"]["field"]) == ("invalid_argument",
+                                                                      "model")
+    answer = reserve(root, pool, 1, selector="vram > 1")
+    assert answer.code == "invalid_argument"
+
+
+def test_cordoned_unreachable_unhealthy_and_adopting_nodes_are_skipped(root, pool):
+    cordoned = make_node(pool["id"])
+    root("nodes.cordon", nodeId=cordoned.id, reason="maintenance")
+    unreachable = make_node(pool["id"])
+    node_set_connectivity(node_id=unreachable.id, connectivity="unreachable")
+    unhealthy = make_node(pool["id"])
+    Node.objects.filter(pk=unhealthy.pk).update(health="unhealthy")
+    make_node(pool["id"], adopted=False)
+    assert reserve(root, pool, 1).result["state"] == "pending"
+    good = make_node(pool["id"])
+    assert reserve(root, pool, 1).result["nodeId"] == good.id
+
+
+def test_pending_is_placed_after_a_release(root, pool):
+    make_node(pool["id"])
+    first = reserve(root, pool, 8).result
+    waiting = reserve(root, pool, 4).result
+    assert waiting["state"] == "pending"
+    assert waiting["nodeId"] is None
+    root("reservations.release", reservationId=first["id"])
+    again = root("reservations.get", reservationId=waiting["id"])
+    assert again["state"] == "placed"
+    assert len(booked_uuids(waiting["id"])) == 4
+    types = list(Event.objects.filter(subject=waiting["id"]).values_list("type", flat=True))
+    assert types == ["reservation.pending", "reservation.placed"]
+
+
+def test_pending_retries_in_creation_order(root, pool):
+    make_node(pool["id"])
+    holder = reserve(root, pool, 8).result
+    older = reserve(root, pool, 6).result
+    younger = reserve(root, pool, 6).result
+    root("reservations.release", reservationId=holder["id"])
+    states = {r["id"]: r["state"] for r in root("reservations.list")["items"]}
+    assert (states[older["id"]], states[younger["id"]]) == ("placed", "pending")
+
+
+@pytest.mark.django_db(transaction=True)  # now() must move between create and release
+def test_release_ends_bookings_at_database_now_and_refunds(root, pool, acme):
+    node = make_node(pool["id"])
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
+    rsv = reserve(acme, pool, 4).result
+    assert Quota.objects.get(tenant__slug="acme").used == 4
+    released = acme("reservations.release", reservationId=rsv["id"])
+    assert released["state"] == "released"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*), bool_and(upper(during) <= now()), "
+                       "bool_and(upper(during) > lower(during)) FROM reservations_booking")
+        assert cursor.fetchone() == (4, True, True)
+    assert Quota.objects.get(tenant__slug="acme").used == 0
+    node.refresh_from_db()
+    assert node.vcpus_allocated == 0
+    usage = acme("usage.list")["items"]
+    assert [u["meter"] for u in usage] == ["gpu.H100.hours"]
+    again = acme.call("reservations.release", reservationId=rsv["id"])
+    assert (again.status, again.code) == (409, "invalid_state")
+
+
+def test_quota_exceeded_names_the_numbers_and_writes_nothing(root, pool, acme):
+    make_node(pool["id"])
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
+    assert reserve(acme, pool, 3).ok
+    answer = reserve(acme, pool, 2)
+    assert (answer.status, answer.code) == (409, "quota_exceeded")
+    assert answer.body["error"]["details"] == {"resource": "gpu", "limit": 4, "used": 3,
+                                               "requested": 2}
+    assert Reservation.objects.count() == 1
+
+
+def test_owner_quota_is_unlimited(root, pool):
+    for _ in range(3):
+        make_node(pool["id"])
+    assert all(reserve(root, pool, 8).result["state"] == "placed" for _ in range(3))
+
+
+def test_cancel_withdraws_a_future_reservation_and_refuses_a_started_one(root, pool):
+    # Host counters count future allocations too, so the node needs room for both shares.
+    make_node(pool["id"], vcpus=192, memory_gib=2048)
+    later = reserve(root, pool, 8, startIn=2 * HOUR).result
+    assert later["state"] == "placed"
+    now = reserve(root, pool, 8).result  # fits before the later one starts
+    assert now["state"] == "placed"
+    cancelled = root("reservations.release", reservationId=later["id"], cancel=True)
+    assert cancelled["state"] == "cancelled"
+    assert booked_uuids(later["id"]) == []
+    answer = root.call("reservations.release", reservationId=now["id"], cancel=True)
+    assert answer.code == "invalid_state"
+
+
+def test_extend_grows_the_window_or_names_the_blocking_one(root, pool):
+    make_node(pool["id"], gpus=1, domains=(1,))
+    first = reserve(root, pool, 1).result
+    second = reserve(root, pool, 1, startIn=2 * HOUR).result
+    assert second["state"] == "placed"
+    grown = root("reservations.extend", reservationId=first["id"], by=HOUR // 2)
+    assert grown["durationMs"] == HOUR + HOUR // 2
+    answer = root.call("reservations.extend", reservationId=first["id"], by=HOUR)
+    assert (answer.status, answer.code) == (409, "capacity_conflict")
+    assert answer.body["error"]["details"]["blockedFrom"] == second["start"]
+    assert "booked from" in answer.body["error"]["message"]
+    unchanged = root("reservations.get", reservationId=first["id"])
+    assert unchanged["end"] == grown["end"]
+
+
+def test_extend_shrink_frees_capacity_for_pending(root, pool):
+    make_node(pool["id"], gpus=1, domains=(1,))
+    first = reserve(root, pool, 1, duration=3 * HOUR).result
+    waiting = reserve(root, pool, 1, startIn=2 * HOUR).result
+    assert waiting["state"] == "pending"
+    root("reservations.extend", reservationId=first["id"], by=-2 * HOUR)
+    assert root("reservations.get", reservationId=waiting["id"])["state"] == "placed"
+
+
+def test_a_tenant_cannot_release_another_tenants_reservation(root, pool, acme):
+    make_node(pool["id"])
+    rsv = reserve(root, pool, 1).result
+    answer = acme.call("reservations.release", reservationId=rsv["id"])
+    assert answer.status == 404
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "placed"
+
+
+def test_expired_windows_are_released(root, pool):
+    from reservations.services.release import reservations_expire
+
+    make_node(pool["id"])
+    rsv = reserve(root, pool, 2).result
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE reservations_reservation SET during = tstzrange(now() - "
+                       "interval '2 hours', now() - interval '1 hour') WHERE id = %s",
+                       [rsv["id"]])
+        cursor.execute("UPDATE reservations_booking SET during = tstzrange(now() - "
+                       "interval '2 hours', now() - interval '1 hour')")
+    assert reservations_expire() == [rsv["id"]]
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "released"
+    usage = root("usage.list")["items"][0]
+    assert usage["quantity"] == "2.000000"
+
+
+@pytest.mark.parametrize("body", [
+    {"devices": gpus(0)},
+    {"devices": [{"class": "cpu", "count": 1}]},
+    {"devices": gpus(1, "ring")},
+    {"devices": gpus(1) * 2},
+    {"devices": gpus(1), "duration": 10},
+    {"devices": gpus(1), "binding": "exclusive"},
+    {"devices": gpus(1), "startIn": 10, "start": "2030-01-01T00:00:00Z"},
+])
+def test_bad_reservation_requests_are_400(root, pool, body):
+    answer = root.call("reservations.create", {"poolId": pool["id"], "duration": HOUR, **body})
+    assert (answer.status, answer.code) == (400, "invalid_argument"), answer.body
+
+
+def test_same_key_returns_the_same_reservation(root, pool):
+    make_node(pool["id"])
+    first = reserve(root, pool, 2, idempotencyKey="job-7").result
+    second = reserve(root, pool, 2, idempotencyKey="job-7").result
+    assert first["id"] == second["id"]
+    assert Reservation.objects.count() == 1
+    assert reserve(root, pool, 3, idempotencyKey="job-7").code == "idempotency_key_reused"
+
+
+def test_start_in_the_past_is_refused(root, pool):
+    answer = reserve(root, pool, 1, start="2001-01-01T00:00:00Z")
+    assert answer.body["error"]["details"]["field"] == "start"
+
+
+def test_future_start_books_the_later_window(root, pool):
+    make_node(pool["id"])
+    rsv = reserve(root, pool, 1, startIn=2 * HOUR).result
+    booking = Booking.objects.get(allocation__reservation_id=rsv["id"])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now = cursor.fetchone()[0]
+    assert booking.during.lower - now > timedelta(hours=1, minutes=59)
