@@ -1,19 +1,23 @@
-"""Reads the placer works on: schedulable nodes of a pool and their devices free in a window."""
+"""Reads the placer works on: schedulable nodes of a pool and their devices free in a window.
+
+The grouping happens in SQL, one row per (node, NVLink domain) with the free device ids in
+index order, so a pool of hundreds of nodes costs one small result set per placement.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import Any
 
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-from django.db.models import Exists, OuterRef
+from django.db.models import Count, Exists, OuterRef, Q
 
 from fleet.models import SCHEDULABLE, Device, DeviceClass, Health, Node, Pool
 from reservations.device_filter import parse_selector
 from reservations.ledger import Booking, Reservation
-from reservations.placement import Candidate, FreeDevice, Request
+from reservations.placement import Candidate, Group, Request
 
 
 def window(start: datetime, duration_ms: int) -> DateTimeTZRange:
@@ -28,49 +32,48 @@ def host_share(pool: Pool, node_vcpus: int, node_memory: int, node_gpus: int) ->
             int(share.get("memoryGiBPerGpu", node_memory // gpus)))
 
 
-def load_candidates(pool: Pool, during: DateTimeTZRange,
-                    excluded: Collection[str] = ()) -> list[Candidate]:
-    nodes = list(Node.objects.filter(pool=pool).filter(SCHEDULABLE).exclude(pk__in=excluded)
-                 .values("id", "vcpus", "memory_gib", "vcpus_allocated",
-                         "memory_gib_allocated"))
-    if not nodes:
-        return []
-    busy = Booking.objects.filter(device=OuterRef("pk"), during__overlap=during)
-    devices = (Device.objects
-               .filter(node_id__in=[n["id"] for n in nodes], present=True,
-                       device_class=DeviceClass.GPU)
-               .annotate(busy=Exists(busy))
-               .values("id", "uuid", "index", "product", "model", "vram_gib", "nvlink_domain",
-                       "health", "busy", "node_id"))
-    free: dict[str, list[FreeDevice]] = {n["id"]: [] for n in nodes}
-    gpus: Counter[str] = Counter()
-    domains: dict[str, Counter[str]] = {n["id"]: Counter() for n in nodes}
-    for d in devices:
-        gpus[d["node_id"]] += 1
-        if d["nvlink_domain"]:
-            domains[d["node_id"]][d["nvlink_domain"]] += 1
-        if not d["busy"] and d["health"] == Health.HEALTHY:
-            free[d["node_id"]].append(FreeDevice(
-                id=d["id"], uuid=d["uuid"], index=d["index"], product=d["product"],
-                model=d["model"], vram_gib=d["vram_gib"], nvlink_domain=d["nvlink_domain"]))
-    candidates = []
-    for n in nodes:
-        vcpus_per_gpu, memory_per_gpu = host_share(pool, n["vcpus"], n["memory_gib"],
-                                                   gpus[n["id"]])
-        candidates.append(Candidate(
-            node_id=n["id"], free=free[n["id"]], domain_sizes=dict(domains[n["id"]]),
-            vcpus_free=n["vcpus"] - n["vcpus_allocated"],
-            memory_gib_free=n["memory_gib"] - n["memory_gib_allocated"],
-            vcpus_per_gpu=vcpus_per_gpu, memory_gib_per_gpu=memory_per_gpu))
-    return candidates
+def device_filter_q(rsv: Reservation) -> Q:
+    """The reservation's product and selector as a filter over devices (validated names,
+    parameterised values: nothing from the request reaches SQL as text)."""
+    q = parse_selector(rsv.selector).to_q()
+    return q & Q(product=rsv.product) if rsv.product else q
 
 
 def placement_request(rsv: Reservation) -> Request:
-    """What the placer should look for: the count, the topology, product and selector."""
-    device_filter = parse_selector(rsv.selector)
-    product = rsv.product
+    return Request(count=rsv.gpu_count, topology=rsv.topology)
 
-    def matches(device: Any) -> bool:
-        return (not product or device.product == product) and device_filter(device)
 
-    return Request(count=rsv.gpu_count, topology=rsv.topology, device_filter=matches)
+def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | None = None,
+                    excluded: Collection[str] = ()) -> list[Candidate]:
+    """One query: a row per (schedulable node, NVLink domain) with its free device ids."""
+    busy = Booking.objects.filter(device=OuterRef("pk"), during__overlap=during)
+    usable = Q(busy=False, health=Health.HEALTHY) & (device_filter or Q())
+    nodes = Node.objects.filter(pool=pool).filter(SCHEDULABLE).exclude(pk__in=excluded)
+    rows = (Device.objects
+            .filter(node__in=nodes, present=True, device_class=DeviceClass.GPU)
+            .annotate(busy=Exists(busy))
+            .values("node_id", "node__vcpus", "node__memory_gib", "node__vcpus_allocated",
+                    "node__memory_gib_allocated", "nvlink_domain")
+            .annotate(size=Count("pk"), free=ArrayAgg("id", filter=usable, order_by="index",
+                                                      default=[]))
+            .order_by()
+            .values_list("node_id", "node__vcpus", "node__memory_gib", "node__vcpus_allocated",
+                         "node__memory_gib_allocated", "nvlink_domain", "size", "free"))
+    groups: dict[str, list[Group]] = defaultdict(list)
+    gpus: dict[str, int] = defaultdict(int)
+    host: dict[str, tuple[int, int, int, int]] = {}
+    for node_id, vcpus, memory, vcpus_used, memory_used, domain, size, free in rows:
+        host[node_id] = (vcpus, memory, vcpus_used, memory_used)
+        gpus[node_id] += size
+        if domain:
+            groups[node_id].append(Group(domain, size, tuple(free)))
+        else:  # no NVLink: every device is a group of one
+            groups[node_id].extend(Group("", 1, (device_id,)) for device_id in free)
+    candidates = []
+    for node_id, (vcpus, memory, vcpus_used, memory_used) in sorted(host.items()):
+        vcpus_per_gpu, memory_per_gpu = host_share(pool, vcpus, memory, gpus[node_id])
+        candidates.append(Candidate(
+            node_id=node_id, groups=tuple(groups[node_id]), vcpus_free=vcpus - vcpus_used,
+            memory_gib_free=memory - memory_used, vcpus_per_gpu=vcpus_per_gpu,
+            memory_gib_per_gpu=memory_per_gpu))
+    return candidates

@@ -10,7 +10,12 @@ from django.db.models import Count, Exists, OuterRef, Q, Sum
 from compute.db import database_now
 from fleet.models import SCHEDULABLE, Connectivity, Device, DeviceClass, Health, Node, Pool
 from fleet.models import ProvisionState as PS
-from reservations.candidates import load_candidates, placement_request, window
+from reservations.candidates import (
+    device_filter_q,
+    load_candidates,
+    placement_request,
+    window,
+)
 from reservations.ledger import Booking, Reservation
 from reservations.placement import choose
 
@@ -69,12 +74,14 @@ def capacity_preview(pool: Pool, rsv: Reservation) -> dict[str, Any]:
     """Would `rsv` (unsaved) fit now? Books nothing and takes no locks."""
     now = database_now()
     during = window(now, rsv.duration_ms)
-    choice = choose(load_candidates(pool, during), placement_request(rsv))
+    candidates = load_candidates(pool, during, device_filter=device_filter_q(rsv))
+    choice = choose(candidates, placement_request(rsv))
     if choice is None:
         return {"fits": False, "poolId": pool.id, "gpus": rsv.gpu_count,
                 "reason": "no schedulable node has the GPUs, topology and host share free now"}
+    devices = Device.objects.filter(pk__in=choice.device_ids).order_by("index")
     return {"fits": True, "poolId": pool.id, "gpus": rsv.gpu_count, "nodeId": choice.node_id,
-            "nodeClass": pool.pool_class, "devices": [d.uuid for d in choice.devices],
-            "nvlinkDomains": sorted({d.nvlink_domain for d in choice.devices if d.nvlink_domain}),
+            "nodeClass": pool.pool_class, "devices": [d.uuid for d in devices],
+            "nvlinkDomains": sorted({d.nvlink_domain for d in devices if d.nvlink_domain}),
             "vcpus": choice.vcpus, "memoryGiB": choice.memory_gib,
             "window": {"start": during.lower, "end": during.upper}}

@@ -7,25 +7,23 @@ string as value.
 
 from __future__ import annotations
 
-import operator
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from django.db.models import Q
 
 from compute.errors import InvalidArgument
 
-ATTRIBUTES: dict[str, str] = {  # wire name -> attribute of a placement.FreeDevice
+ATTRIBUTES: dict[str, str] = {  # wire name -> field of fleet.Device
     "vramGiB": "vram_gib",
     "product": "product",
     "model": "model",
     "index": "index",
     "nvlinkDomain": "nvlink_domain",
 }
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,
-    ">": operator.gt, "<": operator.lt,
-}
+_LOOKUPS = {"==": "exact", "!=": "exact", ">=": "gte", "<=": "lte", ">": "gt", "<": "lt"}
+_TEXT_FIELDS = {"product", "model", "nvlink_domain"}
+_NOTHING = Q(pk__in=[])
 _CLAUSE = re.compile(
     r"""^\s*(?P<attr>[A-Za-z]+)\s*(?P<op>==|!=|>=|<=|>|<)\s*"""
     r"""(?P<value>-?\d+(?:\.\d+)?|"[^"]*"|'[^']*')\s*$""")
@@ -38,19 +36,22 @@ class Clause:
     op: str
     value: float | str
 
-    def matches(self, device: Any) -> bool:
-        actual = getattr(device, self.attribute)
-        if isinstance(self.value, str) != isinstance(actual, str):
-            return False
-        return _OPS[self.op](actual, self.value)
+    def to_q(self) -> Q:
+        if isinstance(self.value, str) != (self.attribute in _TEXT_FIELDS):
+            return _NOTHING  # a number compared with text (or the reverse) matches nothing
+        q = Q(**{f"{self.attribute}__{_LOOKUPS[self.op]}": self.value})
+        return ~q if self.op == "!=" else q
 
 
 @dataclass(frozen=True)
 class DeviceFilter:
     clauses: tuple[Clause, ...] = ()
 
-    def __call__(self, device: Any) -> bool:
-        return all(clause.matches(device) for clause in self.clauses)
+    def to_q(self) -> Q:
+        q = Q()
+        for clause in self.clauses:
+            q &= clause.to_q()
+        return q
 
 
 def parse_selector(text: str) -> DeviceFilter:

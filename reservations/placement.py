@@ -3,7 +3,8 @@
 It only proposes. The caller books the choice under the ledger's EXCLUDE constraint and
 asks again when another booker won the race.
 
-Preferences, in order:
+A candidate node comes as groups of free devices, one group per NVLink domain (a device
+without NVLink is a group of its own). Preferences, in order:
 1. fewest NVLink domains touched (`nvlink-all` allows exactly one);
 2. complete NVLink sets: a request the size of a free domain takes that whole domain, and a
    smaller one fills the fullest partly used domain, leaving whole domains whole;
@@ -14,40 +15,39 @@ Preferences, in order:
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class FreeDevice:
-    id: str
-    uuid: str
-    index: int
-    product: str
-    model: str
-    vram_gib: int
-    nvlink_domain: str = ""
+class Group:
+    """The free devices (ids, in index order) of one NVLink domain of `size` devices."""
+
+    domain: str
+    size: int
+    free: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A schedulable node with the devices free over the requested window."""
+    """A schedulable node: its free device groups over the window and its free host share."""
 
     node_id: str
-    free: Sequence[FreeDevice]
-    domain_sizes: dict[str, int] = field(default_factory=dict)
+    groups: tuple[Group, ...]
     vcpus_free: int = 0
     memory_gib_free: int = 0
     vcpus_per_gpu: int = 0
     memory_gib_per_gpu: int = 0
+
+    @property
+    def free_count(self) -> int:
+        return sum(len(g.free) for g in self.groups)
 
 
 @dataclass(frozen=True)
 class Request:
     count: int
     topology: str = "any"
-    device_filter: Callable[[FreeDevice], bool] = lambda device: True
 
 
 @dataclass(frozen=True, order=True)
@@ -62,7 +62,7 @@ class Score:
 @dataclass(frozen=True)
 class Choice:
     node_id: str
-    devices: tuple[FreeDevice, ...]
+    device_ids: tuple[str, ...]
     vcpus: int
     memory_gib: int
     score: Score
@@ -72,6 +72,8 @@ def choose(candidates: Sequence[Candidate], request: Request) -> Choice | None:
     """The best node and devices for `request`, or None when it fits nowhere now."""
     best: Choice | None = None
     for candidate in candidates:
+        if best is not None and candidate.free_count < request.count:
+            continue
         choice = choose_on_node(candidate, request)
         if choice is not None and (best is None or choice.score < best.score):
             best = choice
@@ -79,55 +81,38 @@ def choose(candidates: Sequence[Candidate], request: Request) -> Choice | None:
 
 
 def choose_on_node(candidate: Candidate, request: Request) -> Choice | None:
-    vcpus = request.count * candidate.vcpus_per_gpu
-    memory = request.count * candidate.memory_gib_per_gpu
-    if vcpus > candidate.vcpus_free or memory > candidate.memory_gib_free:
+    count = request.count
+    vcpus = count * candidate.vcpus_per_gpu
+    memory = count * candidate.memory_gib_per_gpu
+    if (count < 1 or candidate.free_count < count or vcpus > candidate.vcpus_free
+            or memory > candidate.memory_gib_free):
         return None
-    usable = [d for d in candidate.free if request.device_filter(d)]
-    if len(usable) < request.count or request.count < 1:
-        return None
-    groups = _groups(usable)
-    picked = _pick(groups, candidate.domain_sizes, request)
+    picked = _pick([g for g in candidate.groups if g.free], request)
     if picked is None:
         return None
-    devices, domains_touched, fragment_left, incomplete = picked
-    score = Score(domains_touched, fragment_left, incomplete,
-                  len(candidate.free) - request.count, candidate.node_id)
-    return Choice(candidate.node_id, tuple(devices), vcpus, memory, score)
+    device_ids, touched, fragment_left, incomplete = picked
+    score = Score(touched, fragment_left, incomplete, candidate.free_count - count,
+                  candidate.node_id)
+    return Choice(candidate.node_id, device_ids, vcpus, memory, score)
 
 
-def _groups(devices: list[FreeDevice]) -> list[list[FreeDevice]]:
-    """Free devices by NVLink domain; a device without a domain is a group of its own."""
-    by_domain: dict[str, list[FreeDevice]] = defaultdict(list)
-    singles: list[list[FreeDevice]] = []
-    for device in sorted(devices, key=lambda d: (d.index, d.id)):
-        if device.nvlink_domain:
-            by_domain[device.nvlink_domain].append(device)
-        else:
-            singles.append([device])
-    return [*by_domain.values(), *singles]
-
-
-def _pick(groups: list[list[FreeDevice]], domain_sizes: dict[str, int],
-          request: Request) -> tuple[list[FreeDevice], int, int, int] | None:
+def _pick(groups: list[Group], request: Request
+          ) -> tuple[tuple[str, ...], int, int, int] | None:
     count = request.count
-
-    def size(group: list[FreeDevice]) -> int:
-        return domain_sizes.get(group[0].nvlink_domain, len(group))
-
-    fitting = [g for g in groups if len(g) >= count]
+    fitting = [g for g in groups if len(g.free) >= count]
     if fitting:
         # One domain: the least free one that fits (fill fragments first), complete sets
         # first among equals.
-        group = min(fitting, key=lambda g: (len(g) - count, len(g) != size(g), g[0].index))
-        return group[:count], 1, len(group) - count, int(len(group) != size(group))
+        group = min(fitting, key=lambda g: (len(g.free) - count, len(g.free) != g.size,
+                                            g.free[0]))
+        return group.free[:count], 1, len(group.free) - count, int(len(group.free) != group.size)
     if request.topology == "nvlink-all":
         return None
     # Spread over as few domains as possible: the largest free groups first.
-    chosen: list[FreeDevice] = []
-    for touched, group in enumerate(sorted(groups, key=lambda g: (-len(g), g[0].index)), 1):
-        take = group[: count - len(chosen)]
+    chosen: list[str] = []
+    for touched, group in enumerate(sorted(groups, key=lambda g: (-len(g.free), g.free[0])), 1):
+        take = group.free[: count - len(chosen)]
         chosen.extend(take)
         if len(chosen) == count:
-            return chosen, touched, len(group) - len(take), 1
+            return tuple(chosen), touched, len(group.free) - len(take), 1
     return None

@@ -21,7 +21,12 @@ from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Node, Pool, PoolClass
 from fleet.selectors import access_pool_by_id
-from reservations.candidates import load_candidates, placement_request, window
+from reservations.candidates import (
+    device_filter_q,
+    load_candidates,
+    placement_request,
+    window,
+)
 from reservations.constraints import LEDGER_CONSTRAINTS
 from reservations.device_filter import parse_selector
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
@@ -47,15 +52,17 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime) -> Allocation | None:
     start = max(rsv.requested_start or now, now)
     during = window(start, rsv.duration_ms)
     request = placement_request(rsv)
+    devices = device_filter_q(rsv)
     excluded: set[str] = set()
     for _ in range(MAX_RACES):
-        choice = choose(load_candidates(pool, during, excluded), request)
+        candidates = load_candidates(pool, during, device_filter=devices, excluded=excluded)
+        choice = choose(candidates, request)
         if choice is None:
             return None
         try:
             with transaction.atomic():
-                allocation = _book(rsv, choice.node_id, [d.id for d in choice.devices],
-                                   choice.vcpus, choice.memory_gib, during)
+                allocation = _book(rsv, choice.node_id, list(choice.device_ids), choice.vcpus,
+                                   choice.memory_gib, during)
         except NodeFull:
             excluded.add(choice.node_id)
             continue

@@ -1,27 +1,24 @@
-"""The pure placer: NVLink preference, nvlink-all, filters, packing."""
+"""The pure placer: NVLink preference, nvlink-all, packing, host share."""
 
-from reservations.device_filter import parse_selector
-from reservations.placement import Candidate, FreeDevice, Request, choose
+from reservations.placement import Candidate, Group, Request, choose
 
 
-def node(node_id, free_indexes, domains=(4, 4), vram=80, product="H100-SXM5-80GB",
-         vcpus_free=96, vcpus_per_gpu=12):
-    """A node whose GPUs 0..n-1 sit in NVLink domains of the given sizes."""
-    domain_of, index = {}, 0
+def node(node_id, free_indexes, domains=(4, 4), vcpus_free=96, vcpus_per_gpu=12):
+    """A node whose GPUs 0..n-1 sit in NVLink domains of the given sizes (1: no NVLink)."""
+    groups, index = [], 0
     for number, size in enumerate(domains):
-        for _ in range(size):
-            domain_of[index] = f"nv{number}" if size > 1 else ""
-            index += 1
-    free = [FreeDevice(id=f"dev_{node_id}_{i}", uuid=f"GPU-{node_id}-{i}", index=i,
-                       product=product, model="H100", vram_gib=vram,
-                       nvlink_domain=domain_of[i]) for i in free_indexes]
-    sizes = {f"nv{n}": s for n, s in enumerate(domains) if s > 1}
-    return Candidate(node_id=node_id, free=free, domain_sizes=sizes, vcpus_free=vcpus_free,
+        members = [i for i in range(index, index + size) if i in set(free_indexes)]
+        if size == 1:
+            groups.extend(Group("", 1, (f"{node_id}-{i}",)) for i in members)
+        else:
+            groups.append(Group(f"nv{number}", size, tuple(f"{node_id}-{i}" for i in members)))
+        index += size
+    return Candidate(node_id=node_id, groups=tuple(groups), vcpus_free=vcpus_free,
                      memory_gib_free=10_000, vcpus_per_gpu=vcpus_per_gpu, memory_gib_per_gpu=1)
 
 
 def indexes(choice):
-    return [d.index for d in choice.devices]
+    return sorted(int(device_id.rsplit("-", 1)[1]) for device_id in choice.device_ids)
 
 
 def test_four_gpus_take_one_whole_domain_of_a_free_node():
@@ -43,7 +40,7 @@ def test_small_requests_fill_fragments_and_keep_whole_domains_whole():
 
 def test_any_topology_splits_when_it_must():
     choice = choose([node("a", [0, 1, 4, 5, 6])], Request(4))
-    assert sorted(indexes(choice)) == [0, 4, 5, 6]
+    assert indexes(choice) == [0, 4, 5, 6]
     assert choice.score.domains_touched == 2
 
 
@@ -60,18 +57,9 @@ def test_packing_prefers_the_node_with_least_room_left():
 
 
 def test_whole_domain_beats_packing():
-    # b would be tighter, but only by splitting its two free GPUs of different domains.
+    # b would be tighter, but only by splitting its free GPUs over two domains.
     choice = choose([node("a", range(8)), node("b", [2, 3, 6, 7])], Request(4))
     assert choice.node_id == "a"
-
-
-def test_selector_filters_devices():
-    small = node("a", range(8), vram=40, product="H100-PCIE-40GB")
-    big = node("b", range(8), vram=80)
-    request = Request(2, device_filter=parse_selector("vramGiB >= 80"))
-    assert choose([small, big], request).node_id == "b"
-    request = Request(2, device_filter=parse_selector("product == 'H100-PCIE-40GB'"))
-    assert choose([small, big], request).node_id == "a"
 
 
 def test_host_share_must_fit():
@@ -82,6 +70,7 @@ def test_host_share_must_fit():
 def test_no_candidates_or_too_few_devices_is_none():
     assert choose([], Request(1)) is None
     assert choose([node("a", [0, 1])], Request(3)) is None
+    assert choose([node("a", range(8))], Request(0)) is None
 
 
 def test_devices_without_nvlink_are_singletons():
@@ -89,3 +78,8 @@ def test_devices_without_nvlink_are_singletons():
     assert choice.score.domains_touched == 2
     assert choose([node("a", range(4), domains=(1, 1, 1, 1))],
                   Request(2, topology="nvlink-all")) is None
+
+
+def test_the_choice_is_deterministic():
+    nodes = [node(n, range(8)) for n in "dcba"]
+    assert choose(nodes, Request(4)).node_id == "a"

@@ -1,0 +1,83 @@
+"""Shared set-up for benchmarks: a database (embedded unless DATABASE_URL), Django, a world."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from compute import pg
+
+
+def database() -> tuple[str, pg.EmbeddedPostgres | None]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url, None
+    server = pg.throwaway().start()
+    os.environ["DATABASE_URL"] = server.url
+    return server.url, server
+
+
+def django_setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def timed_threads(clients: int, seconds: float, work: Callable[[int], bool]) -> float:
+    """Run `work(client)` in `clients` threads for `seconds`; successes per second."""
+    import threading
+
+    from django.db import connections
+
+    done = [0] * clients
+    deadline = time.monotonic() + seconds
+
+    def loop(index: int) -> None:
+        try:
+            while time.monotonic() < deadline:
+                if work(index):
+                    done[index] += 1
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.monotonic() - started)
+
+
+def start_api(port: int) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "compute.asgi:application"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "BC_LOG_LEVEL": "WARNING"})
+    import socket
+
+    for _ in range(200):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the API did not start")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    columns = list(rows[0])
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True))
+              for r in rows]
+    return "\n".join(lines)

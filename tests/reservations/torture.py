@@ -1,0 +1,264 @@
+"""The capacity torture run: concurrent bookers on a real ledger, then every invariant.
+
+Used in-process by test_torture.py, and as a script against a scratch database (where the
+EXCLUDE constraint may be dropped to prove that the checks catch overlaps):
+
+    DATABASE_URL=… python -m tests.reservations.torture --ops 400 [--drop-exclude]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+HOUR = 3_600_000
+QUOTA_LIMIT = 12
+
+
+@dataclass
+class World:
+    root: Any
+    acme: Any
+    root_actor: Any
+    acme_actor: Any
+    pool_id: str
+
+
+@dataclass
+class Report:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    unexpected: list[str] = field(default_factory=list)
+    samples: int = 0
+    quota_peak: int = 0
+    quota_breaches: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def build_world(*, nodes: int = 3) -> World:
+    from compute.tenancy.models import Tenant
+    from compute.tenancy.selectors import root_tenant
+    from compute.tenancy.services import root_bootstrap, tenant_create, token_create
+    from fleet.services.pools import pool_create
+    from fleet.services.sites import site_create
+    from reservations.services.offerings import pool_offer
+    from tests.factories import make_node
+
+    admin = root_bootstrap().token.principal
+    root = root_tenant()
+    acme = tenant_create(actor=admin, slug=f"acme{random.randrange(10**6)}")
+    acme_actor = token_create(tenant=acme, actor=admin, name="acme", role="admin").token.principal
+    site = site_create(tenant=root, actor=admin, kind="shared", region="eu-1")
+    pool = pool_create(tenant=root, actor=admin, site_id=site.id, pool_class="metal-host",
+                       gpu_model="H100",
+                       policy={"hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}})
+    for _ in range(nodes):
+        make_node(pool)
+    pool_offer(tenant=root, actor=admin, pool_id=pool.id, to=acme, quota={"gpu": QUOTA_LIMIT})
+    return World(root=root, acme=Tenant.objects.get(pk=acme.pk), root_actor=admin,
+                 acme_actor=acme_actor, pool_id=pool.id)
+
+
+def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[str],
+            outcomes: Counter[str], unexpected: list[str]) -> None:
+    from compute.errors import ComputeError
+    from reservations.services.book import pending_place, reservation_create
+    from reservations.services.release import reservation_extend, reservation_release
+    from reservations.services.sandboxes import sandbox_create, sandbox_release
+
+    tenant, actor = ((world.acme, world.acme_actor) if rng.random() < 0.5
+                     else (world.root, world.root_actor))
+    roll = rng.random()
+    try:
+        if roll < 0.45 or not mine:
+            start_in = rng.choice([0, 0, 0, rng.randrange(60_000, 3 * HOUR)])
+            rsv = reservation_create(
+                tenant=tenant, actor=actor, pool_id=world.pool_id,
+                gpus=rng.choice([1, 1, 2, 2, 4, 4, 8]),
+                topology=rng.choice(["any", "any", "nvlink-all"]),
+                duration_ms=rng.randrange(HOUR // 2, 4 * HOUR), start_in_ms=start_in or None)
+            mine.append(rsv.id)
+            outcomes[f"create.{rsv.state}"] += 1
+        elif roll < 0.58:
+            rsv_id = rng.choice(mine)
+            reservation_extend(tenant=_owner(rsv_id), actor=actor, reservation_id=rsv_id,
+                               by_ms=rng.choice([1, 1, -1]) * rng.randrange(60_000, HOUR))
+            outcomes["extend.ok"] += 1
+        elif roll < 0.95:
+            # Mostly the oldest (likely placed, so capacity churns), sometimes any.
+            rsv_id = mine.pop(0 if rng.random() < 0.7 else rng.randrange(len(mine)))
+            rsv = reservation_release(tenant=_owner(rsv_id), actor=actor, reservation_id=rsv_id,
+                                      cancel=roll > 0.88)
+            outcomes[f"release.{rsv.state}"] += 1
+            pending_place(pool_id=world.pool_id, limit=5)
+        elif sandboxes and rng.random() < 0.5:
+            sandbox_release(tenant=world.root, actor=world.root_actor,
+                            sandbox_id=sandboxes.pop(0))
+            outcomes["sandbox.released"] += 1
+        else:
+            sandbox = sandbox_create(tenant=world.root, actor=world.root_actor,
+                                     pool_id=world.pool_id, vcpus=rng.randint(1, 4),
+                                     memory_gib=rng.randint(1, 32))
+            sandboxes.append(sandbox.id)
+            outcomes["sandbox.created"] += 1
+    except ComputeError as error:
+        outcomes[f"refused.{error.code}"] += 1
+    except Exception as error:  # anything else is a defect the test must show
+        unexpected.append(f"{type(error).__name__}: {error}")
+
+
+_OWNERS: dict[str, Any] = {}
+
+
+def _owner(rsv_id: str) -> Any:
+    from reservations.models import Reservation
+
+    if rsv_id not in _OWNERS:
+        _OWNERS[rsv_id] = Reservation.objects.select_related("tenant").get(pk=rsv_id).tenant
+    return _OWNERS[rsv_id]
+
+
+def _sample_quota(world: World, report: Report, stop: threading.Event) -> None:
+    """Read, in one snapshot, how many GPUs acme's live reservations hold."""
+    from django.db import connection, transaction
+
+    try:
+        while not stop.is_set():
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cursor.execute(
+                    "SELECT coalesce(sum(gpu_count), 0) FROM reservations_reservation "
+                    "WHERE tenant_id = %s AND state IN ('pending', 'placed', 'binding', "
+                    "'active')", [world.acme.id])
+                held = cursor.fetchone()[0]
+            report.samples += 1
+            report.quota_peak = max(report.quota_peak, held)
+            if held > QUOTA_LIMIT:
+                report.quota_breaches.append(held)
+            time.sleep(0.005)
+    finally:
+        connection.close()
+
+
+def run(world: World, *, clients: int = 16, ops: int = 2000, seed: int = 7) -> Report:
+    from django.db import connection
+
+    report = Report()
+    per_client = ops // clients
+    lists: list[list[str]] = [[] for _ in range(clients)]
+
+    counters: list[Counter[str]] = [Counter() for _ in range(clients)]
+
+    def client(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        sandboxes: list[str] = []
+        try:
+            for _ in range(per_client):
+                _one_op(world, rng, lists[index], sandboxes, counters[index], report.unexpected)
+        finally:
+            connection.close()
+
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample_quota, args=(world, report, stop))
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    started = time.monotonic()
+    sampler.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    sampler.join()
+    for counter in counters:
+        report.outcomes.update(counter)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def findings(world: World) -> dict[str, Any]:
+    """Every invariant of the ledger, measured with SQL over all rows."""
+    from django.db import connection
+
+    def scalar(sql: str, params: list[Any] | None = None) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params or [])
+            return cursor.fetchone()[0]
+
+    return {
+        "overlaps": scalar(
+            "SELECT count(*) FROM reservations_booking a JOIN reservations_booking b "
+            "ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during"),
+        "vcpuCounterDrift": scalar(
+            "SELECT count(*) FROM fleet_node n WHERE n.vcpus_allocated <> "
+            "(SELECT coalesce(sum(vcpus), 0) FROM reservations_allocation a "
+            " WHERE a.node_id = n.id AND a.ended_at IS NULL) + "
+            "(SELECT coalesce(sum(vcpus), 0) FROM reservations_sandbox s "
+            " WHERE s.node_id = n.id AND s.state = 'running')"),
+        "memoryCounterDrift": scalar(
+            "SELECT count(*) FROM fleet_node n WHERE n.memory_gib_allocated <> "
+            "(SELECT coalesce(sum(memory_gib), 0) FROM reservations_allocation a "
+            " WHERE a.node_id = n.id AND a.ended_at IS NULL) + "
+            "(SELECT coalesce(sum(memory_gib), 0) FROM reservations_sandbox s "
+            " WHERE s.node_id = n.id AND s.state = 'running')"),
+        "quotaDrift": scalar(
+            "SELECT q.used - coalesce((SELECT sum(gpu_count) FROM reservations_reservation r "
+            " WHERE r.tenant_id = q.tenant_id AND r.pool_id = q.pool_id AND r.state IN "
+            " ('pending', 'placed', 'binding', 'active')), 0) FROM reservations_quota q "
+            "WHERE q.tenant_id = %s AND q.resource = 'gpu'", [world.acme.id]),
+        "incoherent": scalar(
+            "SELECT count(*) FROM reservations_reservation r WHERE NOT CASE "
+            " WHEN r.state = 'pending' THEN NOT EXISTS (SELECT 1 FROM reservations_allocation a "
+            "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.during IS NULL "
+            "   OR r.placement_attempts > 0 "
+            " WHEN r.state IN ('placed', 'binding', 'active') THEN "
+            "   (SELECT count(*) FROM reservations_allocation a WHERE a.reservation_id = r.id "
+            "    AND a.ended_at IS NULL) = 1 AND "
+            "   (SELECT count(*) FROM reservations_booking b JOIN reservations_allocation a "
+            "    ON a.id = b.allocation_id WHERE a.reservation_id = r.id AND a.ended_at IS NULL "
+            "    AND b.during = r.during) = r.gpu_count "
+            " ELSE NOT EXISTS (SELECT 1 FROM reservations_allocation a "
+            "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
+            " END"),
+        "reservations": scalar("SELECT count(*) FROM reservations_reservation"),
+        "everPlaced": scalar("SELECT count(*) FROM reservations_reservation "
+                             "WHERE placed_at IS NOT NULL"),
+        "placedFromPending": scalar(
+            "SELECT count(DISTINCT e.subject) FROM compute_event e WHERE e.type = "
+            "'reservation.placed' AND EXISTS (SELECT 1 FROM compute_event p WHERE "
+            "p.subject = e.subject AND p.type = 'reservation.pending')"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ops", type=int, default=400)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--drop-exclude", action="store_true")
+    parser.add_argument("--nodes", type=int, default=4)
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0)
+    if args.drop_exclude:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE reservations_booking DROP CONSTRAINT "
+                           "reservations_booking_device_no_overlap")
+    world = build_world(nodes=args.nodes)
+    report = run(world, clients=args.clients, ops=args.ops)
+    print(json.dumps({"findings": findings(world), "outcomes": report.outcomes,  # noqa: T201
+                      "unexpected": report.unexpected[:5], "seconds": report.seconds}))
+
+
+if __name__ == "__main__":
+    main()
