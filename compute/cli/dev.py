@@ -60,7 +60,10 @@ def _write_env_file(path: Path, lines: dict[str, str]) -> None:
               help="Simulated machines to add (see the README).")
 @click.option("--sim-variant", type=click.Choice(["gpu", "cpu"]), default="gpu",
               show_default=True, help="cpu gives machines without GPUs (and a CPU pool).")
-def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str) -> None:
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the admin token and env file go (default <state root>/dev).")
+def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
+        state_dir: Path | None) -> None:
     """Run the control plane locally: Postgres, migrations, root token, API."""
     server = pg.throwaway() if memory else pg.persistent()
     click.echo(f"starting embedded Postgres in {server.data_dir} …", err=True)
@@ -72,7 +75,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str) -> None:
                "DJANGO_SETTINGS_MODULE": "compute.settings"}
         click.echo("migrating …", err=True)
         _django(["migrate", "--no-input"], env)
-        state_dir = pg.state_root() / "dev"
+        state_dir = state_dir or pg.state_root() / "dev"
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         token_file = state_dir / "admin-token"
         setup_args = ["bc_dev_setup", "--token-file", str(token_file)]

@@ -9,6 +9,7 @@ import click
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment
 from compute.cli.dev import dev
+from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
 from compute.cli.resources import GROUPS
 
 
@@ -20,8 +21,8 @@ def cli() -> None:
     """
 
 
-for group in GROUPS:
-    cli.add_command(group)
+for command in [*GROUPS, *LEDGER_COMMANDS]:
+    cli.add_command(command)
 cli.add_command(dev)
 
 

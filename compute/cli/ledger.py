@@ -1,0 +1,263 @@
+"""Commands over capacity: nodes, capacity, reserve, reservations, release, extend,
+sandboxes, usage."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from typing import Any
+
+import click
+
+from compute.cli.common import api_command, output_options, show
+from compute.cli.common import client as make_client
+from compute.cli.durations import Duration
+
+RESERVATION_COLUMNS = ["id", "state", "poolId", "nodeId", "start", "end"]
+
+
+@click.group()
+def nodes() -> None:
+    """Machines in your pools."""
+
+
+@api_command(nodes, "list", "nodes.list",
+             columns=["id", "hostname", "provisionState", "connectivity", "cordoned",
+                      "vcpusAllocated", "vcpus"])
+@click.option("--pool", "pool_id", default=None)
+def nodes_list(pool_id: str | None) -> dict[str, Any]:
+    """Nodes, optionally of one pool."""
+    return {"poolId": pool_id}
+
+
+@api_command(nodes, "get", "nodes.get")
+@click.argument("node_id")
+def nodes_get(node_id: str) -> dict[str, Any]:
+    """One node with its conditions and devices."""
+    return {"nodeId": node_id}
+
+
+@api_command(nodes, "events", "nodes.events", columns=["seq", "type", "createdAt"])
+@click.argument("node_id")
+@click.option("--since", type=int, default=None)
+def nodes_events(node_id: str, since: int | None) -> dict[str, Any]:
+    """Events about one node, oldest first."""
+    return {"nodeId": node_id, "since": since}
+
+
+@api_command(nodes, "cordon", "nodes.cordon")
+@click.argument("node_id")
+@click.option("--reason", default=None)
+def nodes_cordon(node_id: str, reason: str | None) -> dict[str, Any]:
+    """Stop placing on a node (what it holds stays)."""
+    return {"nodeId": node_id, "reason": reason}
+
+
+@api_command(nodes, "uncordon", "nodes.uncordon")
+@click.argument("node_id")
+@click.option("--reason", default=None)
+def nodes_uncordon(node_id: str, reason: str | None) -> dict[str, Any]:
+    """Let the placer use a node again."""
+    return {"nodeId": node_id, "reason": reason}
+
+
+def request_shape(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None,
+                  product: str | None, selector: str | None) -> dict[str, Any]:
+    return {"poolId": pool, "duration": duration, "model": model, "product": product,
+            "selector": selector,
+            "devices": [{"class": "gpu", "count": gpus,
+                         "topology": "nvlink-all" if nvlink else "any"}]}
+
+
+def shape_options(func: Any) -> Any:
+    for option in reversed([
+        click.option("--pool", required=True, help="Pool id."),
+        click.option("--gpus", type=click.IntRange(1, 64), required=True),
+        click.option("--for", "duration", type=Duration(), required=True,
+                     help="How long, e.g. 2h."),
+        click.option("--nvlink", is_flag=True, help="All GPUs in one NVLink domain."),
+        click.option("--model", default=None, help="GPU family, e.g. H100."),
+        click.option("--product", default=None, help="Exact product, e.g. H100-SXM5-80GB."),
+        click.option("--selector", default=None, help="e.g. 'vramGiB >= 80'."),
+    ]):
+        func = option(func)
+    return func
+
+
+@click.command("capacity")
+@click.option("--pool", required=True, help="Pool id.")
+@click.option("--preview", is_flag=True, help="Ask whether a request would fit now.")
+@click.option("--gpus", type=click.IntRange(1, 64), default=None)
+@click.option("--for", "duration", type=Duration(), default=None)
+@click.option("--nvlink", is_flag=True)
+@click.option("--model", default=None)
+@click.option("--product", default=None)
+@click.option("--selector", default=None)
+@output_options
+def capacity(pool: str, preview: bool, gpus: int | None, duration: int | None, nvlink: bool,
+             model: str | None, product: str | None, selector: str | None,
+             output: str | None, query: str | None, tenant: str | None) -> None:
+    """A pool's capacity, or (--preview --gpus N --for 2h) whether a request fits now."""
+    api = make_client()
+    if not preview:
+        show(api.call("capacity.get", {"poolId": pool}, tenant=tenant), output=output,
+             query=query)
+        return
+    if gpus is None or duration is None:
+        raise click.UsageError("--preview needs --gpus and --for")
+    body = request_shape(pool, gpus, duration, nvlink, model, product, selector)
+    body.pop("model")
+    show(api.call("capacity.preview", body, tenant=tenant), output=output, query=query)
+
+
+@click.command("reserve")
+@shape_options
+@click.option("--start", "start", default=None,
+              help="Later start: +2h (from now) or an ISO 8601 time.")
+@click.option("--kubernetes", is_flag=True, help="Hold for the node's Kubernetes workers.")
+@click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
+@click.option("--wait", type=click.FloatRange(0, 3600), default=20.0, show_default=True,
+              help="Seconds to wait for placement.")
+@output_options
+def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None,
+            product: str | None, selector: str | None, start: str | None, kubernetes: bool,
+            key: str | None, wait: float, output: str | None, query: str | None,
+            tenant: str | None) -> None:
+    """Reserve GPUs for a window; retry with --key KEY to never book twice."""
+    key = key or str(uuid.uuid4())
+    click.echo(f"idempotency key: {key}", err=True)
+    body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector),
+            "kubernetes": kubernetes or None, "idempotencyKey": key, "binding": "hold"}
+    if start:
+        if start.startswith("+"):
+            body["startIn"] = Duration().convert(start[1:], None, None)
+        else:
+            body["start"] = start
+    api = make_client()
+    result = api.call("reservations.create", body, tenant=tenant)
+    result = wait_for(api, result, wait, tenant)
+    show(result, output=output, query=query)
+
+
+def wait_for(api: Any, result: dict[str, Any], seconds: float,
+             tenant: str | None) -> dict[str, Any]:
+    """Poll while the reservation is pending, with a progress line on a terminal."""
+    deadline = time.monotonic() + seconds
+    frames, tick = "|/-\\", 0
+    tty = sys.stderr.isatty()
+    while result["state"] == "pending" and time.monotonic() < deadline:
+        if tty:
+            left = deadline - time.monotonic()
+            click.echo(f"\r{frames[tick % 4]} {result['id']} pending, waiting {left:4.0f}s",
+                       err=True, nl=False)
+            tick += 1
+        time.sleep(0.5)
+        result = api.call("reservations.get", {"reservationId": result["id"]}, tenant=tenant)
+    if tty and tick:
+        click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
+    if result["state"] == "pending":
+        click.echo(f"{result['id']} is still pending: it is placed when capacity frees",
+                   err=True)
+    return result
+
+
+@click.group()
+def reservations() -> None:
+    """GPU reservations."""
+
+
+@api_command(reservations, "get", "reservations.get")
+@click.argument("reservation_id")
+def reservations_get(reservation_id: str) -> dict[str, Any]:
+    """One reservation (--query state, --query binding)."""
+    return {"reservationId": reservation_id}
+
+
+@api_command(reservations, "list", "reservations.list", columns=RESERVATION_COLUMNS)
+@click.option("--pool", "pool_id", default=None)
+@click.option("--state", default=None)
+def reservations_list(pool_id: str | None, state: str | None) -> dict[str, Any]:
+    """Your reservations, oldest first."""
+    return {"poolId": pool_id, "state": state}
+
+
+@click.command("release")
+@click.argument("reservation_id")
+@click.option("--cancel", is_flag=True, help="Only withdraw one that has not started.")
+@output_options
+def release(reservation_id: str, cancel: bool, output: str | None, query: str | None,
+            tenant: str | None) -> None:
+    """End a reservation now (bookings end at the database's time; quota is refunded)."""
+    result = make_client().call("reservations.release",
+                                {"reservationId": reservation_id, "cancel": cancel},
+                                tenant=tenant)
+    show(result, output=output, query=query)
+
+
+@click.command("extend")
+@click.argument("reservation_id")
+@click.option("--by", "by", type=Duration(), required=True, help="How much longer, e.g. 2h.")
+@output_options
+def extend(reservation_id: str, by: int, output: str | None, query: str | None,
+           tenant: str | None) -> None:
+    """Make a reservation longer, if its GPUs are free for the extra time."""
+    result = make_client().call("reservations.extend",
+                                {"reservationId": reservation_id, "by": by}, tenant=tenant)
+    show(result, output=output, query=query)
+
+
+@click.group()
+def sandboxes() -> None:
+    """Sandbox VMs: vCPUs and memory from the same ledger."""
+
+
+@api_command(sandboxes, "create", "sandboxes.create")
+@click.option("--pool", "pool_id", required=True)
+@click.option("--vcpus", type=click.IntRange(1, 1024), required=True)
+@click.option("--memory", "memory", type=click.IntRange(1, 16384), required=True,
+              help="GiB.")
+@click.option("--name", default=None)
+@click.option("--key", default=None, help="Idempotency key.")
+def sandboxes_create(pool_id: str, vcpus: int, memory: int, name: str | None,
+                     key: str | None) -> dict[str, Any]:
+    """Claim vCPUs and memory on one node for a sandbox."""
+    return {"poolId": pool_id, "vcpus": vcpus, "memoryGiB": memory, "name": name,
+            "idempotencyKey": key}
+
+
+@api_command(sandboxes, "get", "sandboxes.get")
+@click.argument("sandbox_id")
+def sandboxes_get(sandbox_id: str) -> dict[str, Any]:
+    """One sandbox."""
+    return {"sandboxId": sandbox_id}
+
+
+@api_command(sandboxes, "list", "sandboxes.list",
+             columns=["id", "state", "nodeId", "vcpus", "memoryGiB", "createdAt"])
+def sandboxes_list() -> dict[str, Any]:
+    """Your sandboxes."""
+    return {}
+
+
+@api_command(sandboxes, "release", "sandboxes.release")
+@click.argument("sandbox_id")
+def sandboxes_release(sandbox_id: str) -> dict[str, Any]:
+    """Give back a sandbox's vCPUs and memory."""
+    return {"sandboxId": sandbox_id}
+
+
+@click.group()
+def usage() -> None:
+    """Metered usage."""
+
+
+@api_command(usage, "list", "usage.list",
+             columns=["subject", "meter", "quantity", "windowStart", "windowEnd"])
+@click.option("--meter", default=None, help="e.g. gpu.H100.hours")
+def usage_list(meter: str | None) -> dict[str, Any]:
+    """Usage records, one per ended window."""
+    return {"meter": meter}
+
+
+COMMANDS = [nodes, capacity, reserve, reservations, release, extend, sandboxes, usage]

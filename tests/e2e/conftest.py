@@ -1,0 +1,86 @@
+"""The dev stack as a real process, and the CLI as real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    process: subprocess.Popen[str]
+    env: dict[str, str]
+    output: list[str]
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["better-compute", *args], env=env or self.env, input=stdin,
+                              capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+    def ok(self, *args: str, cwd: Path | None = None) -> str:
+        result = self.cli(*args, cwd=cwd)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return result.stdout.strip()
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        values[key] = value.strip("'")
+    return values
+
+
+def start_stack(tmp: Path, *extra: str) -> Stack:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BETTER_COMPUTE",
+                                                                     "DATABASE_URL"))}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "compute.cli.main", "dev", "--memory", "--port", str(port),
+         "--state-dir", str(tmp / "state"), *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError("dev exited early:\n" + "".join(output))
+        output.append(line)
+        if line.startswith("Ctrl-C stops everything"):
+            break
+    else:
+        process.kill()
+        raise AssertionError("dev did not become ready:\n" + "".join(output))
+    values = read_env_file(tmp / "state" / "env")
+    return Stack(process=process, env={**env, **values}, output=output)
+
+
+def stop_stack(stack: Stack) -> int:
+    stack.process.send_signal(signal.SIGINT)
+    try:
+        return stack.process.wait(timeout=30)
+    finally:
+        if stack.process.poll() is None:
+            stack.process.kill()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    running = start_stack(tmp_path_factory.mktemp("dev"), "--sim", "2")
+    yield running
+    stop_stack(running)

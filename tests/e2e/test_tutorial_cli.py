@@ -1,0 +1,123 @@
+"""The tutorial, command by command, with the real CLI against `dev --memory --sim 2`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import yaml
+
+POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
+
+
+def test_dev_prints_where_it_listens_and_adopts_the_simulated_nodes(stack):
+    text = "".join(stack.output)
+    assert "better-compute listening on http://127.0.0.1:" in text
+    assert "2 simulated node(s) adopted" in text
+    assert stack.env["BETTER_COMPUTE_URL"].endswith("/api/compute")
+    assert stack.env["BETTER_COMPUTE_TOKEN"].startswith("biam_")
+
+
+def test_tutorial_flow(stack, tmp_path):
+    assert stack.ok("api", "system.whoami", "--query", "tenant") == "root"
+    site = stack.ok("sites", "create", "--kind", "shared", "--region", "eu-1", "--key",
+                    "site-eu-1", "--query", "id")
+    assert site.startswith("site_")
+    assert stack.ok("sites", "create", "--kind", "shared", "--region", "eu-1", "--key",
+                    "site-eu-1", "--query", "id") == site
+    (tmp_path / "pool-policy.json").write_text(json.dumps(POLICY))
+    pool = stack.ok("pools", "create", "--site", site, "--class", "metal-host", "--gpu-model",
+                    "H100", "--policy-file", "pool-policy.json", "--key", "pool-eu-1-h100",
+                    "--query", "id", cwd=tmp_path)
+    assert stack.ok("pools", "get", pool, "--query", "policy.expect.gpuCount") == "8"
+    stack.ok("tenants", "create", "--slug", "acme")
+    offered = json.loads(stack.ok("pools", "offer", pool, "--to", "acme", "--quota", "gpu=16",
+                                  "-o", "json"))
+    assert offered["quota"] == {"gpu": {"limit": 16, "used": 0}}
+
+    dev_pool = stack.env["POOL"]
+    assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.allocatable") == "16"
+    preview = json.loads(stack.ok("capacity", "--preview", "--pool", dev_pool, "--gpus", "4",
+                                  "--for", "2h", "-o", "json"))
+    assert (preview["fits"], len(preview["devices"])) == (True, 4)
+
+    reserved = stack.cli("reserve", "--pool", dev_pool, "--gpus", "4", "--for", "1h",
+                         "-o", "json")
+    assert reserved.returncode == 0, reserved.stderr
+    key = reserved.stderr.split("idempotency key: ", 1)[1].split()[0]
+    rsv = json.loads(reserved.stdout)
+    assert rsv["state"] == "placed"
+    again = stack.ok("reserve", "--pool", dev_pool, "--gpus", "4", "--for", "1h", "--key", key,
+                     "--query", "id")
+    assert again == rsv["id"]
+    assert stack.ok("reservations", "get", rsv["id"], "--query", "state") == "placed"
+    assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.available") == "12"
+    events = json.loads(stack.ok("events", "list", "--types", "reservation.*", "-o", "json"))
+    assert [e["type"] for e in events["items"] if e["subject"] == rsv["id"]] == [
+        "reservation.placed"]
+    extended = json.loads(stack.ok("extend", rsv["id"], "--by", "2h", "-o", "json"))
+    assert extended["durationMs"] == 3 * 3_600_000
+    assert stack.ok("release", rsv["id"], "--query", "state") == "released"
+    assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.available") == "16"
+    assert stack.ok("reservations", "list", "--query", "items.0.state") == "released"
+
+
+def test_token_out_file_is_new_and_0600(stack, tmp_path):
+    out = tmp_path / "acme-token"
+    stack.ok("tokens", "create", "--name", "ci", "--role", "viewer", "--out", str(out))
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert out.read_text().startswith("biam_")
+    again = stack.cli("tokens", "create", "--name", "ci", "--out", str(out))
+    assert again.returncode != 0
+    assert "never overwritten" in again.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml", "table"])
+def test_output_formats_on_each_group(stack, fmt):
+    for args in (["system", "whoami"], ["sites", "list"], ["pools", "list"],
+                 ["tenants", "list"], ["tokens", "list"], ["offerings", "list"],
+                 ["events", "list"], ["nodes", "list"], ["reservations", "list"],
+                 ["sandboxes", "list"], ["usage", "list"]):
+        text = stack.ok(*args, "--output", fmt)
+        if fmt == "json":
+            json.loads(text)
+        elif fmt == "yaml":
+            assert yaml.safe_load(text) is not None
+        else:
+            assert text.splitlines()[0].isupper() or text == "(none)" or "FIELD" in text
+
+
+def test_query_prints_a_bare_value_per_group(stack):
+    assert stack.ok("nodes", "list", "--query", "items.0.provisionState") == "adopted"
+    assert stack.ok("pools", "list", "--query", "items.0.id").startswith("pool_")
+    assert stack.ok("tenants", "get", "--query", "slug") == "root"
+    missing = stack.cli("pools", "list", "--query", "items.99.id")
+    assert missing.returncode != 0
+    assert "--query" in missing.stderr
+
+
+def test_configuration_errors_are_clear(stack):
+    base = {k: v for k, v in stack.env.items() if not k.startswith("BETTER_COMPUTE")}
+    cases = {
+        "BETTER_COMPUTE_URL is not set": {},
+        "not a loopback address": {"BETTER_COMPUTE_URL": "http://10.1.2.3/api/compute",
+                                   "BETTER_COMPUTE_TOKEN": "biam_x.y"},
+        "BETTER_COMPUTE_TOKEN is not set": {"BETTER_COMPUTE_URL": stack.env["BETTER_COMPUTE_URL"]},
+        "unauthenticated": {"BETTER_COMPUTE_URL": stack.env["BETTER_COMPUTE_URL"],
+                            "BETTER_COMPUTE_TOKEN": "biam_tok_nothing.secret"},
+        "cannot reach": {"BETTER_COMPUTE_URL": "http://127.0.0.1:9/api/compute",
+                         "BETTER_COMPUTE_TOKEN": "biam_x.y"},
+    }
+    for message, extra in cases.items():
+        result = stack.cli("system", "whoami", env={**base, **extra})
+        assert result.returncode != 0, message
+        assert message in result.stderr, (message, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_api_errors_exit_non_zero_with_code_and_message(stack):
+    result = stack.cli("reservations", "get", "pool_01jbx0000000000000000000aa")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: invalid_argument: reservationId")
