@@ -3,13 +3,8 @@ from django.contrib import admin
 from audit.models import AuditEvent
 
 
-@admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
-    """Read-only: the trail is append-only."""
-
-    list_display = ("seq", "tenant_id", "action", "target", "actor_id", "allowed", "created_at")
-    list_filter = ("allowed", "action", "origin")
-    search_fields = ("id", "tenant_id", "target", "actor_id", "request_id")
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """For rows that change only through services (or never): view and search only."""
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -19,3 +14,12 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    """The trail is append-only."""
+
+    list_display = ("seq", "tenant_id", "action", "target", "actor_id", "allowed", "created_at")
+    list_filter = ("allowed", "action", "origin")
+    search_fields = ("id", "tenant_id", "target", "actor_id", "request_id")

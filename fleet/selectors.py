@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from compute.errors import NotFound
+from compute.guards import one_visible
 from compute.tenancy.models import Tenant
 from fleet.models import Node, Pool, Site
 
@@ -14,10 +14,7 @@ def site_list(*, tenant: Tenant) -> QuerySet[Site]:
 
 
 def access_site_by_id(*, tenant: Tenant, site_id: str) -> Site:
-    site = site_list(tenant=tenant).filter(pk=site_id).first()
-    if site is None:
-        raise NotFound(f"site {site_id} not found", siteId=site_id)
-    return site
+    return one_visible(site_list(tenant=tenant), site_id, noun="site", field="siteId")
 
 
 def pool_list(*, tenant: Tenant) -> QuerySet[Pool]:
@@ -29,9 +26,7 @@ def access_pool_by_id(*, tenant: Tenant, pool_id: str, owned: bool = False,
                       lock: bool = False) -> Pool:
     """The pool if the tenant owns it (or, unless `owned`, was offered it); else NotFound."""
     queryset = Pool.objects.filter(tenant=tenant) if owned else pool_list(tenant=tenant)
-    pool = queryset.filter(pk=pool_id).first()
-    if pool is None:
-        raise NotFound(f"pool {pool_id} not found", poolId=pool_id)
+    pool = one_visible(queryset, pool_id, noun="pool", field="poolId")
     if lock:
         pool = Pool.objects.select_for_update().get(pk=pool.pk)
     return pool
@@ -46,10 +41,5 @@ def node_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Node]:
 
 
 def access_node_by_id(*, tenant: Tenant, node_id: str, lock: bool = False) -> Node:
-    queryset = node_list(tenant=tenant)
-    if lock:
-        queryset = queryset.select_for_update(of=("self",))
-    node = queryset.filter(pk=node_id).first()
-    if node is None:
-        raise NotFound(f"node {node_id} not found", nodeId=node_id)
-    return node
+    return one_visible(node_list(tenant=tenant), node_id, noun="node", field="nodeId",
+                       lock=lock)

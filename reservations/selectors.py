@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from compute.errors import NotFound
+from compute.guards import one_visible
 from compute.tenancy.models import Tenant
 from reservations.ledger import Reservation
 from reservations.offerings import Offering
@@ -30,13 +30,8 @@ def reservation_list(*, tenant: Tenant, pool_id: str | None = None,
 
 def access_reservation_by_id(*, tenant: Tenant, reservation_id: str,
                              lock: bool = False) -> Reservation:
-    queryset = reservation_list(tenant=tenant)
-    if lock:
-        queryset = queryset.select_for_update(of=("self",))
-    rsv = queryset.filter(pk=reservation_id).first()
-    if rsv is None:
-        raise NotFound(f"reservation {reservation_id} not found", reservationId=reservation_id)
-    return rsv
+    return one_visible(reservation_list(tenant=tenant), reservation_id, noun="reservation",
+                       field="reservationId", lock=lock)
 
 
 def sandbox_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Sandbox]:
@@ -45,13 +40,8 @@ def sandbox_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Sand
 
 
 def access_sandbox_by_id(*, tenant: Tenant, sandbox_id: str, lock: bool = False) -> Sandbox:
-    queryset = sandbox_list(tenant=tenant)
-    if lock:
-        queryset = queryset.select_for_update()
-    sandbox = queryset.filter(pk=sandbox_id).first()
-    if sandbox is None:
-        raise NotFound(f"sandbox {sandbox_id} not found", sandboxId=sandbox_id)
-    return sandbox
+    return one_visible(sandbox_list(tenant=tenant), sandbox_id, noun="sandbox",
+                       field="sandboxId", lock=lock)
 
 
 def usage_list(*, tenant: Tenant, meter: str | None = None) -> QuerySet[UsageRecord]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from compute.errors import NotFound
+from compute.guards import one_visible
 from compute.tenancy.models import ROOT_TENANT_SLUG, ApiToken, Principal, Tenant
 
 
@@ -42,13 +43,8 @@ def token_list(*, tenant: Tenant) -> QuerySet[ApiToken]:
 
 
 def access_token_by_id(*, tenant: Tenant, token_id: str, lock: bool = False) -> ApiToken:
-    queryset = token_list(tenant=tenant)
-    if lock:
-        queryset = queryset.select_for_update(of=("self",))
-    token = queryset.filter(pk=token_id).first()
-    if token is None:
-        raise NotFound(f"token {token_id} not found", tokenId=token_id)
-    return token
+    return one_visible(token_list(tenant=tenant), token_id, noun="token", field="tokenId",
+                       lock=lock)
 
 
 def principal_roles(principal: Principal) -> list[dict[str, str]]:
