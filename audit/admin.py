@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, AuditHead, Checkpoint, SealedSecret
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -23,3 +23,24 @@ class AuditEventAdmin(ReadOnlyAdmin):
     list_display = ("seq", "tenant_id", "action", "target", "actor_id", "allowed", "created_at")
     list_filter = ("allowed", "action", "origin")
     search_fields = ("id", "tenant_id", "target", "actor_id", "request_id")
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyAdmin):
+    list_display = ("id", "tenant_id", "tree_size", "root_hash", "signed_at")
+    search_fields = ("id", "tenant_id", "root_hash")
+
+
+@admin.register(AuditHead)
+class AuditHeadAdmin(ReadOnlyAdmin):
+    list_display = ("tenant_id", "size")
+    search_fields = ("tenant_id",)
+
+
+@admin.register(SealedSecret)
+class SealedSecretAdmin(ReadOnlyAdmin):
+    """Names and dates only: the ciphertext is never shown."""
+
+    list_display = ("name", "created_at")
+    search_fields = ("name",)
+    fields = ("name", "created_at")

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from compute.cli.audit import audit
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment
 from compute.cli.dev import dev
@@ -21,7 +22,7 @@ def cli() -> None:
     """
 
 
-for command in [*GROUPS, *LEDGER_COMMANDS]:
+for command in [*GROUPS, *LEDGER_COMMANDS, audit]:
     cli.add_command(command)
 cli.add_command(dev)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from audit.models import AuditEvent
 from compute.api.inputs import PublicIdField
 from compute.api.registry import REGISTRY
 from tests.factories import make_node
@@ -24,6 +25,8 @@ EXTRA: dict[str, dict[str, Any]] = {
 # Valid bodies for methods that act on the tenant as a whole.
 TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
     "system.whoami": {},
+    "audit.checkpoint": {},
+    "audit.verify": {},
     "tenants.get": {},
     "tenants.create": {"slug": "intruder"},
     "tokens.create": {"name": "intruder", "role": "admin"},
@@ -41,8 +44,9 @@ def make_objects(root, acme) -> dict[str, str]:
     rsv = acme("reservations.create", poolId=pool["id"], **SHAPE)
     sandbox = root("sandboxes.create", poolId=pool["id"], vcpus=2, memoryGiB=4)
     token = acme("tokens.create", name="svc", role="viewer")
+    audit = AuditEvent.objects.filter(tenant_id=acme.tenant_id).latest("seq")
     return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
-            "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"]}
+            "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id}
 
 
 def target(endpoint) -> tuple[str, str] | None:

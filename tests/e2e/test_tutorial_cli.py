@@ -121,3 +121,34 @@ def test_api_errors_exit_non_zero_with_code_and_message(stack):
     result = stack.cli("reservations", "get", "pool_01jbx0000000000000000000aa")
     assert result.returncode == 2
     assert result.stderr.startswith("error: invalid_argument: reservationId")
+
+
+def test_audit_checkpoint_verify_prove_and_check_offline(stack, tmp_path):
+    import httpx
+
+    stack.ok("sites", "create", "--kind", "shared", "--region", "audit-1")
+    assert json.loads(stack.ok("audit", "checkpoint", "-o", "json"))["treeSize"] > 0
+    assert stack.ok("audit", "verify", "--query", "ok") == "True"
+    events = json.loads(stack.ok("api", "events.list", "-o", "json"))
+    assert events["items"]
+    base = stack.env["BETTER_COMPUTE_URL"].removesuffix("/api/compute")
+    key = httpx.get(f"{base}/.well-known/better-compute").json()["auditSigningKey"]["publicKey"]
+    # The newest audit event covered by the checkpoint: the site created above.
+    verify = json.loads(stack.ok("audit", "verify", "-o", "json"))
+    assert verify["checkedCheckpoints"] >= 1
+    proof_file = tmp_path / "proof.json"
+    event_id = _latest_audit_event(stack)
+    stack.ok("audit", "prove", event_id, "--out", str(proof_file))
+    checked = stack.cli("audit", "check-proof", str(proof_file), "--public-key", key,
+                        env={"PATH": os.environ["PATH"]})
+    assert checked.returncode == 0, checked.stderr
+    assert event_id in checked.stdout
+
+
+def _latest_audit_event(stack):
+    import psycopg
+
+    with psycopg.connect(stack.env["DATABASE_URL"]) as conn:
+        return conn.execute("SELECT a.id FROM audit_auditevent a JOIN audit_checkpoint c ON "
+                            "c.tenant_id = a.tenant_id AND a.position <= c.tree_size "
+                            "ORDER BY a.seq DESC LIMIT 1").fetchone()[0]

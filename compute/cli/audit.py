@@ -1,0 +1,82 @@
+"""`better-compute audit`: checkpoints, verification and inclusion proofs."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from bcd.contract.auditproof import check_proof
+from compute.cli.client import CliError
+from compute.cli.common import api_command, output_options, show
+from compute.cli.common import client as make_client
+
+
+@click.group()
+def audit() -> None:
+    """The provable audit trail."""
+
+
+@api_command(audit, "checkpoint", "audit.checkpoint")
+def audit_checkpoint() -> dict[str, Any]:
+    """Sign a checkpoint over the tenant's new events now."""
+    return {}
+
+
+@click.command("verify")
+@click.option("--from", "from_position", type=click.IntRange(1), default=None)
+@click.option("--to", "to_position", type=click.IntRange(1), default=None)
+@output_options
+def audit_verify(from_position: int | None, to_position: int | None, output: str | None,
+                 query: str | None, tenant: str | None) -> None:
+    """Recompute the log and its checkpoints; exit 1 naming the first bad position."""
+    result = make_client().call("audit.verify", {"fromPosition": from_position,
+                                                 "toPosition": to_position}, tenant=tenant)
+    show(result, output=output, query=query)
+    if not result["ok"]:
+        raise CliError(f"audit log does not verify at position {result['firstBadPosition']}: "
+                       f"{result['problem']}")
+
+
+@click.command("prove")
+@click.argument("event_id")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the proof to this file.")
+@output_options
+def audit_prove(event_id: str, out: str | None, output: str | None, query: str | None,
+                tenant: str | None) -> None:
+    """An inclusion proof of one event, verifiable offline with check-proof."""
+    result = make_client().call("audit.prove", {"eventId": event_id}, tenant=tenant)
+    if out:
+        with open(out, "w") as handle:
+            json.dump(result, handle, indent=2)
+        click.echo(f"proof written to {out}", err=True)
+        return
+    show(result, output=output or "json", query=query)
+
+
+@click.command("check-proof")
+@click.argument("proof_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--public-key", default=None, envvar="BETTER_COMPUTE_AUDIT_KEY",
+              help="The audit signing key (base64), from /.well-known/better-compute.")
+def audit_check_proof(proof_file: str, public_key: str | None) -> None:
+    """Check a proof offline, with only the audit signing key: no server is contacted."""
+    if not public_key:
+        raise CliError("give --public-key (or BETTER_COMPUTE_AUDIT_KEY): the auditSigningKey "
+                       "from /.well-known/better-compute, obtained out of band")
+    try:
+        with open(proof_file) as handle:
+            document = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot read {os.path.basename(proof_file)}: {error}") from error
+    ok, message = check_proof(document, public_key)
+    if not ok:
+        raise CliError(f"proof does NOT verify: {message}")
+    click.echo(f"proof verifies: {message}")
+
+
+audit.add_command(audit_verify)
+audit.add_command(audit_prove)
+audit.add_command(audit_check_proof)

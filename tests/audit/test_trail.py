@@ -1,0 +1,245 @@
+"""The provable audit trail: positions in commit order, checkpoints, verify, prove."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.db import connection, transaction
+
+from audit.checkpoints import audit_prove, audit_verify, checkpoint_seal
+from audit.keys import public_key_b64
+from audit.models import AuditEvent, Checkpoint
+from audit.services import audit_record
+from bcd.contract.auditproof import check_proof, event_leaf
+
+
+def sql(statement, params=()):
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+@pytest.fixture
+def log(root):
+    """A root-tenant log of 24 events under two checkpoints, then 3 more events."""
+    tenant_id = root("system.whoami")["tenantId"]
+    for n in range(11):
+        root("sites.create", kind="shared", region=f"r-{n}")
+    first = checkpoint_seal(tenant_id=tenant_id)
+    for n in range(12):
+        root("sites.create", kind="dedicated", region=f"s-{n}")
+    second = checkpoint_seal(tenant_id=tenant_id)
+    for n in range(3):
+        root("sites.create", kind="shared", region=f"t-{n}")
+    assert (first.tree_size, second.tree_size) == (12, 24)  # + the bootstrap event
+    return tenant_id
+
+
+def test_an_untouched_log_verifies(log):
+    report = audit_verify(tenant_id=log)
+    assert report.ok, report.problem
+    assert (report.checked, report.checkpoints) == (27, 2)
+
+
+def test_edited_payload_is_named(log):
+    sql("UPDATE audit_auditevent SET data = '{\"region\": \"elsewhere\"}' "
+        "WHERE tenant_id = %s AND position = 7", [log])
+    report = audit_verify(tenant_id=log)
+    assert (report.ok, report.first_bad_position) == (False, 7)
+    assert "does not match" in report.problem
+
+
+def test_deleted_event_is_named(log):
+    sql("DELETE FROM audit_auditevent WHERE tenant_id = %s AND position = 5", [log])
+    report = audit_verify(tenant_id=log)
+    assert (report.ok, report.first_bad_position) == (False, 5)
+
+
+def test_deleted_event_with_renumbering_is_named(log):
+    sql("DELETE FROM audit_auditevent WHERE tenant_id = %s AND position = 5", [log])
+    sql("UPDATE audit_auditevent SET position = -(position - 1) WHERE tenant_id = %s "
+        "AND position > 5", [log])
+    sql("UPDATE audit_auditevent SET position = -position WHERE position < 0")
+    report = audit_verify(tenant_id=log)
+    assert (report.ok, report.first_bad_position) == (False, 5)
+    assert "deleted" in report.problem
+
+
+def test_two_reordered_events_are_named(log):
+    sql("UPDATE audit_auditevent SET position = -4 WHERE tenant_id = %s AND position = 4", [log])
+    sql("UPDATE audit_auditevent SET position = 4 WHERE tenant_id = %s AND position = 9", [log])
+    sql("UPDATE audit_auditevent SET position = 9 WHERE tenant_id = %s AND position = -4", [log])
+    report = audit_verify(tenant_id=log)
+    assert (report.ok, report.first_bad_position) == (False, 4)
+
+
+def test_inserted_event_is_named(log):
+    sql("UPDATE audit_auditevent SET position = -(position + 1) WHERE tenant_id = %s "
+        "AND position >= 6", [log])
+    sql("UPDATE audit_auditevent SET position = -position WHERE position < 0")
+    forged = AuditEvent(tenant_id=log, position=6, actor_id="prn_x", action="site.create",
+                        target="site_x", data={})
+    forged.leaf_hash = event_leaf(forged.wire()).hex()  # a well-formed row, hash and all
+    forged.save(force_insert=True)
+    report = audit_verify(tenant_id=log)
+    assert (report.ok, report.first_bad_position) == (False, 6)
+    assert "inserted" in report.problem
+
+
+def test_a_rewritten_log_fails_against_the_signed_root(log):
+    row = AuditEvent.objects.get(tenant_id=log, position=3)
+    row.data = {"rewritten": True}
+    row.leaf_hash = event_leaf(row.wire()).hex()  # the attacker recomputes the leaf too
+    row.save(update_fields=["data", "leaf_hash"])
+    report = audit_verify(tenant_id=log)
+    assert report.ok is False
+    assert report.first_bad_position == 1  # somewhere in the first checkpoint's range
+    assert "signed root" in report.problem
+
+
+def test_forged_checkpoint_signature_is_rejected(log):
+    checkpoint = Checkpoint.objects.get(tenant_id=log, tree_size=24)
+    import base64
+
+    from audit.checkpoints import _statement
+
+    other = Ed25519PrivateKey.generate()
+    checkpoint.signature = base64.b64encode(other.sign(_statement(checkpoint))).decode()
+    checkpoint.save(update_fields=["signature"])
+    report = audit_verify(tenant_id=log)
+    assert (report.ok, report.first_bad_position) == (False, 13)
+    assert "signature" in report.problem
+
+
+def test_a_broken_consistency_proof_is_rejected(log):
+    checkpoint = Checkpoint.objects.get(tenant_id=log, tree_size=24)
+    checkpoint.consistency = list(reversed(checkpoint.consistency))
+    checkpoint.save(update_fields=["consistency"])
+    report = audit_verify(tenant_id=log)
+    assert report.ok is False
+    assert "consistent" in report.problem
+
+
+def test_checkpoint_continues_from_the_last_one(log):
+    third = checkpoint_seal(tenant_id=log)
+    assert third.tree_size == 27
+    assert third.previous.tree_size == 24
+    assert checkpoint_seal(tenant_id=log) is None
+    assert audit_verify(tenant_id=log).checkpoints == 3
+
+
+def test_proof_verifies_offline_and_a_modified_event_does_not(log, tmp_path):
+    event = AuditEvent.objects.get(tenant_id=log, position=10)
+    document = audit_prove(tenant_id=log, event_id=event.id)
+    key = public_key_b64()
+    assert check_proof(document, key)[0] is True
+    modified = json.loads(json.dumps(document))
+    modified["event"]["data"]["region"] = "forged"
+    assert check_proof(modified, key) == (
+        False, "the event is not in the signed tree (hash path does not match)")
+    other = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    import base64
+
+    assert check_proof(document, base64.b64encode(other).decode())[0] is False
+    # The CLI's verifier, offline, in a process with no database and no server.
+    good, bad = tmp_path / "proof.json", tmp_path / "forged.json"
+    good.write_text(json.dumps(document))
+    bad.write_text(json.dumps(modified))
+    run = [sys.executable, "-m", "compute.cli.main", "audit", "check-proof"]
+    ok = subprocess.run([*run, str(good), "--public-key", key], capture_output=True, text=True,
+                        env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert "proof verifies" in ok.stdout
+    refused = subprocess.run([*run, str(bad), "--public-key", key], capture_output=True,
+                             text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert refused.returncode == 1
+    assert "does NOT verify" in refused.stderr
+
+
+def test_prove_without_a_checkpoint_is_412(root):
+    event = AuditEvent.objects.latest("seq")
+    answer = root.call("audit.prove", eventId=event.id)
+    assert (answer.status, answer.code) == (412, "failed_precondition")
+
+
+def test_api_verify_and_prove(root, log):
+    assert root("audit.verify")["ok"] is True
+    event = AuditEvent.objects.get(tenant_id=log, position=2)
+    proof = root("audit.prove", eventId=event.id)
+    assert check_proof(proof, root.client.get("/.well-known/better-compute").json()[
+        "auditSigningKey"]["publicKey"])[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_positions_follow_commit_order_without_gaps_under_concurrency():
+    tenant = "tnt_01jbx0000000000000000000zz"
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def writer(n: int) -> None:
+        try:
+            with transaction.atomic():
+                event = audit_record(tenant_id=tenant, actor_id="t", action="test.write",
+                                     data={"n": n})
+                time.sleep(0.002 * (n % 5))
+                if n % 7 == 0:
+                    raise RuntimeError("roll back")
+            with lock:
+                results.append(event.position)
+        except RuntimeError:
+            pass
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(1, 41)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    committed = 40 - len([n for n in range(1, 41) if n % 7 == 0])
+    positions = sorted(AuditEvent.objects.filter(tenant_id=tenant).values_list("position",
+                                                                                flat=True))
+    assert positions == list(range(1, committed + 1))
+    assert sorted(results) == positions
+    assert audit_verify(tenant_id=tenant).ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_waits_for_the_uncommitted_one_before_it():
+    tenant = "tnt_01jbx0000000000000000000zy"
+    first_wrote, release_first = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                audit_record(tenant_id=tenant, actor_id="t", action="test.first")
+                first_wrote.set()
+                release_first.wait(5)
+                order.append("first commits")
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            first_wrote.wait(5)
+            with transaction.atomic():
+                event = audit_record(tenant_id=tenant, actor_id="t", action="test.second")
+                order.append(f"second got {event.position}")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    assert order == []  # the second writer is blocked on the first's head lock
+    release_first.set()
+    for thread in threads:
+        thread.join()
+    assert order == ["first commits", "second got 2"]
