@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from fleet.models import Device, Node, Pool, Site
+from audit.admin import ReadOnlyAdmin
+from fleet.models import Device, JoinToken, Node, NodeCommand, NodeReport, Pool, Site
 
 
 @admin.register(Site)
@@ -40,3 +41,26 @@ class DeviceAdmin(admin.ModelAdmin):
                     "present")
     list_filter = ("model", "health", "present", "device_class")
     search_fields = ("id", "uuid", "node__id", "node__hostname")
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(admin.ModelAdmin):
+    list_display = ("id", "pool", "uses", "max_uses", "expires_at", "revoked_at")
+    list_filter = ("pool",)
+    search_fields = ("id", "expect_serial", "expect_product_uuid", "expect_mac")
+    exclude = ("secret_sha256",)
+    readonly_fields = ("uses", "nodes")
+
+
+@admin.register(NodeCommand)
+class NodeCommandAdmin(ReadOnlyAdmin):
+    list_display = ("id", "node", "kind", "state", "created_at", "finished_at")
+    list_filter = ("state", "kind")
+    search_fields = ("id", "node__id")
+
+
+@admin.register(NodeReport)
+class NodeReportAdmin(ReadOnlyAdmin):
+    list_display = ("report_id", "node", "kind", "received_at")
+    list_filter = ("kind",)
+    search_fields = ("report_id", "node__id")

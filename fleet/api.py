@@ -153,3 +153,6 @@ def nodes_cordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Let the placer use a node again."""
     return present_node(node_uncordon(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+import fleet.api_trust  # noqa: E402, F401  (registers joinTokens.*, pki.show, nodes.adopt)

@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 
 from compute.guards import one_visible
 from compute.tenancy.models import Tenant
-from fleet.models import Node, Pool, Site
+from fleet.models import JoinToken, Node, Pool, Site
 
 
 def site_list(*, tenant: Tenant) -> QuerySet[Site]:
@@ -43,3 +43,12 @@ def node_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Node]:
 def access_node_by_id(*, tenant: Tenant, node_id: str, lock: bool = False) -> Node:
     return one_visible(node_list(tenant=tenant), node_id, noun="node", field="nodeId",
                        lock=lock)
+
+
+def join_token_list(*, tenant: Tenant) -> QuerySet[JoinToken]:
+    return JoinToken.objects.filter(pool__tenant=tenant)
+
+
+def access_join_token_by_id(*, tenant: Tenant, token_id: str, lock: bool = False) -> JoinToken:
+    return one_visible(join_token_list(tenant=tenant), token_id, noun="join token",
+                       field="tokenId", lock=lock)

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from compute.api.inputs import Input
-from fleet.models import Device, Node, Pool, Site
+from fleet.models import Device, JoinToken, Node, Pool, Site
 
 ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network")
 
@@ -82,3 +82,12 @@ def present_device(device: Device) -> dict[str, Any]:
             "vramGiB": device.vram_gib, "nvlinkDomain": device.nvlink_domain or None,
             "migProfile": device.mig_profile or None, "health": device.health,
             "present": device.present}
+
+
+def present_join_token(token: JoinToken) -> dict[str, Any]:
+    return {"id": token.id, "poolId": token.pool_id, "role": token.role,
+            "maxUses": token.max_uses, "uses": token.uses, "expiresAt": token.expires_at,
+            "revokedAt": token.revoked_at, "expectSerial": token.expect_serial or None,
+            "expectProductUuid": token.expect_product_uuid or None,
+            "expectMac": token.expect_mac or None, "nodes": token.nodes,
+            "createdAt": token.created_at}

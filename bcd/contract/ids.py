@@ -18,6 +18,7 @@ PREFIXES: dict[str, str] = {
     "aud": "audit event",
     "bk": "booking",
     "ckpt": "audit checkpoint",
+    "cmd": "node command",
     "dec": "IAM decision",
     "dev": "device",
     "evt": "event",

@@ -1,7 +1,10 @@
+from fleet.models.agent import CommandState, NodeCommand, NodeReport
 from fleet.models.devices import Device, DeviceClass
+from fleet.models.join_tokens import JoinToken
 from fleet.models.nodes import SCHEDULABLE, Connectivity, Health, Node, ProvisionState
 from fleet.models.pools import Pool, PoolClass
 from fleet.models.sites import Site
 
-__all__ = ["SCHEDULABLE", "Connectivity", "Device", "DeviceClass", "Health", "Node", "Pool",
-           "PoolClass", "ProvisionState", "Site"]
+__all__ = ["SCHEDULABLE", "CommandState", "Connectivity", "Device", "DeviceClass", "Health",
+           "JoinToken", "Node", "NodeCommand", "NodeReport", "Pool", "PoolClass",
+           "ProvisionState", "Site"]

@@ -53,6 +53,13 @@ class Node(models.Model):
     product_uuid = models.CharField(max_length=64, blank=True)
     macs = ArrayField(models.CharField(max_length=17), default=list, blank=True)
     inventory_generation = models.PositiveIntegerField(default=0)
+    session_epoch = models.PositiveBigIntegerField(
+        default=0, help_text="Bumped by each new agent session; older sessions cannot act.")
+    key_pin = models.CharField(max_length=80, blank=True,
+                               help_text="SPKI pin of the node's key (from its join CSR).")
+    certificate_not_after = models.DateTimeField(null=True, blank=True)
+    acceptance = models.JSONField(default=dict, blank=True,
+                                  help_text="The last acceptance attempt and its results.")
     created_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
 

@@ -19,7 +19,8 @@ class InventoryRefused(Conflict):
     code = "inventory_refused"
 
 
-def _node_event(node: Node, type_: str, actor_id: str, action: str, **data: object) -> None:
+def node_event(node: Node, type_: str, actor_id: str, action: str, **data: object) -> None:
+    """The audit row and the event of a node state change."""
     audit_record(tenant_id=node.pool.tenant_id, actor_id=actor_id, action=action,
                  target=node.id, data=data)
     event_emit(tenant_id=node.pool.tenant_id, type=type_, subject=node.id,
@@ -32,7 +33,7 @@ def node_create_locked(*, pool: Pool, actor_id: str, hostname: str = "", serial:
     node = Node.objects.create(pool=pool, site_id=pool.site_id, hostname=hostname,
                                serial=serial, product_uuid=product_uuid, macs=list(macs))
     node.pool = pool
-    _node_event(node, "node.joined", actor_id, "node.join", hostname=hostname)
+    node_event(node, "node.joined", actor_id, "node.join", hostname=hostname)
     return node
 
 
@@ -86,7 +87,7 @@ def node_inventory_ingest(*, node_id: str, report: InventoryReport) -> Node:
                            mig_profile=mig.profile)
             seen.add(mig.uuid)
     gone = node.devices.filter(present=True).exclude(uuid__in=seen).update(present=False)
-    _node_event(node, "node.inventory.updated", node.id, "node.inventory",
+    node_event(node, "node.inventory.updated", node.id, "node.inventory",
                 gpus=len(report.gpus), vcpus=report.vcpus, memoryGiB=report.memory_gib,
                 devicesGone=gone)
     return node
@@ -114,12 +115,16 @@ def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, prod
 def node_adopted(*, node_id: str, actor_id: str, checks: list[str]) -> Node:
     """The node passed its pool's acceptance checks: the placer may now consider it."""
     node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    return node_adopt_locked(node, actor_id=actor_id, checks=checks)
+
+
+def node_adopt_locked(node: Node, *, actor_id: str, checks: list[str]) -> Node:
     if node.provision_state not in (ProvisionState.ADOPTING, ProvisionState.ACCEPTANCE_FAILED):
         raise InvalidState(f"node {node.id} is {node.provision_state}, not adopting",
                            provisionState=node.provision_state)
     node.provision_state = ProvisionState.ADOPTED
     node.save(update_fields=["provision_state"])
-    _node_event(node, "node.adopted", actor_id, "node.adopt", checks=checks)
+    node_event(node, "node.adopted", actor_id, "node.adopt", checks=checks)
     return node
 
 
@@ -131,7 +136,7 @@ def _set_cordon(*, tenant: Tenant, actor: Principal, node_id: str, cordoned: boo
     node.cordoned = cordoned
     node.save(update_fields=["cordoned"])
     verb = "cordon" if cordoned else "uncordon"
-    _node_event(node, f"node.{verb}ed", actor.id, f"node.{verb}", reason=reason)
+    node_event(node, f"node.{verb}ed", actor.id, f"node.{verb}", reason=reason)
     return node
 
 
@@ -162,5 +167,5 @@ def node_set_connectivity(*, node_id: str, connectivity: str) -> Node:
             node.last_heartbeat_at = timezone.now()
             fields.append("last_heartbeat_at")
         node.save(update_fields=fields)
-        _node_event(node, f"node.{connectivity}", node.id, f"node.{connectivity}")
+        node_event(node, f"node.{connectivity}", node.id, f"node.{connectivity}")
     return node

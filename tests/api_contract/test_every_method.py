@@ -20,6 +20,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     "capacity.preview": SHAPE,
     "reservations.extend": {"by": 60_000},
     "sandboxes.create": {"vcpus": 1, "memoryGiB": 1},
+    "joinTokens.create": {"ttl": 3_600_000},
+    "nodes.adopt": {"reason": "reseated"},
 }
 
 # Valid bodies for methods that act on the tenant as a whole.
@@ -27,6 +29,7 @@ TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
     "system.whoami": {},
     "audit.checkpoint": {},
     "audit.verify": {},
+    "pki.show": {},
     "tenants.get": {},
     "tenants.create": {"slug": "intruder"},
     "tokens.create": {"name": "intruder", "role": "admin"},
@@ -44,9 +47,11 @@ def make_objects(root, acme) -> dict[str, str]:
     rsv = acme("reservations.create", poolId=pool["id"], **SHAPE)
     sandbox = root("sandboxes.create", poolId=pool["id"], vcpus=2, memoryGiB=4)
     token = acme("tokens.create", name="svc", role="viewer")
+    join_token = root("joinTokens.create", poolId=pool["id"], ttl=3_600_000)
     audit = AuditEvent.objects.filter(tenant_id=acme.tenant_id).latest("seq")
     return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
-            "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id}
+            "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id,
+            "jtk": join_token["id"]}
 
 
 def target(endpoint) -> tuple[str, str] | None:
