@@ -14,7 +14,13 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from fleet.services.join import Hardware, JoinRefused, join_redeem
+from fleet.services.join import (
+    Hardware,
+    JoinRefused,
+    RenewRefused,
+    join_redeem,
+    node_certificate_renew,
+)
 
 
 @csrf_exempt
@@ -37,3 +43,21 @@ def join_view(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"ok": False, "error": {"code": refused.code,
                                                     "message": refused.message}}, status=403)
     return JsonResponse({"ok": True, "result": result})
+
+
+@csrf_exempt
+@require_POST
+def renew_view(request: HttpRequest) -> JsonResponse:
+    """POST /api/agent/renew {nodeId, csr}: a new certificate for the node's own key."""
+    try:
+        body = json.loads(request.body)
+        pem = node_certificate_renew(node_id=str(body["nodeId"]),
+                                     csr_der=base64.b64decode(body["csr"]))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return JsonResponse({"ok": False, "error": {"code": "invalid_argument",
+                                                    "message": "malformed renewal"}},
+                            status=400)
+    except RenewRefused as refused:
+        return JsonResponse({"ok": False, "error": {"code": refused.code,
+                                                    "message": refused.message}}, status=403)
+    return JsonResponse({"ok": True, "result": {"certificatePem": pem}})

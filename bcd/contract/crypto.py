@@ -31,6 +31,25 @@ def spki_der(public_key: PublicKey) -> bytes:
                                    serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def public_pem(public_key: PublicKey) -> str:
+    return public_key.public_bytes(serialization.Encoding.PEM,
+                                   serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def sign_bytes(key: ec.EllipticCurvePrivateKey, data: bytes) -> str:
+    return b64url(key.sign(data, ec.ECDSA(hashes.SHA256())))
+
+
+def verify_bytes(public_key_pem: str, data: bytes, signature: str) -> bool:
+    """Does `signature` over `data` verify with this PEM public key?"""
+    try:
+        key = serialization.load_pem_public_key(public_key_pem.encode())
+        key.verify(unb64url(signature), data, ec.ECDSA(hashes.SHA256()))
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def spki_pin(public_key: PublicKey) -> str:
     """`sha256/<base64>` of the key's SubjectPublicKeyInfo (as in HPKP)."""
     return "sha256/" + base64.b64encode(hashlib.sha256(spki_der(public_key)).digest()).decode()

@@ -57,6 +57,8 @@ class Node(models.Model):
         default=0, help_text="Bumped by each new agent session; older sessions cannot act.")
     key_pin = models.CharField(max_length=80, blank=True,
                                help_text="SPKI pin of the node's key (from its join CSR).")
+    public_key = models.TextField(blank=True, help_text="The node key's public half (PEM): "
+                                  "what verifies the reports it signs.")
     certificate_not_after = models.DateTimeField(null=True, blank=True)
     acceptance = models.JSONField(default=dict, blank=True,
                                   help_text="The last acceptance attempt and its results.")

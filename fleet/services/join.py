@@ -17,7 +17,7 @@ from cryptography import x509
 from django.db import transaction
 
 from audit.services import audit_record
-from bcd.contract.crypto import BadJwe, jwe_open, sign_document, spki_pin
+from bcd.contract.crypto import BadJwe, jwe_open, public_pem, sign_document, spki_pin
 from compute import secrets
 from compute.db import database_now
 from compute.errors import ComputeError
@@ -112,8 +112,9 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
     except ValueError as error:
         raise _Refusal(str(error), token) from None
     node.key_pin = key_pin
+    node.public_key = public_pem(csr.public_key())
     node.certificate_not_after = certificate.not_valid_after_utc
-    node.save(update_fields=["key_pin", "certificate_not_after"])
+    node.save(update_fields=["key_pin", "public_key", "certificate_not_after"])
     audit_record(tenant_id=token.pool.tenant_id, actor_id=token.id, action="node.join",
                  target=node.id, data={"tokenId": token.id, "usesLeft":
                                        token.max_uses - token.uses}, reason="token accepted")
@@ -163,3 +164,29 @@ def _audit_refusal(refusal: _Refusal, hardware: Hardware) -> None:
                  action="node.join", target=refusal.token.id if refusal.token else "",
                  allowed=False, reason=refusal.reason,
                  data={"hostname": hardware.hostname, "serial": hardware.serial})
+
+
+class RenewRefused(ComputeError):
+    code = "renew_refused"
+    http_status = 403
+    grpc_status = "PERMISSION_DENIED"
+
+
+@transaction.atomic(durable=True)
+def node_certificate_renew(*, node_id: str, csr_der: bytes) -> str:
+    """A fresh 24 h certificate for the node's *same* key (its CSR proves possession)."""
+    node = Node.objects.select_for_update().filter(pk=node_id).first()
+    try:
+        csr = x509.load_der_x509_csr(csr_der)
+    except ValueError:
+        raise RenewRefused("renewal refused") from None
+    if (node is None or node.provision_state == ProvisionState.RETIRED
+            or spki_pin(csr.public_key()) != node.key_pin):
+        raise RenewRefused("renewal refused")
+    certificate = issue_node_certificate(csr, site_id=node.site_id, node_id=node.id,
+                                         now=database_now())
+    node.certificate_not_after = certificate.not_valid_after_utc
+    node.save(update_fields=["certificate_not_after"])
+    from cryptography.hazmat.primitives import serialization
+
+    return certificate.public_bytes(serialization.Encoding.PEM).decode()

@@ -1,0 +1,14 @@
+"""Where the agent learns what the machine has: nvidia-smi on real hardware, or a simulated
+inventory in tests and the dev stack (every host path under a private root)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class InventorySource(Protocol):
+    def report(self) -> dict[str, Any]:
+        """The inventory in wire form (hostname, vcpus, memoryGiB, serial, gpus …)."""
+        ...
+
+    def healthy_gpus(self) -> int: ...

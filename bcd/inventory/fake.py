@@ -1,0 +1,43 @@
+"""A simulated machine: 8 H100s in two NVLink domains by default, or CPU only."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class SimulatedInventory:
+    name: str
+    gpus: int = 8
+    nvlink_domain_size: int = 4
+    vcpus: int = 96
+    memory_gib: int = 1024
+    product: str = "H100-SXM5-80GB"
+    unhealthy: tuple[int, ...] = ()
+
+    @classmethod
+    def cpu(cls, name: str) -> SimulatedInventory:
+        return cls(name=name, gpus=0, vcpus=32, memory_gib=128)
+
+    def _id(self, what: str) -> str:
+        return hashlib.sha256(f"{self.name}/{what}".encode()).hexdigest()
+
+    def report(self) -> dict[str, Any]:
+        serial = self._id("serial")
+        return {
+            "hostname": self.name, "vcpus": self.vcpus, "memoryGiB": self.memory_gib,
+            "serial": f"SIM-{serial[:10]}", "productUuid": self._id("uuid")[:32],
+            "macs": [":".join(["02", *[serial[i:i + 2] for i in range(0, 10, 2)]])],
+            "gpus": [{"uuid": f"GPU-{self._id(f'gpu{i}')[:8]}-{self._id(f'gpu{i}')[8:12]}-"
+                              f"{self._id(f'gpu{i}')[12:16]}-{self._id(f'gpu{i}')[16:28]}",
+                      "index": i, "product": self.product, "vramGiB": 80,
+                      "nvlinkDomain": f"nv{i // self.nvlink_domain_size}"
+                      if self.nvlink_domain_size > 1 else "",
+                      "health": "unhealthy" if i in self.unhealthy else "healthy"}
+                     for i in range(self.gpus)],
+        }
+
+    def healthy_gpus(self) -> int:
+        return self.gpus - len(set(self.unhealthy))

@@ -1,0 +1,165 @@
+"""The agent's session with the gateway: mTLS, Hello/Welcome, heartbeats, reports within
+credits, commands run and reported signed with the node key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bcd.contract.crypto import sign_bytes
+from bcd.contract.proto import agent_pb2 as pb
+from bcd.contract.proto import agent_pb2_grpc
+
+logger = logging.getLogger("bcd.session")
+
+CommandRunner = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+
+
+@dataclass
+class Credentials:
+    key: ec.EllipticCurvePrivateKey
+    certificate_pem: bytes
+    ca_pem: bytes
+
+    def channel(self, target: str, server_name: str | None = None) -> grpc.aio.Channel:
+        key_pem = self.key.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption())
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem,
+                                             private_key=key_pem,
+                                             certificate_chain=self.certificate_pem)
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        return grpc.aio.secure_channel(target, creds, options=options)
+
+
+@dataclass
+class SessionState:
+    node_id: str = ""
+    epoch: int = 0
+    heartbeat_seconds: int = 10
+    connected: bool = False
+    bulk_credits: int = 0
+    acked: dict[str, float] = field(default_factory=dict)
+    refused: str = ""
+
+
+class AgentSession:
+    """One session. `run()` returns when the gateway ends it or refuses it."""
+
+    def __init__(self, *, credentials: Credentials, target: str, inventory: Any,
+                 run_command: CommandRunner, journal_epoch: int = 0) -> None:
+        self.credentials = credentials
+        self.target = target
+        self.inventory = inventory
+        self.run_command = run_command
+        self.journal_epoch = journal_epoch
+        self.state = SessionState()
+        self.control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self.bulk: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self.credit_event = asyncio.Event()
+
+    def _message(self, **body: Any) -> pb.AgentMessage:
+        return pb.AgentMessage(epoch=self.state.epoch, report_id=secrets.token_hex(12), **body)
+
+    def send_inventory(self) -> str:
+        message = self._message(inventory=pb.Report(json=json.dumps(self.inventory.report())))
+        self.bulk.put_nowait(message)
+        return message.report_id
+
+    def send_control(self, message: pb.AgentMessage) -> None:
+        self.control.put_nowait(message)
+
+    async def _outgoing(self) -> AsyncIterator[pb.AgentMessage]:
+        yield pb.AgentMessage(hello=pb.Hello(agent_version="bcd-py",
+                                             journal_epoch=self.journal_epoch))
+        while True:
+            if not self.control.empty():
+                yield self.control.get_nowait()
+                continue
+            if self.state.bulk_credits > 0 and not self.bulk.empty():
+                self.state.bulk_credits -= 1
+                message = self.bulk.get_nowait()
+                message.epoch = self.state.epoch
+                yield message
+                continue
+            self.credit_event.clear()
+            waiters = [asyncio.ensure_future(self.control.get()),
+                       asyncio.ensure_future(self.credit_event.wait())]
+            done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            first = waiters[0]
+            if first in done:
+                yield first.result()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.state.heartbeat_seconds)
+            self.send_control(self._message(heartbeat=pb.Heartbeat(
+                sent_at_ms=int(time.time() * 1000))))
+
+    async def _command(self, command: pb.Command) -> None:
+        status, output = await self.run_command(command.kind, json.loads(command.json or "{}"))
+        body = json.dumps(output, sort_keys=True)
+        signature = sign_bytes(self.credentials.key,
+                               f"{command.command_id}\n{status}\n{body}".encode())
+        self.send_control(self._message(command_result=pb.CommandResult(
+            command_id=command.command_id, status=status, json=body, signature=signature)))
+
+    async def run(self, *, on_welcome: Callable[[SessionState], None] | None = None) -> str:
+        async with self.credentials.channel(self.target) as channel:
+            stub = agent_pb2_grpc.AgentGatewayStub(channel)
+            call = stub.Session(self._outgoing())
+            heartbeats: asyncio.Task[None] | None = None
+            tasks: set[asyncio.Task[None]] = set()
+            try:
+                async for message in call:
+                    kind = message.WhichOneof("body")
+                    if kind == "welcome":
+                        self.state.node_id = message.welcome.node_id
+                        self.state.epoch = message.welcome.epoch
+                        self.state.heartbeat_seconds = message.welcome.heartbeat_seconds
+                        self.state.connected = True
+                        heartbeats = asyncio.create_task(self._heartbeats())
+                        self.send_control(self._message(heartbeat=pb.Heartbeat(
+                            sent_at_ms=int(time.time() * 1000))))
+                        for lane, credits in ((pb.CONTROL, 64), (pb.BULK, 64)):
+                            self.send_control(pb.AgentMessage(
+                                epoch=self.state.epoch,
+                                credit=pb.Credit(lane=lane, credits=credits)))
+                        if on_welcome:
+                            on_welcome(self.state)
+                    elif kind == "credit" and message.credit.lane == pb.BULK:
+                        self.state.bulk_credits += message.credit.credits
+                        self.credit_event.set()
+                    elif kind == "ack":
+                        self.state.acked[message.ack.report_id] = time.monotonic()
+                        self.send_control(pb.AgentMessage(
+                            epoch=self.state.epoch,
+                            credit=pb.Credit(lane=message.lane, credits=1)))
+                    elif kind == "command":
+                        task = asyncio.create_task(self._command(message.command))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                        self.send_control(pb.AgentMessage(
+                            epoch=self.state.epoch,
+                            credit=pb.Credit(lane=pb.CONTROL, credits=1)))
+                    elif kind == "refused":
+                        self.state.refused = message.refused.reason
+                        break
+            finally:
+                self.state.connected = False
+                if heartbeats is not None:
+                    heartbeats.cancel()
+                call.cancel()
+        return self.state.refused

@@ -1,0 +1,158 @@
+"""What the gateway writes for node sessions: epochs, heartbeats, reports, command results.
+
+Every write is guarded by the session epoch: a stale session (the node has since opened a
+newer one) changes nothing, and the gateway closes it. Reports are deduplicated by id.
+None of this calls IAM: the node's certificate is its identity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from bcd.contract.crypto import verify_bytes
+from compute.db import database_now, retrying
+from fleet.inventory import parse_inventory
+from fleet.models import CommandState, Connectivity, Node, NodeCommand
+from fleet.models import ProvisionState as PS
+from fleet.services.lifecycle import acceptance_start_locked, command_result_record
+from fleet.services.nodes import node_event, node_inventory_ingest
+
+HEARTBEAT_SECONDS = 10
+LEASE_SECONDS = 40
+
+
+class StaleSession(Exception):
+    """A newer session of this node exists: this one may no longer act."""
+
+
+@dataclass(frozen=True)
+class SessionNode:
+    node_id: str
+    site_id: str
+    retired: bool
+
+
+def node_for_session(node_id: str) -> SessionNode | None:
+    row = Node.objects.filter(pk=node_id).values_list("site_id", "provision_state").first()
+    if row is None:
+        return None
+    return SessionNode(node_id, row[0], row[1] == PS.RETIRED)
+
+
+@retrying
+@transaction.atomic(durable=True)
+def session_open(*, node_id: str) -> int:
+    """Bump the node's session epoch (older sessions lose the right to act) and mark it
+    connected; returns the new epoch."""
+    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    node.session_epoch += 1
+    was = node.connectivity
+    node.connectivity = Connectivity.CONNECTED
+    node.last_heartbeat_at = database_now()
+    node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at"])
+    if was != Connectivity.CONNECTED:
+        node_event(node, "node.connected", node.id, "node.connect", epoch=node.session_epoch)
+    return node.session_epoch
+
+
+def heartbeats_record(beats: dict[str, int]) -> set[str]:
+    """Record heartbeats of many nodes in one statement; returns nodes whose epoch is stale.
+
+    A node that was unreachable comes back through session_open, not here.
+    """
+    if not beats:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE fleet_node n SET last_heartbeat_at = now() FROM "
+            "unnest(%s::text[], %s::bigint[]) AS b(id, epoch) "
+            "WHERE n.id = b.id AND n.session_epoch = b.epoch RETURNING n.id",
+            [list(beats), list(beats.values())])
+        fresh = {row[0] for row in cursor.fetchall()}
+    return set(beats) - fresh
+
+
+def _guard(node_id: str, epoch: int) -> Node:
+    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    if node.session_epoch != epoch:
+        raise StaleSession(node_id)
+    return node
+
+
+def report_seen(*, report_id: str, node_id: str, kind: str) -> bool:
+    """Claim a report id; False when it was received before (a resend)."""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO fleet_nodereport (report_id, node_id, kind, received_at) "
+                       "VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
+                       [report_id, node_id, kind])
+        return cursor.rowcount == 0
+
+
+@retrying
+def inventory_report(*, node_id: str, epoch: int, report_id: str, body: str) -> bool:
+    """Ingest an inventory report; the first one of an adopting node starts acceptance.
+
+    Returns False for a duplicate report.
+    """
+    with transaction.atomic():
+        node = _guard(node_id, epoch)
+        if report_seen(report_id=report_id, node_id=node_id, kind="inventory"):
+            return False
+    node_inventory_ingest(node_id=node_id, report=parse_inventory(json.loads(body)))
+    with transaction.atomic():
+        node = _guard(node_id, epoch)
+        if node.provision_state == PS.ADOPTING and not node.acceptance:
+            acceptance_start_locked(node, actor_id=node.id)
+    return True
+
+
+@retrying
+def command_result(*, node_id: str, epoch: int, report_id: str, command_id: str,
+                   status: str, body: str, signature: str) -> bool:
+    """Record a command result the node signed with its own key (others are refused)."""
+    with transaction.atomic():
+        node = _guard(node_id, epoch)
+        if not verify_bytes(node.public_key, f"{command_id}\n{status}\n{body}".encode(),
+                            signature):
+            raise PermissionError(f"result of {command_id} is not signed by {node_id}'s key")
+        if report_seen(report_id=report_id, node_id=node_id, kind="command_result"):
+            return False
+    command_result_record(node_id=node_id, command_id=command_id, status=status,
+                          output=json.loads(body or "{}"))
+    return True
+
+
+@transaction.atomic(durable=True)
+def commands_to_send(node_epochs: dict[str, int], limit: int = 500) -> list[dict[str, Any]]:
+    """Queued commands of these connected nodes, marked sent in the same transaction."""
+    rows = list(NodeCommand.objects.select_for_update(skip_locked=True)
+                .filter(node_id__in=list(node_epochs), state=CommandState.QUEUED)
+                .order_by("created_at")[:limit])
+    now = timezone.now()
+    for command in rows:
+        command.state, command.sent_at = CommandState.SENT, now
+        command.save(update_fields=["state", "sent_at"])
+    return [{"nodeId": c.node_id, "commandId": c.id, "kind": c.kind,
+             "json": json.dumps(c.payload)} for c in rows]
+
+
+@retrying
+@transaction.atomic(durable=True)
+def nodes_mark_unreachable(*, lease: timedelta = timedelta(seconds=LEASE_SECONDS)) -> list[str]:
+    """Connected nodes silent for longer than the lease become unreachable (and so
+    unschedulable). Nothing they hold is released."""
+    cutoff = database_now() - lease
+    quiet = list(Node.objects.select_for_update(skip_locked=True).select_related("pool")
+                 .filter(connectivity=Connectivity.CONNECTED, last_heartbeat_at__lt=cutoff))
+    for node in quiet:
+        node.connectivity = Connectivity.UNREACHABLE
+        node.save(update_fields=["connectivity"])
+        node_event(node, "node.unreachable", "system", "node.unreachable",
+                   lastHeartbeatAt=node.last_heartbeat_at)
+    return [node.id for node in quiet]

@@ -1,0 +1,260 @@
+"""The gateway: a standalone gRPC server holding node sessions over mTLS.
+
+It relays joins and renewals to the API (it holds no CA and no signing key), writes reports
+to Postgres through the fleet services (deduplicated by report id, guarded by the session
+epoch) and pushes queued commands. It never calls IAM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import httpx
+from cryptography import x509
+from django.db import close_old_connections
+
+from bcd.contract.proto import agent_pb2 as pb
+from bcd.contract.proto import agent_pb2_grpc
+from fleet.services import sessions as db
+from gateway.sessions import BULK_WINDOW, Session
+
+logger = logging.getLogger("gateway")
+
+
+@dataclass(frozen=True)
+class Identity:
+    node_id: str
+    site_id: str
+
+
+def peer_identity(context: grpc.aio.ServicerContext, trust_domain: str) -> Identity | None:
+    """The node named by the verified client certificate's SPIFFE ID, if any."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    if not pems:
+        return None
+    cert = x509.load_pem_x509_certificate(pems[0])
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    prefix = f"spiffe://{trust_domain}/site/"
+    for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+        if uri.startswith(prefix):
+            site, _, rest = uri[len(prefix):].partition("/node/")
+            if site and rest and "/" not in rest:
+                return Identity(node_id=rest, site_id=site)
+    return None
+
+
+class Gateway(agent_pb2_grpc.AgentGatewayServicer):
+    def __init__(self, *, api_url: str, trust_domain: str, workers: int = 8) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.trust_domain = trust_domain
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gw-db")
+        self.sessions: dict[str, Session] = {}
+        self.beats: dict[str, int] = {}
+        self.heartbeats_received = 0
+        self.http = httpx.AsyncClient(timeout=30)
+
+    def close(self) -> None:
+        """Close every worker thread's database connection, then the pool."""
+        import threading
+
+        from django.db import connections
+
+        workers = self.executor._max_workers
+        barrier = threading.Barrier(workers)
+
+        def close_here() -> None:
+            connections.close_all()
+            barrier.wait(5)
+
+        for future in [self.executor.submit(close_here) for _ in range(workers)]:
+            future.result(10)
+        self.executor.shutdown(wait=True)
+
+    async def db(self, func: Any, /, **kwargs: Any) -> Any:
+        def call() -> Any:
+            close_old_connections()
+            return func(**kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    async def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinReply:
+        body = {"sealedToken": request.sealed_token,
+                "csr": base64.b64encode(request.csr_der).decode(),
+                "hardware": {"hostname": request.hardware.hostname,
+                             "serial": request.hardware.serial,
+                             "productUuid": request.hardware.product_uuid,
+                             "macs": list(request.hardware.macs)}}
+        try:
+            response = await self.http.post(f"{self.api_url}/api/agent/join", json=body)
+            answer = response.json()
+        except (httpx.HTTPError, ValueError):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the control plane is unreachable")
+        if not answer.get("ok"):
+            return pb.JoinReply(ok=False, message="join refused")
+        return pb.JoinReply(ok=True, signed_json=json.dumps(answer["result"]))
+
+    async def Session(self, request_iterator: Any, context: Any) -> Any:
+        identity = peer_identity(context, self.trust_domain)
+        if identity is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "a node certificate with a SPIFFE ID is required")
+        node = await self.db(db.node_for_session, node_id=identity.node_id)
+        if node is None or node.retired or node.site_id != identity.site_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this node may not connect")
+        first = await anext(request_iterator.__aiter__(), None)
+        if first is None or first.WhichOneof("body") != "hello":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message is Hello")
+        epoch = await self.db(db.session_open, node_id=identity.node_id)
+        session = Session(node_id=identity.node_id, epoch=epoch)
+        older = self.sessions.get(identity.node_id)
+        if older is not None:
+            older.close("a newer session of this node opened")
+        self.sessions[identity.node_id] = session
+        yield pb.GatewayMessage(lane=pb.CONTROL, welcome=pb.Welcome(
+            epoch=epoch, heartbeat_seconds=db.HEARTBEAT_SECONDS, lease_seconds=db.LEASE_SECONDS,
+            node_id=identity.node_id))
+        yield pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
+                                                                  credits=BULK_WINDOW))
+        tasks = [asyncio.create_task(self._read(session, request_iterator)),
+                 asyncio.create_task(self._process(session))]
+        try:
+            while not session.closed:
+                message = session.next_outgoing()
+                if message is None:
+                    session.wake.clear()
+                    await session.wake.wait()
+                    continue
+                yield message
+            yield pb.GatewayMessage(lane=pb.CONTROL, refused=pb.Refused(reason=session.closed))
+        finally:
+            for task in tasks:
+                task.cancel()
+            if self.sessions.get(identity.node_id) is session:
+                del self.sessions[identity.node_id]
+
+    async def _read(self, session: Session, request_iterator: Any) -> None:
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("body")
+                if kind == "credit":
+                    session.grant(message.credit.lane, message.credit.credits)
+                    continue
+                error = session.accept(message)
+                if error:
+                    session.close(error)
+                    return
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            pass
+        session.close("the agent closed the session")
+
+    async def _process(self, session: Session) -> None:
+        while not session.closed:
+            message = session.next_incoming()
+            if message is None:
+                session.incoming.clear()
+                await session.incoming.wait()
+                continue
+            try:
+                await self._handle(session, message)
+            except db.StaleSession:
+                session.close("a newer session of this node exists")
+            except (PermissionError, ValueError) as error:
+                logger.warning("node %s: %s", session.node_id, error)
+                session.close(str(error))
+
+    async def _handle(self, session: Session, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        node = session.node_id
+        if kind == "heartbeat":
+            self.beats[node] = session.epoch
+            self.heartbeats_received += 1
+            return
+        if kind == "inventory":
+            new = await self.db(db.inventory_report, node_id=node, epoch=session.epoch,
+                                report_id=message.report_id, body=message.inventory.json)
+            session.bulk_outstanding -= 1
+            session.send(pb.GatewayMessage(lane=pb.BULK, ack=pb.Ack(
+                report_id=message.report_id, duplicate=not new)))
+            session.send(pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
+                                                                             credits=1)))
+        elif kind == "command_result":
+            result = message.command_result
+            new = await self.db(db.command_result, node_id=node, epoch=session.epoch,
+                                report_id=message.report_id, command_id=result.command_id,
+                                status=result.status, body=result.json,
+                                signature=result.signature)
+            session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
+                report_id=message.report_id, duplicate=not new)))
+        elif kind == "renew":
+            response = await self.http.post(f"{self.api_url}/api/agent/renew", json={
+                "nodeId": node, "csr": base64.b64encode(message.renew.csr_der).decode()})
+            answer = response.json()
+            if answer.get("ok"):
+                session.send(pb.GatewayMessage(lane=pb.CONTROL, renewed=pb.Renewed(
+                    certificate_pem=answer["result"]["certificatePem"])))
+
+    async def housekeeping(self, *, interval: float = 0.5) -> None:
+        """Flush heartbeats, push queued commands and mark quiet nodes unreachable."""
+        last_sweep = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                beats, self.beats = self.beats, {}
+                for node_id in await self.db(db.heartbeats_record, beats=beats):
+                    if node_id in self.sessions:
+                        self.sessions[node_id].close("a newer session of this node exists")
+                live = {n: s.epoch for n, s in self.sessions.items() if not s.closed}
+                if live:
+                    for command in await self.db(db.commands_to_send, node_epochs=live):
+                        session = self.sessions.get(command["nodeId"])
+                        if session is not None:
+                            session.send(pb.GatewayMessage(lane=pb.CONTROL, command=pb.Command(
+                                command_id=command["commandId"], kind=command["kind"],
+                                json=command["json"])))
+                if time.monotonic() - last_sweep > 5:
+                    last_sweep = time.monotonic()
+                    await self.db(db.nodes_mark_unreachable)
+            except Exception:
+                logger.exception("gateway housekeeping failed; retrying")
+
+
+async def serve(*, listen: str, join_listen: str, api_url: str, cert_dir: str,
+                trust_domain: str, ready: asyncio.Event | None = None,
+                holder: dict[str, Any] | None = None) -> None:
+    """Serve sessions on `listen` (mTLS: a node certificate is required) and joins on
+    `join_listen` (TLS only: a joining machine has no certificate yet)."""
+    with open(f"{cert_dir}/key.pem", "rb") as key, open(f"{cert_dir}/cert.pem", "rb") as cert, \
+            open(f"{cert_dir}/ca.pem", "rb") as ca:
+        pair, ca_pem = (key.read(), cert.read()), ca.read()
+    sessions = grpc.ssl_server_credentials([pair], root_certificates=ca_pem,
+                                           require_client_auth=True)
+    joins = grpc.ssl_server_credentials([pair])
+    gateway = Gateway(api_url=api_url, trust_domain=trust_domain)
+    if holder is not None:
+        holder["gateway"] = gateway
+    server = grpc.aio.server(options=[("grpc.keepalive_time_ms", 20_000)])
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
+    server.add_secure_port(listen, sessions)
+    server.add_secure_port(join_listen, joins)
+    await server.start()
+    keeper = asyncio.create_task(gateway.housekeeping())
+    logger.info("gateway: sessions on %s, joins on %s (API %s)", listen, join_listen, api_url)
+    if ready is not None:
+        ready.set()
+    try:
+        await server.wait_for_termination()
+    finally:
+        keeper.cancel()
+        await server.stop(grace=5)
+        await asyncio.to_thread(gateway.close)
