@@ -125,6 +125,11 @@ class AgentSession:
             try:
                 async for message in call:
                     kind = message.WhichOneof("body")
+                    if kind not in ("welcome", "refused"):
+                        # Every message taken off a lane frees one slot on that lane.
+                        self.send_control(pb.AgentMessage(
+                            epoch=self.state.epoch,
+                            credit=pb.Credit(lane=message.lane, credits=1)))
                     if kind == "welcome":
                         self.state.node_id = message.welcome.node_id
                         self.state.epoch = message.welcome.epoch
@@ -144,16 +149,10 @@ class AgentSession:
                         self.credit_event.set()
                     elif kind == "ack":
                         self.state.acked[message.ack.report_id] = time.monotonic()
-                        self.send_control(pb.AgentMessage(
-                            epoch=self.state.epoch,
-                            credit=pb.Credit(lane=message.lane, credits=1)))
                     elif kind == "command":
                         task = asyncio.create_task(self._command(message.command))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
-                        self.send_control(pb.AgentMessage(
-                            epoch=self.state.epoch,
-                            credit=pb.Credit(lane=pb.CONTROL, credits=1)))
                     elif kind == "refused":
                         self.state.refused = message.refused.reason
                         break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -69,10 +70,8 @@ def start_gateway(api_url: str, cert_dir: Path) -> RunningGateway:
             ready.set()
             await task
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop was stopped
             loop.run_until_complete(main())
-        except RuntimeError:
-            pass  # the loop was stopped
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

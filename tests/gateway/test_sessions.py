@@ -54,3 +54,215 @@ def test_a_node_joins_through_the_gateway_and_is_adopted(fleet):
     order = [types.index(t) for t in ("node.joined", "node.connected",
                                       "node.acceptance.started", "node.adopted")]
     assert order == sorted(order)
+
+
+def joined(fleet, name="gpu-01", inventory=None, token=None):
+    token = token or fleet.api("joinTokens.create", poolId=fleet.pool["id"],
+                               ttl=3_600_000)["token"]
+    inventory = inventory or SimulatedInventory(name)
+    credentials, payload = asyncio.run(join_through_gateway(fleet, token, inventory))
+    return credentials, payload, inventory
+
+
+def certificate(key, issuer_key, issuer_name, node_id, site_id, trust, *, hours=24,
+                expired=False):
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.now(UTC)
+    start, end = ((now - timedelta(hours=48), now - timedelta(hours=24)) if expired
+                  else (now - timedelta(minutes=5), now + timedelta(hours=hours)))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
+            .issuer_name(issuer_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(
+                f"spiffe://{trust}/site/{site_id}/node/{node_id}")]), critical=False)
+            .sign(issuer_key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def session_refusal(fleet, credentials, inventory):
+    """How a session with these credentials ends: the refusal text or the gRPC status."""
+    import grpc
+
+    async def attempt():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        try:
+            return await asyncio.wait_for(session.run(), 10)
+        except grpc.aio.AioRpcError as error:
+            return error.code().name
+
+    return asyncio.run(attempt())
+
+
+def test_a_certificate_from_another_ca_is_refused(fleet):
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509 import Name, NameAttribute
+    from cryptography.x509.oid import NameOID
+
+    from bcd.session import Credentials
+
+    credentials, payload, inventory = joined(fleet)
+    rogue_ca = ec.generate_private_key(ec.SECP256R1())
+    forged = certificate(credentials.key, rogue_ca,
+                         Name([NameAttribute(NameOID.COMMON_NAME, "rogue")]),
+                         payload["nodeId"], payload["siteId"], fleet.wellknown["trustDomain"])
+    result = session_refusal(fleet, Credentials(credentials.key, forged, credentials.ca_pem),
+                             inventory)
+    assert result == "UNAVAILABLE"  # the TLS handshake fails
+    assert Node.objects.get(pk=payload["nodeId"]).session_epoch == 0
+
+
+def test_an_expired_certificate_is_refused(fleet):
+    from bcd.session import Credentials
+    from fleet.pki import pki
+
+    credentials, payload, inventory = joined(fleet)
+    authority = pki()
+    stale = certificate(credentials.key, authority.ca_key, authority.ca_cert.subject,
+                        payload["nodeId"], payload["siteId"], authority.trust_domain,
+                        expired=True)
+    result = session_refusal(fleet, Credentials(credentials.key, stale, credentials.ca_pem),
+                             inventory)
+    assert result == "UNAVAILABLE"
+    assert Node.objects.get(pk=payload["nodeId"]).session_epoch == 0
+
+
+def test_a_retired_nodes_certificate_is_refused(fleet):
+    credentials, payload, inventory = joined(fleet)
+    Node.objects.filter(pk=payload["nodeId"]).update(provision_state="retired")
+    assert session_refusal(fleet, credentials, inventory) == "PERMISSION_DENIED"
+
+
+def test_an_older_session_epoch_cannot_act(fleet):
+    credentials, payload, inventory = joined(fleet)
+
+    async def scenario():
+        first = session_for(fleet, credentials, inventory, await diag(inventory))
+        first_task = asyncio.create_task(first.run())
+        while not first.state.connected:
+            await asyncio.sleep(0.05)
+        second = session_for(fleet, credentials, inventory, await diag(inventory))
+        second_task = asyncio.create_task(second.run())
+        refused = await asyncio.wait_for(first_task, 10)
+        assert second.state.connected or await _eventually(lambda: second.state.connected)
+        # A message stamped with the old epoch, on the new session, ends it too.
+        from bcd.contract.proto import agent_pb2 as pb
+
+        second.send_control(pb.AgentMessage(epoch=first.state.epoch, report_id="old",
+                                            heartbeat=pb.Heartbeat(sent_at_ms=1)))
+        stale = await asyncio.wait_for(second_task, 10)
+        return first.state.epoch, second.state.epoch, refused, stale
+
+    first_epoch, second_epoch, refused, stale = asyncio.run(scenario())
+    assert (first_epoch, second_epoch) == (1, 2)
+    assert "newer session" in refused
+    assert "epoch 1" in stale
+
+
+async def _eventually(predicate, timeout=5.0):
+    """Poll `predicate` (in a thread, so it may read the database) until true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(predicate):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
+    from bcd.contract.proto import agent_pb2 as pb
+    from fleet.models import NodeReport
+
+    credentials, payload, inventory = joined(fleet)
+
+    async def scenario():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run())
+        await _eventually(lambda: session.state.connected)
+        first = pb.AgentMessage(epoch=session.state.epoch, report_id="inv-1",
+                                inventory=pb.Report(json='{"hostname":"gpu-01","vcpus":96,'
+                                                    '"memoryGiB":1024,"gpus":[]}'))
+        session.bulk.put_nowait(first)
+        session.bulk.put_nowait(pb.AgentMessage().__class__.FromString(
+            first.SerializeToString()))
+        session.credit_event.set()
+        await _eventually(lambda: "inv-1" in session.state.acked)
+        await asyncio.sleep(0.5)
+        task.cancel()
+
+    asyncio.run(scenario())
+    node = Node.objects.get(pk=payload["nodeId"])
+    assert NodeReport.objects.filter(report_id="inv-1").count() == 1
+    assert node.inventory_generation == 1
+
+
+def test_join_heartbeats_inventory_and_commands_never_call_iam(fleet, settings):
+    from compute.iam import _backend
+    from tests.support.iam import CountingIAM
+
+    token = fleet.api("joinTokens.create", poolId=fleet.pool["id"], ttl=3_600_000)["token"]
+    settings.BC_IAM_BACKEND = "tests.support.iam.CountingIAM"
+    _backend.cache_clear()
+    CountingIAM.decisions.clear()
+    try:
+        credentials, payload, inventory = joined(fleet, token=token)
+
+        async def scenario():
+            session = session_for(fleet, credentials, inventory, await diag(inventory))
+            session.state.heartbeat_seconds = 1
+            task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
+            adopted = await _eventually(lambda: Node.objects.filter(
+                pk=payload["nodeId"], provision_state="adopted").exists(), timeout=20)
+            task.cancel()
+            return adopted
+
+        assert asyncio.run(scenario())
+        assert fleet.gateway.gateway.heartbeats_received >= 1
+        assert CountingIAM.decisions == []
+    finally:
+        _backend.cache_clear()
+
+
+def test_a_bulk_flood_does_not_delay_control_beyond_one_heartbeat(fleet):
+    from bcd.contract.proto import agent_pb2 as pb
+
+    credentials, payload, inventory = joined(fleet)
+    report = '{"hostname":"gpu-01","vcpus":96,"memoryGiB":1024,"gpus":[]}'
+
+    async def scenario():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run())
+        await _eventually(lambda: session.state.connected)
+        for n in range(400):
+            session.bulk.put_nowait(pb.AgentMessage(epoch=session.state.epoch,
+                                                    report_id=f"flood-{n}",
+                                                    inventory=pb.Report(json=report)))
+        session.credit_event.set()
+        await _eventually(lambda: any(k.startswith("flood-") for k in session.state.acked))
+        sent = time.monotonic()
+        command_id = "cmd_01jbx0000000000000000000aa"
+        body = "{}"
+        from bcd.contract.crypto import sign_bytes
+
+        session.send_control(pb.AgentMessage(
+            epoch=session.state.epoch, report_id="control-1",
+            command_result=pb.CommandResult(command_id=command_id, status="succeeded",
+                                            json=body, signature=sign_bytes(
+                                                credentials.key,
+                                                f"{command_id}\nsucceeded\n{body}".encode()))))
+        await _eventually(lambda: "control-1" in session.state.acked, timeout=30)
+        control_latency = session.state.acked["control-1"] - sent
+        flood_done = await _eventually(lambda: "flood-399" in session.state.acked, timeout=120)
+        task.cancel()
+        return control_latency, flood_done, sum(k.startswith("flood-") for k in
+                                                session.state.acked)
+
+    latency, flood_done, flood_acked_before = asyncio.run(scenario())
+    assert latency < 10, latency  # one heartbeat interval
+    assert flood_done
