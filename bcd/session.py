@@ -51,6 +51,7 @@ class SessionState:
     bulk_credits: int = 0
     acked: dict[str, float] = field(default_factory=dict)
     refused: str = ""
+    on_renewed: Callable[[str, bytes], object] | None = None
 
 
 class AgentSession:
@@ -153,6 +154,11 @@ class AgentSession:
                         task = asyncio.create_task(self._command(message.command))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
+                    elif kind == "renewed":
+                        pem = message.renewed.certificate_pem.encode()
+                        self.credentials.certificate_pem = pem
+                        if self.state.on_renewed is not None:
+                            self.state.on_renewed("pem", pem)
                     elif kind == "refused":
                         self.state.refused = message.refused.reason
                         break

@@ -38,6 +38,16 @@ def api(method: str, fields: tuple[str, ...], output: str | None, query: str | N
     call_and_show(method, body, tenant=tenant, output=output, query=query)
 
 
+@cli.command("gateway", add_help_option=False,
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def gateway(ctx: click.Context) -> None:
+    """Run the gateway (node sessions over mTLS): gateway --cert-dir DIR [--listen …]."""
+    import os
+
+    os.execv(sys.executable, [sys.executable, "-m", "gateway", *ctx.args])  # noqa: S606
+
+
 @cli.command("help")
 @click.argument("command", nargs=-1)
 @click.pass_context

@@ -140,7 +140,7 @@ def test_a_retired_nodes_certificate_is_refused(fleet):
 
 
 def test_an_older_session_epoch_cannot_act(fleet):
-    credentials, payload, inventory = joined(fleet)
+    credentials, _payload, inventory = joined(fleet)
 
     async def scenario():
         first = session_for(fleet, credentials, inventory, await diag(inventory))
@@ -232,7 +232,7 @@ def test_join_heartbeats_inventory_and_commands_never_call_iam(fleet, settings):
 def test_a_bulk_flood_does_not_delay_control_beyond_one_heartbeat(fleet):
     from bcd.contract.proto import agent_pb2 as pb
 
-    credentials, payload, inventory = joined(fleet)
+    credentials, _payload, inventory = joined(fleet)
     report = '{"hostname":"gpu-01","vcpus":96,"memoryGiB":1024,"gpus":[]}'
 
     async def scenario():
@@ -263,6 +263,64 @@ def test_a_bulk_flood_does_not_delay_control_beyond_one_heartbeat(fleet):
         return control_latency, flood_done, sum(k.startswith("flood-") for k in
                                                 session.state.acked)
 
-    latency, flood_done, flood_acked_before = asyncio.run(scenario())
+    latency, flood_done, _flood_acked_before = asyncio.run(scenario())
     assert latency < 10, latency  # one heartbeat interval
     assert flood_done
+
+
+def test_the_certificate_is_renewed_over_the_session_for_the_same_key(fleet):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import NameOID
+
+    from bcd.contract.proto import agent_pb2 as pb
+
+    credentials, payload, inventory = joined(fleet)
+    original = x509.load_pem_x509_certificate(credentials.certificate_pem)
+    renewed: dict[str, bytes] = {}
+
+    async def scenario():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run())
+        await _eventually(lambda: session.state.connected)
+        csr = (x509.CertificateSigningRequestBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "renew")]))
+               .sign(credentials.key, hashes.SHA256()))
+        session.state.on_renewed = renewed.setdefault
+        session.send_control(session._message(renew=pb.Renew(
+            csr_der=csr.public_bytes(serialization.Encoding.DER))))
+        await _eventually(lambda: "pem" in renewed, timeout=10)
+        task.cancel()
+
+    asyncio.run(scenario())
+    cert = x509.load_pem_x509_certificate(renewed["pem"])
+    assert credentials.certificate_pem == renewed["pem"]  # the agent uses it from now on
+    assert cert.serial_number != original.serial_number
+    assert cert.public_key() == original.public_key()
+    assert cert.not_valid_after_utc >= original.not_valid_after_utc
+
+
+def test_a_quiet_node_becomes_unreachable_and_keeps_what_it_holds(fleet):
+    from datetime import timedelta
+
+    from fleet.services.sessions import nodes_mark_unreachable
+    from tests.reservations.conftest import reserve
+
+    credentials, payload, inventory = joined(fleet)
+
+    async def connect_and_adopt():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
+        await _eventually(lambda: Node.objects.filter(pk=payload["nodeId"],
+                                                      provision_state="adopted").exists(), 20)
+        task.cancel()
+
+    asyncio.run(connect_and_adopt())
+    rsv = reserve(fleet.api, fleet.pool, 4).result
+    assert rsv["state"] == "placed"
+    time.sleep(1.2)
+    assert nodes_mark_unreachable(lease=timedelta(seconds=1)) == [payload["nodeId"]]
+    node = Node.objects.get(pk=payload["nodeId"])
+    assert (node.connectivity, node.schedulable) == ("unreachable", False)
+    assert fleet.api("reservations.get", reservationId=rsv["id"])["state"] == "placed"
+    assert reserve(fleet.api, fleet.pool, 1).result["state"] == "pending"
