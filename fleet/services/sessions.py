@@ -130,9 +130,19 @@ def command_result(*, node_id: str, epoch: int, report_id: str, command_id: str,
 
 @transaction.atomic(durable=True)
 def commands_to_send(node_epochs: dict[str, int], limit: int = 500) -> list[dict[str, Any]]:
-    """Queued commands of these connected nodes, marked sent in the same transaction."""
+    """Queued commands of these connected nodes, marked sent in the same transaction.
+
+    Reads the (small, indexed) queue first and keeps the commands of nodes in session here,
+    so the cost does not grow with the number of idle sessions.
+    """
+    queued = NodeCommand.objects.filter(state=CommandState.QUEUED).values_list("id",
+                                                                                "node_id")
+    wanted = [command_id for command_id, node_id in queued[: limit * 4]
+              if node_id in node_epochs]
+    if not wanted:
+        return []
     rows = list(NodeCommand.objects.select_for_update(skip_locked=True)
-                .filter(node_id__in=list(node_epochs), state=CommandState.QUEUED)
+                .filter(pk__in=wanted, state=CommandState.QUEUED)
                 .order_by("created_at")[:limit])
     now = timezone.now()
     for command in rows:

@@ -275,7 +275,7 @@ def test_the_certificate_is_renewed_over_the_session_for_the_same_key(fleet):
 
     from bcd.contract.proto import agent_pb2 as pb
 
-    credentials, payload, inventory = joined(fleet)
+    credentials, _payload, inventory = joined(fleet)
     original = x509.load_pem_x509_certificate(credentials.certificate_pem)
     renewed: dict[str, bytes] = {}
 
