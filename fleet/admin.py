@@ -1,7 +1,17 @@
 from django.contrib import admin
 
 from audit.admin import ReadOnlyAdmin
-from fleet.models import Device, JoinToken, Node, NodeCommand, NodeReport, Pool, Site
+from fleet.models import (
+    Device,
+    JoinToken,
+    Node,
+    NodeCommand,
+    NodeReport,
+    NodeSpec,
+    Pool,
+    Site,
+    SpentSeal,
+)
 
 
 @admin.register(Site)
@@ -64,3 +74,15 @@ class NodeReportAdmin(ReadOnlyAdmin):
     list_display = ("report_id", "node", "kind", "received_at")
     list_filter = ("kind",)
     search_fields = ("report_id", "node__id")
+
+
+@admin.register(NodeSpec)
+class NodeSpecAdmin(ReadOnlyAdmin):
+    list_display = ("node", "generation", "created_at")
+    search_fields = ("node__id",)
+
+
+@admin.register(SpentSeal)
+class SpentSealAdmin(ReadOnlyAdmin):
+    list_display = ("digest", "token", "created_at")
+    search_fields = ("digest", "token__id")

@@ -3,8 +3,10 @@ from fleet.models.devices import Device, DeviceClass
 from fleet.models.join_tokens import JoinToken
 from fleet.models.nodes import SCHEDULABLE, Connectivity, Health, Node, ProvisionState
 from fleet.models.pools import Pool, PoolClass
+from fleet.models.seals import SpentSeal
 from fleet.models.sites import Site
+from fleet.models.specs import NodeSpec
 
 __all__ = ["SCHEDULABLE", "CommandState", "Connectivity", "Device", "DeviceClass", "Health",
-           "JoinToken", "Node", "NodeCommand", "NodeReport", "Pool", "PoolClass",
-           "ProvisionState", "Site"]
+           "JoinToken", "Node", "NodeCommand", "NodeReport", "NodeSpec", "Pool", "PoolClass",
+           "ProvisionState", "Site", "SpentSeal"]

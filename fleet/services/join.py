@@ -22,7 +22,7 @@ from compute import secrets
 from compute.db import database_now
 from compute.errors import ComputeError
 from compute.tenancy.selectors import root_tenant
-from fleet.models import JoinToken, Node, ProvisionState
+from fleet.models import JoinToken, Node, ProvisionState, SpentSeal
 from fleet.pki import issue_node_certificate, pki, spiffe_id
 from fleet.services.join_tokens import TOKEN_SCHEME
 from fleet.services.nodes import node_create_locked
@@ -84,6 +84,7 @@ def _open(sealed_token: str, csr_der: bytes) -> tuple[str, str, x509.Certificate
 @transaction.atomic(durable=True)
 def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, str]:
     token_id, secret, csr = _open(sealed_token, csr_der)
+    seal = hashlib.sha256(sealed_token.encode()).hexdigest()
     token = (JoinToken.objects.select_for_update(of=("self",)).select_related("pool")
              .filter(pk=token_id).first())
     if not secrets.matches(secret, token.secret_sha256 if token else None) or token is None:
@@ -96,6 +97,9 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
         raise _Refusal("the token has expired", token)
     if token.role != "node":
         raise _Refusal(f"the token's role {token.role} cannot join nodes", token)
+    if SpentSeal.objects.filter(pk=seal).exists():
+        raise _Refusal("this sealed token was already used (a replay)", token)
+    SpentSeal.objects.create(digest=seal, token=token)
     _check_binding(token, hardware)
     node = _rejoining_node(token, key_pin, hardware)
     if node is None:

@@ -42,16 +42,16 @@ def acceptance_start_locked(node: Node, *, actor_id: str, reason: str = "") -> l
 
 def _passes(command: NodeCommand, status: str, output: dict[str, Any]) -> tuple[bool, str]:
     """Trust, but verify: the control plane re-checks what the agent observed."""
-    if status != "succeeded":
-        return False, str(output.get("error") or f"{command.kind} {status}")
     expect = command.payload.get("expect", {})
     if command.kind == "diag.nvml" and "gpuCount" in expect:
         healthy = int(output.get("healthyGpus", -1))
         known = Device.objects.filter(node=command.node, present=True, device_class="gpu",
                                       health=Health.HEALTHY).count()
-        if healthy < expect["gpuCount"] or known < expect["gpuCount"]:
-            return False, (f"diag.nvml: {healthy} healthy GPUs, expected "
-                           f"{expect['gpuCount']}")
+        if status != "succeeded" or healthy < expect["gpuCount"] or known < expect["gpuCount"]:
+            return False, (f"diag.nvml: {max(healthy, 0)} healthy GPUs reported, "
+                           f"{known} in inventory, expected {expect['gpuCount']}")
+    if status != "succeeded":
+        return False, str(output.get("error") or f"{command.kind} {status}")
     return True, "passed"
 
 

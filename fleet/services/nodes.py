@@ -11,7 +11,16 @@ from compute.errors import Conflict, InvalidState
 from compute.events.services import event_emit
 from compute.tenancy.models import Principal, Tenant
 from fleet.inventory import InventoryReport
-from fleet.models import Device, DeviceClass, Health, Node, Pool, PoolClass, ProvisionState
+from fleet.models import (
+    Device,
+    DeviceClass,
+    Health,
+    Node,
+    NodeSpec,
+    Pool,
+    PoolClass,
+    ProvisionState,
+)
 from fleet.selectors import access_node_by_id
 
 
@@ -124,6 +133,8 @@ def node_adopt_locked(node: Node, *, actor_id: str, checks: list[str]) -> Node:
                            provisionState=node.provision_state)
     node.provision_state = ProvisionState.ADOPTED
     node.save(update_fields=["provision_state"])
+    if not node.specs.exists():
+        NodeSpec.objects.create(node=node, generation=1, spec={"allocations": []})
     node_event(node, "node.adopted", actor_id, "node.adopt", checks=checks)
     return node
 

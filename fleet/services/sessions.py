@@ -56,7 +56,10 @@ def session_open(*, node_id: str) -> int:
     node.connectivity = Connectivity.CONNECTED
     node.last_heartbeat_at = database_now()
     node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at"])
-    if was != Connectivity.CONNECTED:
+    if was == Connectivity.UNREACHABLE:
+        node_event(node, "node.reconnected", node.id, "node.reconnect",
+                   epoch=node.session_epoch)
+    elif was != Connectivity.CONNECTED:
         node_event(node, "node.connected", node.id, "node.connect", epoch=node.session_epoch)
     return node.session_epoch
 

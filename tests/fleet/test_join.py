@@ -190,3 +190,50 @@ def test_join_token_ttl_bounds_and_secrets_never_listed(root, pool):
     assert minted["token"].split(".")[1] not in json.dumps(listed)
     row = JoinToken.objects.get(pk=minted["id"])
     assert minted["token"].split(".")[1] not in row.secret_sha256
+
+
+def test_a_token_of_another_role_is_refused(client, root, pool, wellknown):
+    minted = mint(root, pool)
+    JoinToken.objects.filter(pk=minted["id"]).update(role="gateway")
+    _, status, body = join(client, minted["token"], wellknown)
+    assert (status, body["error"]["code"]) == (403, "join_refused")
+    assert "role" in AuditEvent.objects.filter(allowed=False).latest("seq").reason
+
+
+def test_a_replayed_sealed_token_is_refused(client, root, pool, wellknown):
+    minted = mint(root, pool, maxUses=5)
+    request, status, _ = join(client, minted["token"], wellknown)
+    assert status == 200
+    _, status, body = join(client, minted["token"], wellknown, request=request)
+    assert (status, body["error"]["code"]) == (403, "join_refused")
+    assert "replay" in AuditEvent.objects.filter(allowed=False).latest("seq").reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_joins_on_a_single_use_token_have_one_winner(root, pool, wellknown):
+    import threading
+
+    from django.db import connection
+    from django.test import Client
+
+    minted = mint(root, pool)
+    statuses, barrier = [], threading.Barrier(6)
+
+    def machine(n):
+        try:
+            hardware = {**HARDWARE, "serial": f"SN-{n}", "productUuid": f"uuid-{n}"}
+            request = prepare(minted["token"], wellknown, f"gpu-{n}")
+            barrier.wait()
+            statuses.append(join(Client(), minted["token"], wellknown, hardware=hardware,
+                                 request=request)[1])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=machine, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200, 403, 403, 403, 403, 403]
+    assert JoinToken.objects.get(pk=minted["id"]).uses == 1
+    assert Node.objects.count() == 1

@@ -318,9 +318,84 @@ def test_a_quiet_node_becomes_unreachable_and_keeps_what_it_holds(fleet):
     asyncio.run(connect_and_adopt())
     rsv = reserve(fleet.api, fleet.pool, 4).result
     assert rsv["state"] == "placed"
-    time.sleep(1.2)
+    time.sleep(2)
     assert nodes_mark_unreachable(lease=timedelta(seconds=1)) == [payload["nodeId"]]
     node = Node.objects.get(pk=payload["nodeId"])
     assert (node.connectivity, node.schedulable) == ("unreachable", False)
     assert fleet.api("reservations.get", reservationId=rsv["id"])["state"] == "placed"
     assert reserve(fleet.api, fleet.pool, 1).result["state"] == "pending"
+
+
+def test_a_session_without_a_client_certificate_is_refused(fleet):
+    import grpc
+
+    from bcd.contract.proto import agent_pb2 as pb
+    from bcd.contract.proto import agent_pb2_grpc
+
+    async def attempt():
+        creds = grpc.ssl_channel_credentials(fleet.wellknown["servingCaPem"].encode())
+        async with grpc.aio.secure_channel(fleet.gateway.target, creds) as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Session(
+                iter([pb.AgentMessage(hello=pb.Hello())]))
+            try:
+                async for _ in call:
+                    return "answered"
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+        return "closed"
+
+    assert asyncio.run(attempt()) == "UNAVAILABLE"
+
+
+def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet):
+    from fleet.models import NodeSpec
+
+    broken = SimulatedInventory("gpu-07", unhealthy=(3,))
+    credentials, payload, _ = joined(fleet, inventory=broken)
+    node_id = payload["nodeId"]
+
+    async def run_with(inventory, until):
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
+        ok = await _eventually(lambda: Node.objects.get(pk=node_id).provision_state == until, 20)
+        task.cancel()
+        return ok
+
+    assert asyncio.run(run_with(broken, "acceptance-failed"))
+    node = Node.objects.get(pk=node_id)
+    assert node.acceptance["failure"] == ("diag.nvml: 7 healthy GPUs reported, 7 in "
+                                          "inventory, expected 8")
+    assert fleet.api.call("nodes.adopt", nodeId=node_id, reason="x").ok  # starts attempt 2
+    assert Node.objects.get(pk=node_id).acceptance["attempt"] == 2
+    fixed = SimulatedInventory("gpu-07")
+    assert asyncio.run(run_with(fixed, "adopted"))
+    assert list(NodeSpec.objects.filter(node_id=node_id).values_list("generation", flat=True)) \
+        == [1]
+    types = [e["type"] for e in fleet.api("nodes.events", nodeId=node_id)["items"]]
+    assert "node.acceptance.failed" in types
+    assert types[-1] == "node.adopted"
+    again = fleet.api.call("nodes.adopt", nodeId=node_id, reason="x")
+    assert again.code == "invalid_state"
+
+
+def test_a_node_that_comes_back_is_reconnected(fleet):
+    from datetime import timedelta
+
+    from fleet.services.sessions import nodes_mark_unreachable
+
+    credentials, payload, inventory = joined(fleet)
+
+    async def connect_once():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run())
+        ok = await _eventually(lambda: session.state.connected)
+        task.cancel()
+        return ok
+
+    assert asyncio.run(connect_once())
+    time.sleep(2)  # past the (shortened) lease, after the last heartbeat was flushed
+    assert nodes_mark_unreachable(lease=timedelta(seconds=1)) == [payload["nodeId"]]
+    assert asyncio.run(connect_once())
+    types = [e["type"] for e in fleet.api("nodes.events", nodeId=payload["nodeId"])["items"]]
+    assert types[-3:] == ["node.connected", "node.unreachable", "node.reconnected"]
+    assert Node.objects.get(pk=payload["nodeId"]).connectivity == "connected"
