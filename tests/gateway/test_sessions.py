@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from django.db import connection
 
 from bcd.inventory.fake import SimulatedInventory
 from fleet.models import Node
@@ -33,9 +34,8 @@ def test_a_node_joins_through_the_gateway_and_is_adopted(fleet):
         task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
         for _ in range(200):
             await asyncio.sleep(0.1)
-            state = await asyncio.to_thread(
-                lambda: Node.objects.get(pk=payload["nodeId"]).provision_state)
-            if state == "adopted":
+            if await _eventually(lambda: Node.objects.get(
+                    pk=payload["nodeId"]).provision_state == "adopted", timeout=0.1):
                 break
         if task.done():
             task.result()  # surfaces why the session ended
@@ -167,9 +167,15 @@ def test_an_older_session_epoch_cannot_act(fleet):
 
 async def _eventually(predicate, timeout=5.0):
     """Poll `predicate` (in a thread, so it may read the database) until true."""
+    def check():
+        try:
+            return predicate()
+        finally:
+            connection.close()  # worker threads must not keep test-database sessions open
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
+        if await asyncio.to_thread(check):
             return True
         await asyncio.sleep(0.05)
     return False
