@@ -1,11 +1,116 @@
-"""The `bcd` console script."""
+"""The `bcd` console script: join, node, status, doctor."""
 
+from __future__ import annotations
+
+import argparse
+import json
+import logging
 import sys
+from pathlib import Path
+
+from bcd.config import Config, Paths
+from bcd.join import JoinError, Pins
+from bcd.tokens import TokenError, read_token
 
 
-def main() -> int:
-    print("bcd: the node agent is not built yet in this release", file=sys.stderr)
-    return 2
+def _root(args: argparse.Namespace) -> Path:
+    return Path(args.root)
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    from bcd.joining import join
+
+    paths = Paths(_root(args))
+    if paths.config_file.exists():
+        config = Config.read(paths.config_file)
+        print(f"already joined as {config.node_id}")
+        return 0
+    try:
+        token = read_token(Path(args.token_file) if args.token_file else None)
+        config, not_after = join(
+            server=args.server, token=token, root=_root(args), sim=args.sim,
+            sim_gpus=args.sim_gpus, sim_variant=args.sim_variant, hostname=args.hostname,
+            pins=Pins(args.serving_ca_pin, args.join_signing_pin, args.join_encryption_pin))
+    except (TokenError, JoinError) as error:
+        print(f"bcd join: {error}", file=sys.stderr)
+        return 1
+    if args.token_file:
+        Path(args.token_file).unlink(missing_ok=True)
+    print(f"joined as {config.node_id} (site {config.site_id}, role node); certificate valid "
+          f"until {not_after}")
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from bcd.agent import Agent
+
+    config_path = Path(args.config) if args.config else Paths(_root(args)).config_file
+    if not config_path.exists():
+        print(f"bcd node: {config_path} does not exist: run bcd join first", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    asyncio.run(Agent(Config.read(config_path)).run())
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from bcd.agent import read_status, status_text
+
+    socket_path = Path(args.socket) if args.socket else Paths(_root(args)).socket
+    try:
+        status = read_status(socket_path)
+    except OSError as error:
+        print(f"bcd status: cannot reach the agent at {socket_path}: {error.strerror or error}",
+              file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else status_text(status))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from bcd.doctor import run_checks
+
+    return run_checks(Paths(_root(args)), server=args.server)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="bcd", description="better-compute node agent")
+    top.add_argument("--root", default="/", help="host root (a private folder in simulation)")
+    sub = top.add_subparsers(dest="command", required=True)
+    join = sub.add_parser("join", help="join the control plane with a join token")
+    join.add_argument("--server", required=True, help="https://compute.example.com/api/compute")
+    join.add_argument("--serving-ca-pin", required=True)
+    join.add_argument("--join-signing-pin", required=True)
+    join.add_argument("--join-encryption-pin", required=True)
+    join.add_argument("--token-file", help="a 0600 file holding the token; deleted after")
+    join.add_argument("--hostname", default=None)
+    join.add_argument("--sim", action="store_true", help="a simulated machine (tests, dev)")
+    join.add_argument("--sim-gpus", type=int, default=8)
+    join.add_argument("--sim-variant", choices=["gpu", "cpu"], default="gpu")
+    join.set_defaults(handler=cmd_join)
+    node = sub.add_parser("node", help="run the agent")
+    node.add_argument("--config", default=None)
+    node.set_defaults(handler=cmd_node)
+    status = sub.add_parser("status", help="what the running agent says")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--socket", default=None)
+    status.set_defaults(handler=cmd_status)
+    doctor = sub.add_parser("doctor", help="check this host")
+    doctor.add_argument("--server", default=None)
+    doctor.set_defaults(handler=cmd_doctor)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parser().parse_known_args(argv)
+    if extra:
+        print(f"bcd: unexpected arguments {' '.join(a[:12] + '…' for a in extra)}: bcd takes "
+              "no positional arguments (a join token is never one: use BCD_JOIN_TOKEN, "
+              "standard input or --token-file)", file=sys.stderr)
+        return 2
+    return args.handler(args)
 
 
 if __name__ == "__main__":

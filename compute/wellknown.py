@@ -29,8 +29,11 @@ def contributors() -> list[Contributor]:
 
 
 def document() -> dict[str, Any]:
-    doc: dict[str, Any] = {"version": 1,
-                           "gatewayUrl": os.environ.get("BETTER_COMPUTE_GATEWAY_URL") or None}
+    doc: dict[str, Any] = {
+        "version": 1,
+        "gatewayUrl": os.environ.get("BETTER_COMPUTE_GATEWAY_URL") or None,
+        "gatewayJoinUrl": os.environ.get("BETTER_COMPUTE_GATEWAY_JOIN_URL") or None,
+    }
     for contribute in contributors():
         doc.update(contribute())
     return doc

@@ -1,8 +1,10 @@
 """`better-compute dev`: the whole control plane on this machine, in one command.
 
 It starts an embedded Postgres (throw-away with --memory), migrates, bootstraps the root
-tenant and an admin token, a default site and pool, then serves the API with daphne. Every
-server runs as a child process; Ctrl-C (or SIGTERM) stops them all.
+tenant and an admin token, a default site and pool, serves the API with daphne, runs the
+gateway, and with --sim N starts N simulated bcd agents (separate processes, each with a
+private root) that join through the gateway with a real join token. Every server runs as a
+child process; Ctrl-C (or SIGTERM) stops them all.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 import click
 
 from compute import pg
-from compute.cli.client import CliError
+from compute.cli.client import Client, CliError, Config
+
+READY_TIMEOUT = 60.0
 
 
 def _django(args: list[str], env: dict[str, str]) -> str:
@@ -31,18 +35,23 @@ def _django(args: list[str], env: dict[str, str]) -> str:
     return result.stdout
 
 
-def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes],
-                   timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise CliError(f"the API server exited early with status {process.returncode}")
+            raise CliError(f"the {what} exited early with status {process.returncode}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.1)
-    raise CliError(f"the API server did not listen on {host}:{port} within {timeout:.0f}s")
+    raise CliError(f"the {what} did not listen on {host}:{port} within 30s")
 
 
 def _write_env_file(path: Path, lines: dict[str, str]) -> None:
@@ -52,46 +61,123 @@ def _write_env_file(path: Path, lines: dict[str, str]) -> None:
         handle.writelines(f"export {k}='{v}'\n" for k, v in lines.items())
 
 
+class Stack:
+    """The child processes `dev` started, stopped in reverse order."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen:
+        child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, **kwargs)
+        self.children.append(child)
+        return child
+
+    def watch(self) -> None:
+        for child in self.children:
+            if child.poll() is not None:
+                raise CliError(f"a server process exited with status {child.returncode}: "
+                               f"{' '.join(map(str, child.args))[:120]}")
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            if child.poll() is None:
+                child.terminate()
+        for child in reversed(self.children):
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: str,
+              server: str, state_dir: Path, env: dict[str, str]) -> None:
+    """Start `count` bcd agents that join through the gateway, and wait for adoption."""
+    minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
+                                            "maxUses": count})
+    pins = api.call("pki.show")
+    agent_env = {**env, "BCD_JOIN_TOKEN": minted["token"]}
+    joins = []
+    for n in range(1, count + 1):
+        root = state_dir / "sim" / f"node-{n:02d}"
+        root.mkdir(parents=True, exist_ok=True)
+        hostname = f"{'cpu' if variant == 'cpu' else 'gpu'}-{n:02d}"
+        joins.append((root, subprocess.Popen(
+            [sys.executable, "-m", "bcd", "--root", str(root), "join", "--server", server,
+             "--serving-ca-pin", pins["servingCaSpkiPin"],
+             "--join-signing-pin", pins["joinSigningKeyPin"],
+             "--join-encryption-pin", pins["joinEncryptionKeyPin"], "--sim",
+             "--sim-variant", variant, "--hostname", hostname],
+            env=agent_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)))
+    for root, process in joins:
+        _out, err = process.communicate(timeout=60)
+        if process.returncode != 0:
+            raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
+        stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                    stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        stack.watch()
+        nodes = api.call("nodes.list", {"poolId": pool_id, "limit": 1000})["items"]
+        if sum(n["provisionState"] == "adopted" for n in nodes) >= count:
+            click.echo(f"{count} simulated node(s) adopted")
+            return
+        time.sleep(0.3)
+    raise CliError(f"the simulated nodes were not adopted within {READY_TIMEOUT:.0f}s")
+
+
 @click.command("dev")
 @click.option("--memory", is_flag=True, help="Use a throw-away database, deleted on exit.")
 @click.option("--port", type=int, default=3000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--sim", "sim", type=click.IntRange(0, 256), default=0,
-              help="Simulated machines to add (see the README).")
+              help="Simulated machines (bcd agents) to join through the gateway.")
 @click.option("--sim-variant", type=click.Choice(["gpu", "cpu"]), default="gpu",
               show_default=True, help="cpu gives machines without GPUs (and a CPU pool).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the admin token and env file go (default <state root>/dev).")
+              help="Where the token, env file, gateway credentials and agents go.")
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir: Path | None) -> None:
-    """Run the control plane locally: Postgres, migrations, root token, API."""
+    """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     server = pg.throwaway() if memory else pg.persistent()
     click.echo(f"starting embedded Postgres in {server.data_dir} …", err=True)
-    children: list[subprocess.Popen[bytes]] = []
+    stack = Stack()
     started_here = not server.is_running()
     try:
         server.start()
-        env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
-               "DJANGO_SETTINGS_MODULE": "compute.settings"}
-        click.echo("migrating …", err=True)
-        _django(["migrate", "--no-input"], env)
         state_dir = state_dir or pg.state_root() / "dev"
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        gateway_port, join_port = free_port(), free_port()
+        env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
+               "DJANGO_SETTINGS_MODULE": "compute.settings",
+               "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
+               "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}
+        click.echo("migrating …", err=True)
+        _django(["migrate", "--no-input"], env)
         token_file = state_dir / "admin-token"
         setup_args = ["bc_dev_setup", "--token-file", str(token_file)]
         if sim_variant == "cpu":
             setup_args.append("--cpu-pool")
         ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
-        if sim:
-            added = _django(["bc_dev_simulate", "--nodes", str(sim), "--variant", sim_variant,
-                             "--pool", ids.get("cpuPoolId") or ids["poolId"]], env)
-            click.echo(added.strip())
-        api = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "--access-log", "-",
-             "compute.asgi:application"], env=env, stdout=subprocess.DEVNULL)
-        children.append(api)
-        _wait_for_port(host, port, api)
+        _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
+                 "--host", host, "--host", "localhost"], env)
+        api_process = stack.start(
+            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
+             "compute.asgi:application"], env, stderr=subprocess.DEVNULL)
+        _wait_for_port(host, port, api_process, "API server")
         url = f"http://{host}:{port}/api/compute"
+        gateway = stack.start(
+            [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
+             "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
+             "--cert-dir", str(state_dir / "gateway")], env, stderr=subprocess.DEVNULL)
+        _wait_for_port(host, join_port, gateway, "gateway")
+        api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
+        if sim:
+            _simulate(stack, api, count=sim, variant=sim_variant,
+                      pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
+                      state_dir=state_dir, env=env)
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": token_file.read_text(),
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"]}
@@ -100,18 +186,19 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         env_file = state_dir / "env"
         _write_env_file(env_file, exports)
         click.echo(f"better-compute listening on {url}")
+        click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
         click.echo(f"exports written to {env_file} (mode 0600); in another shell run:")
         click.echo(f"  . {env_file}")
         click.echo("Ctrl-C stops everything.")
-        _wait_for_signal(children)
+        _wait_for_signal(stack)
     finally:
-        _stop(children)
+        stack.stop()
         if started_here:
             server.stop()
         click.echo("stopped", err=True)
 
 
-def _wait_for_signal(children: list[subprocess.Popen[bytes]]) -> None:
+def _wait_for_signal(stack: Stack) -> None:
     stop = {"now": False}
 
     def handler(signum: int, frame: object) -> None:
@@ -120,19 +207,5 @@ def _wait_for_signal(children: list[subprocess.Popen[bytes]]) -> None:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     while not stop["now"]:
-        for child in children:
-            if child.poll() is not None:
-                raise CliError(f"a server process exited with status {child.returncode}")
+        stack.watch()
         time.sleep(0.2)
-
-
-def _stop(children: list[subprocess.Popen[bytes]]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()

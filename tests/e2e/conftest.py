@@ -26,6 +26,7 @@ class Stack:
     process: subprocess.Popen[str]
     env: dict[str, str]
     output: list[str]
+    state_dir: Path
 
     def cli(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -67,7 +68,8 @@ def start_stack(tmp: Path, *extra: str) -> Stack:
         process.kill()
         raise AssertionError("dev did not become ready:\n" + "".join(output))
     values = read_env_file(tmp / "state" / "env")
-    return Stack(process=process, env={**env, **values}, output=output)
+    return Stack(process=process, env={**env, **values}, output=output,
+                 state_dir=tmp / "state")
 
 
 def stop_stack(stack: Stack) -> int:

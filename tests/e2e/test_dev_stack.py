@@ -1,8 +1,9 @@
-"""`better-compute dev` starts and stops cleanly, leaving no process behind."""
+"""`better-compute dev --memory --sim 8`: ready quickly, and stops every process it started."""
 
 from __future__ import annotations
 
 import subprocess
+import time
 
 from tests.e2e.conftest import start_stack, stop_stack
 
@@ -13,16 +14,30 @@ def processes_mentioning(text: str) -> list[str]:
     return [line for line in listing.splitlines() if text in line and "ps -eww" not in line]
 
 
-def test_dev_stops_every_process_it_started(tmp_path):
-    stack = start_stack(tmp_path, "--sim", "1", "--sim-variant", "cpu")
+def test_dev_with_eight_simulated_agents_is_ready_fast_and_stops_cleanly(tmp_path):
+    started = time.monotonic()
+    stack = start_stack(tmp_path, "--sim", "8")
+    ready_after = time.monotonic() - started
     try:
+        assert "8 simulated node(s) adopted" in "".join(stack.output)
         data_dir = next(line.split(" in ")[1].split(" ")[0] for line in stack.output
                         if "starting embedded Postgres" in line)
-        port = stack.env["BETTER_COMPUTE_URL"].split(":")[2].split("/")[0]
+        state = str(tmp_path / "state")
         assert processes_mentioning(data_dir)
-        assert processes_mentioning(f"-p {port} ")
-        assert stack.env["CPU_POOL"].startswith("pool_")
+        assert len(processes_mentioning(f"{state}/sim/")) == 8  # one bcd per machine
+        assert processes_mentioning("-m gateway")
     finally:
         assert stop_stack(stack) == 0
+    assert ready_after < 15, f"dev --memory --sim 8 took {ready_after:.1f} s to be ready"
     assert processes_mentioning(data_dir) == []
-    assert processes_mentioning(f"-p {port} ") == []
+    assert processes_mentioning(state) == []
+
+
+def test_cpu_variant_gives_a_cpu_pool_of_machines_without_gpus(tmp_path):
+    stack = start_stack(tmp_path, "--sim", "1", "--sim-variant", "cpu")
+    try:
+        cpu_pool = stack.env["CPU_POOL"]
+        assert stack.ok("capacity", "--pool", cpu_pool, "--query", "vcpu.allocatable") == "32"
+        assert stack.ok("capacity", "--pool", cpu_pool, "--query", "gpu.total") == "0"
+    finally:
+        assert stop_stack(stack) == 0

@@ -1,0 +1,142 @@
+"""`bcd node`: keep a session with the gateway, report, run commands, serve `bcd status`.
+
+One asyncio task group owns every task. The session reconnects with jittered exponential
+backoff; nothing held on the node is dropped while disconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+
+from bcd.config import Config
+from bcd.joining import inventory_for
+from bcd.session import AgentSession, Credentials
+
+logger = logging.getLogger("bcd")
+BACKOFF_MAX = 30.0
+
+
+class Agent:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.paths = config.paths
+        self.inventory = inventory_for(config, sim=config.sim, sim_gpus=config.sim_gpus,
+                                       sim_variant=config.sim_variant,
+                                       hostname=config.hostname or config.node_id)
+        self.session: AgentSession | None = None
+        self.sessions_opened = 0
+
+    def credentials(self) -> Credentials:
+        key = serialization.load_pem_private_key(self.paths.key_file.read_bytes(), None)
+        return Credentials(key=key, certificate_pem=self.paths.cert_file.read_bytes(),
+                           ca_pem=self.paths.ca_file.read_bytes())
+
+    async def run_command(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict]:
+        if kind == "diag.nvml":
+            healthy = self.inventory.healthy_gpus()
+            expected = int(payload.get("expect", {}).get("gpuCount", 0))
+            status = "succeeded" if healthy >= expected else "failed"
+            return status, {"healthyGpus": healthy, "expected": expected}
+        if kind in ("diag.cpu", "diag.disk", "diag.network"):
+            return "succeeded", {"check": kind}
+        return "failed", {"error": f"unknown command {kind}"}
+
+    def status(self) -> dict[str, Any]:
+        state = self.session.state if self.session else None
+        report = self.inventory.report()
+        return {
+            "nodeId": self.config.node_id, "siteId": self.config.site_id,
+            "gateway": self.config.gateway,
+            "session": {"connected": bool(state and state.connected),
+                        "epoch": state.epoch if state else 0},
+            "generations": {"applied": 0, "observed": 0},
+            "sections": {"inventory": "reported" if state and state.connected else "pending"},
+            "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
+                      "health": g.get("health", "healthy"), "utilization": 0,
+                      "temperatureC": 35, "powerW": 70, "memoryUsedMiB": 0, "heldBy": None}
+                     for g in report.get("gpus", [])],
+        }
+
+    async def serve_status(self) -> None:
+        path = self.paths.socket
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(json.dumps(self.status()).encode())
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_unix_server(answer, path=str(path))
+        path.chmod(0o600)
+        async with server:
+            await server.serve_forever()
+
+    async def keep_session(self) -> None:
+        delay = 1.0
+        while True:
+            self.session = AgentSession(credentials=self.credentials(),
+                                        target=self.config.gateway, inventory=self.inventory,
+                                        run_command=self.run_command)
+            started = asyncio.get_running_loop().time()
+            try:
+                reason = await self.session.run(on_welcome=self._welcomed)
+                logger.warning("session ended: %s", reason or "closed by the gateway")
+            except Exception as error:  # a lost connection: retry
+                logger.warning("session lost: %s", error)
+            if asyncio.get_running_loop().time() - started > 60:
+                delay = 1.0
+            await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 (jitter)
+            delay = min(BACKOFF_MAX, delay * 2)
+
+    def _welcomed(self, state: Any) -> None:
+        self.sessions_opened += 1
+        logger.info("connected as %s (epoch %s)", state.node_id, state.epoch)
+        if self.session is not None:
+            self.session.send_inventory()
+
+    async def run(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self.serve_status()),
+                     group.create_task(self.keep_session())]
+            await stop.wait()
+            for task in tasks:
+                task.cancel()
+
+
+def read_status(socket_path: Path) -> dict[str, Any]:
+    async def ask() -> dict[str, Any]:
+        reader, writer = await asyncio.open_unix_connection(str(socket_path))
+        data = await reader.read()
+        writer.close()
+        return json.loads(data)
+
+    return asyncio.run(ask())
+
+
+def status_text(status: dict[str, Any]) -> str:
+    session = status["session"]
+    lines = [f"node        {status['nodeId']} (site {status['siteId']})",
+             "session     " + (f"connected (epoch {session['epoch']})" if session["connected"]
+                               else "disconnected"),
+             f"generations applied {status['generations']['applied']}, observed "
+             f"{status['generations']['observed']}"]
+    lines += [f"section     {name}: {state}" for name, state in status["sections"].items()]
+    for gpu in status["gpus"]:
+        held = f", held by {gpu['heldBy']}" if gpu["heldBy"] else ""
+        lines.append(f"gpu {gpu['index']}       {gpu['uuid']} {gpu['product']} {gpu['health']}"
+                     f", util {gpu['utilization']}%, {gpu['temperatureC']} C, "
+                     f"{gpu['powerW']} W, {gpu['memoryUsedMiB']} MiB{held}")
+    return "\n".join(lines)

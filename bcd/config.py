@@ -1,0 +1,108 @@
+"""Where bcd keeps things, and its config.toml.
+
+Every host path hangs off a root ("/" on a real server, a private directory for simulated
+agents), so many simulated agents can run side by side without touching the real /etc.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    def _at(self, relative: str) -> Path:
+        return self.root / relative
+
+    @property
+    def config_dir(self) -> Path:
+        return self._at("etc/bcd")
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "config.toml"
+
+    @property
+    def key_file(self) -> Path:
+        return self.config_dir / "node-key.pem"
+
+    @property
+    def cert_file(self) -> Path:
+        return self.config_dir / "node-cert.pem"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.config_dir / "serving-ca.pem"
+
+    @property
+    def socket(self) -> Path:
+        return self._at("run/bcd/bcd.sock")
+
+    @property
+    def allocations_dir(self) -> Path:
+        return self._at("run/bcd/allocations")
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self._at("etc/cdi")
+
+    @property
+    def state_dir(self) -> Path:
+        return self._at("var/lib/bcd")
+
+
+@dataclass(frozen=True)
+class Config:
+    server: str
+    gateway: str
+    node_id: str
+    site_id: str
+    trust_domain: str
+    serving_ca_pin: str
+    join_signing_pin: str
+    join_encryption_pin: str
+    root: str = "/"
+    sim: bool = False
+    sim_gpus: int = 8
+    sim_variant: str = "gpu"
+    hostname: str = ""
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(Path(self.root))
+
+    def write(self, path: Path) -> None:
+        lines = ["# Written by bcd join. The node's key and certificate sit beside this file.\n"]
+        for name, value in asdict(self).items():
+            if isinstance(value, bool):
+                lines.append(f"{name} = {'true' if value else 'false'}\n")
+            elif isinstance(value, int):
+                lines.append(f"{name} = {value}\n")
+            else:
+                escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+                lines.append(f'{name} = "{escaped}"\n')
+        write_private(path, "".join(lines))
+
+    @classmethod
+    def read(cls, path: Path) -> Config:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def write_private(path: Path, text: str | bytes) -> None:
+    """Write a file readable by its owner alone (0600), replacing it atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(text.encode() if isinstance(text, str) else text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)

@@ -1,0 +1,100 @@
+"""`bcd join`: from the control plane's well-known document to a node certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from cryptography.hazmat.primitives import serialization
+
+from bcd.config import Config, Paths, write_private
+from bcd.contract.proto import agent_pb2 as pb
+from bcd.contract.proto import agent_pb2_grpc
+from bcd.inventory.fake import SimulatedInventory
+from bcd.join import JoinError, Pins, check_wellknown, prepare, verify_answer
+
+
+def wellknown_url(server: str) -> str:
+    parts = urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise JoinError(f"--server must be an http(s) URL, got {server!r}")
+    if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise JoinError("--server uses plain http for a non-loopback host: use https")
+    return f"{parts.scheme}://{parts.netloc}/.well-known/better-compute"
+
+
+def fetch_wellknown(server: str) -> dict[str, Any]:
+    url = wellknown_url(server)
+    try:
+        with urllib.request.urlopen(url, timeout=15) as response:  # noqa: S310 (http(s) only)
+            return json.loads(response.read())
+    except (OSError, ValueError) as error:
+        raise JoinError(f"cannot read {url}: {error}") from None
+
+
+def grpc_target(url: str) -> str:
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def inventory_for(config: Config | None, *, sim: bool, sim_gpus: int, sim_variant: str,
+                  hostname: str) -> Any:
+    if sim:
+        if sim_variant == "cpu":
+            return SimulatedInventory.cpu(hostname)
+        return SimulatedInventory(hostname, gpus=sim_gpus)
+    from bcd.inventory.nvidia import NvidiaSmiInventory
+
+    return NvidiaSmiInventory(hostname=hostname)
+
+
+async def _join_rpc(target: str, ca_pem: bytes, request: pb.JoinRequest) -> pb.JoinReply:
+    creds = grpc.ssl_channel_credentials(root_certificates=ca_pem)
+    async with grpc.aio.secure_channel(target, creds) as channel:
+        return await agent_pb2_grpc.AgentGatewayStub(channel).Join(request, timeout=60)
+
+
+def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus: int,
+         sim_variant: str, hostname: str | None) -> tuple[Config, str]:
+    """Join and write config.toml, the key and the certificate (0600). Returns (config,
+    the certificate's expiry)."""
+    document = fetch_wellknown(server)
+    check_wellknown(document, pins)
+    join_url = document.get("gatewayJoinUrl")
+    if not join_url or not document.get("gatewayUrl"):
+        raise JoinError("the control plane publishes no gateway (gatewayUrl, gatewayJoinUrl)")
+    name = hostname or socket.gethostname()
+    inventory = inventory_for(None, sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
+                              hostname=name)
+    report = inventory.report()
+    request = prepare(token, document, name)
+    reply = asyncio.run(_join_rpc(grpc_target(join_url), document["servingCaPem"].encode(),
+                                  pb.JoinRequest(
+        sealed_token=request.sealed_token, csr_der=request.csr_der,
+        hardware=pb.Hardware(hostname=name, serial=report.get("serial", ""),
+                             product_uuid=report.get("productUuid", ""),
+                             macs=report.get("macs", [])))))
+    if not reply.ok:
+        raise JoinError(f"the control plane refused the join: {reply.message} (ask the "
+                        "operator to check the audit log)")
+    payload = verify_answer(json.loads(reply.signed_json), request, pins,
+                            document["trustDomain"])
+    config = Config(server=server, gateway=grpc_target(document["gatewayUrl"]),
+                    node_id=payload["nodeId"], site_id=payload["siteId"],
+                    trust_domain=document["trustDomain"], serving_ca_pin=pins.serving_ca,
+                    join_signing_pin=pins.join_signing, join_encryption_pin=pins.join_encryption,
+                    root=str(root), sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
+                    hostname=name)
+    paths = Paths(root)
+    write_private(paths.key_file, request.key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    write_private(paths.cert_file, payload["certificatePem"])
+    write_private(paths.ca_file, payload["caPem"])
+    config.write(paths.config_file)
+    return config, payload["notAfter"]
