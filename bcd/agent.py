@@ -17,7 +17,10 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from bcd.config import Config
+from bcd.contract.crypto import canonical, sign_bytes
+from bcd.holds import remove_hold, write_hold
 from bcd.joining import inventory_for
+from bcd.journal import Journal
 from bcd.session import AgentSession, Credentials
 
 logger = logging.getLogger("bcd")
@@ -33,13 +36,28 @@ class Agent:
                                        hostname=config.hostname or config.node_id)
         self.session: AgentSession | None = None
         self.sessions_opened = 0
+        self.journal = Journal(self.paths.state_dir / "journal.jsonl")
+        self._key = None
 
     def credentials(self) -> Credentials:
         key = serialization.load_pem_private_key(self.paths.key_file.read_bytes(), None)
         return Credentials(key=key, certificate_pem=self.paths.cert_file.read_bytes(),
                            ca_pem=self.paths.ca_file.read_bytes())
 
-    async def run_command(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict]:
+    async def run_command(self, command_id: str, kind: str,
+                          payload: dict[str, Any]) -> tuple[str, dict]:
+        """Run a one-shot command at most once, whatever crashes or redeliveries happen."""
+        seen = self.journal.state("command", command_id)
+        if seen is not None and seen["phase"] == "done":
+            return seen["status"], seen["output"]  # a redelivery: report, do not rerun
+        if seen is not None:
+            return "unknown", {"error": "the agent stopped while running it; not run again"}
+        self.journal.begin("command", command_id, commandKind=kind)
+        status, output = await self._execute(kind, payload)
+        self.journal.done("command", command_id, status=status, output=output)
+        return status, output
+
+    async def _execute(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict]:
         if kind == "diag.nvml":
             healthy = self.inventory.healthy_gpus()
             expected = int(payload.get("expect", {}).get("gpuCount", 0))
@@ -49,19 +67,63 @@ class Agent:
             return "succeeded", {"check": kind}
         return "failed", {"error": f"unknown command {kind}"}
 
+    def node_key(self) -> Any:
+        if self._key is None:
+            self._key = serialization.load_pem_private_key(self.paths.key_file.read_bytes(),
+                                                           None)
+        return self._key
+
+    def _signed(self, kind: str, payload: dict[str, Any]) -> tuple[str, str, str]:
+        body = canonical(payload).decode()
+        return kind, body, sign_bytes(self.node_key(), body.encode())
+
+    def apply_spec(self, generation: int, spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """Converge the node to `spec`: write new holds, remove dropped ones, journaled.
+
+        Holds are idempotent, so a step begun before a crash is simply done again; bound
+        holds are reported again too (the control plane treats a repeat as a no-op).
+        """
+        if generation < self.journal.applied_generation():
+            return []
+        self.journal.begin("spec", str(generation), generation=generation)
+        wanted = {h["allocationId"]: h for h in spec.get("allocations", [])}
+        held = self.journal.held()
+        reports = []
+        for allocation, hold in held.items():
+            if allocation not in wanted:
+                self.journal.begin("unhold", allocation)
+                remove_hold(hold, self.paths)
+                self.journal.done("unhold", allocation)
+                reports.append(self._signed("released", {
+                    "allocationId": allocation, "generation": generation,
+                    "nodeId": self.config.node_id}))
+        for allocation, hold in wanted.items():
+            self.journal.begin("hold", allocation)
+            bound = write_hold(hold, self.paths)
+            self.journal.done("hold", allocation, hold=hold)
+            reports.append(self._signed("bound", {**bound, "generation": generation,
+                                                  "nodeId": self.config.node_id}))
+        self.journal.done("spec", str(generation), generation=generation)
+        return reports
+
     def status(self) -> dict[str, Any]:
         state = self.session.state if self.session else None
         report = self.inventory.report()
+        held_by = {uuid: allocation for allocation, hold in self.journal.held().items()
+                   for uuid in hold.get("gpus", [])}
         return {
             "nodeId": self.config.node_id, "siteId": self.config.site_id,
             "gateway": self.config.gateway,
             "session": {"connected": bool(state and state.connected),
                         "epoch": state.epoch if state else 0},
-            "generations": {"applied": 0, "observed": 0},
-            "sections": {"inventory": "reported" if state and state.connected else "pending"},
+            "generations": {"applied": self.journal.applied_generation(),
+                            "observed": self.session.applied_generation if self.session else 0},
+            "sections": {"inventory": "reported" if state and state.connected else "pending",
+                         "holds": f"{len(self.journal.held())} held"},
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
                       "health": g.get("health", "healthy"), "utilization": 0,
-                      "temperatureC": 35, "powerW": 70, "memoryUsedMiB": 0, "heldBy": None}
+                      "temperatureC": 35, "powerW": 70, "memoryUsedMiB": 0,
+                      "heldBy": held_by.get(g["uuid"])}
                      for g in report.get("gpus", [])],
         }
 
@@ -83,9 +145,11 @@ class Agent:
     async def keep_session(self) -> None:
         delay = 1.0
         while True:
-            self.session = AgentSession(credentials=self.credentials(),
-                                        target=self.config.gateway, inventory=self.inventory,
-                                        run_command=self.run_command)
+            self.session = AgentSession(
+                credentials=self.credentials(), target=self.config.gateway,
+                inventory=self.inventory, run_command=self.run_command,
+                journal_epoch=self.journal.epoch, apply_spec=self.apply_spec,
+                applied_generation=self.journal.applied_generation())
             started = asyncio.get_running_loop().time()
             try:
                 reason = await self.session.run(on_welcome=self._welcomed)

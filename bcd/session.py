@@ -22,7 +22,9 @@ from bcd.contract.proto import agent_pb2_grpc
 
 logger = logging.getLogger("bcd.session")
 
-CommandRunner = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+CommandRunner = Callable[[str, str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+# (generation, spec) -> signed reports to send: [("bound" | "released", json, signature)]
+SpecApplier = Callable[[int, dict[str, Any]], list[tuple[str, str, str]]]
 
 
 @dataclass
@@ -58,12 +60,15 @@ class AgentSession:
     """One session. `run()` returns when the gateway ends it or refuses it."""
 
     def __init__(self, *, credentials: Credentials, target: str, inventory: Any,
-                 run_command: CommandRunner, journal_epoch: int = 0) -> None:
+                 run_command: CommandRunner, journal_epoch: int = 0,
+                 apply_spec: SpecApplier | None = None, applied_generation: int = 0) -> None:
         self.credentials = credentials
         self.target = target
         self.inventory = inventory
         self.run_command = run_command
         self.journal_epoch = journal_epoch
+        self.apply_spec = apply_spec
+        self.applied_generation = applied_generation
         self.state = SessionState()
         self.control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self.bulk: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -82,7 +87,8 @@ class AgentSession:
 
     async def _outgoing(self) -> AsyncIterator[pb.AgentMessage]:
         yield pb.AgentMessage(hello=pb.Hello(agent_version="bcd-py",
-                                             journal_epoch=self.journal_epoch))
+                                             journal_epoch=self.journal_epoch,
+                                             applied_generation=self.applied_generation))
         while True:
             if not self.control.empty():
                 yield self.control.get_nowait()
@@ -110,7 +116,8 @@ class AgentSession:
                 sent_at_ms=int(time.time() * 1000))))
 
     async def _command(self, command: pb.Command) -> None:
-        status, output = await self.run_command(command.kind, json.loads(command.json or "{}"))
+        status, output = await self.run_command(command.command_id, command.kind,
+                                                json.loads(command.json or "{}"))
         body = json.dumps(output, sort_keys=True)
         signature = sign_bytes(self.credentials.key,
                                f"{command.command_id}\n{status}\n{body}".encode())
@@ -154,6 +161,16 @@ class AgentSession:
                         task = asyncio.create_task(self._command(message.command))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
+                    elif kind == "spec" and self.apply_spec is not None:
+                        spec = json.loads(message.spec.json)
+                        for report, body, signature in self.apply_spec(message.spec.generation,
+                                                                       spec):
+                            field_type = pb.AllocationBound if report == "bound" else \
+                                pb.AllocationReleased
+                            self.send_control(self._message(**{report: field_type(
+                                json=body, signature=signature)}))
+                        self.applied_generation = max(self.applied_generation,
+                                                      message.spec.generation)
                     elif kind == "renewed":
                         pem = message.renewed.certificate_pem.encode()
                         self.credentials.certificate_pem = pem

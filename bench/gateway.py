@@ -75,7 +75,7 @@ async def run_sessions(target: str, nodes: list, seconds: float, pid: int) -> di
     from bcd.inventory.fake import SimulatedInventory
     from bcd.session import AgentSession, Credentials
 
-    async def no_commands(kind: str, payload: dict) -> tuple[str, dict]:
+    async def no_commands(command_id: str, kind: str, payload: dict) -> tuple[str, dict]:
         return "failed", {}
 
     sessions = [AgentSession(credentials=Credentials(key, cert, ca), target=target,

@@ -25,6 +25,7 @@ from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from fleet.services import sessions as db
 from gateway.sessions import BULK_WINDOW, Session
+from reservations.services import binding
 
 logger = logging.getLogger("gateway")
 
@@ -62,6 +63,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         self.sessions: dict[str, Session] = {}
         self.beats: dict[str, int] = {}
         self.heartbeats_received = 0
+        self.last_spec_id = 0
         self.http = httpx.AsyncClient(timeout=30)
 
     def close(self) -> None:
@@ -115,7 +117,8 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         first = await anext(request_iterator.__aiter__(), None)
         if first is None or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message is Hello")
-        epoch = await self.db(db.session_open, node_id=identity.node_id)
+        epoch = await self.db(db.session_open, node_id=identity.node_id,
+                              journal_epoch=first.hello.journal_epoch)
         session = Session(node_id=identity.node_id, epoch=epoch)
         older = self.sessions.get(identity.node_id)
         if older is not None:
@@ -126,6 +129,10 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             node_id=identity.node_id))
         yield pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
                                                                   credits=BULK_WINDOW))
+        latest = await self.db(db.latest_spec, node_id=identity.node_id)
+        if latest is not None and latest["generation"] > first.hello.applied_generation:
+            session.send(pb.GatewayMessage(lane=pb.CONTROL, spec=pb.Spec(
+                generation=latest["generation"], json=latest["json"])))
         tasks = [asyncio.create_task(self._read(session, request_iterator)),
                  asyncio.create_task(self._process(session))]
         try:
@@ -196,6 +203,19 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                                 signature=result.signature)
             session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
                 report_id=message.report_id, duplicate=not new)))
+        elif kind in ("bound", "released"):
+            report = getattr(message, kind)
+            record = binding.allocation_bound_record if kind == "bound" else \
+                binding.allocation_released_record
+            try:
+                await self.db(record, node_id=node, body=report.json,
+                              signature=report.signature)
+                ok = True
+            except binding.BindingRefused as refusal:
+                logger.warning("node %s: %s refused: %s", node, kind, refusal)
+                ok = False
+            session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
+                report_id=message.report_id, duplicate=not ok)))
         elif kind == "renew":
             response = await self.http.post(f"{self.api_url}/api/agent/renew", json={
                 "nodeId": node, "csr": base64.b64encode(message.renew.csr_der).decode()})
@@ -222,6 +242,13 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                             session.send(pb.GatewayMessage(lane=pb.CONTROL, command=pb.Command(
                                 command_id=command["commandId"], kind=command["kind"],
                                 json=command["json"])))
+                specs, self.last_spec_id = await self.db(db.specs_since,
+                                                         spec_id=self.last_spec_id)
+                for spec in specs:
+                    session = self.sessions.get(spec["nodeId"])
+                    if session is not None:
+                        session.send(pb.GatewayMessage(lane=pb.CONTROL, spec=pb.Spec(
+                            generation=spec["generation"], json=spec["json"])))
                 if time.monotonic() - last_sweep > 5:
                     last_sweep = time.monotonic()
                     await self.db(db.nodes_mark_unreachable)

@@ -54,6 +54,7 @@ class Reservation(models.Model):
     placement_attempts = models.PositiveSmallIntegerField(default=0)
     failure_reason = models.CharField(max_length=300, blank=True)
     binding = models.JSONField(null=True, blank=True)
+    binding_started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -136,21 +136,23 @@ def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None
             body["start"] = start
     api = make_client()
     result = api.call("reservations.create", body, tenant=tenant)
-    result = wait_for(api, result, wait, tenant)
+    # A reservation that starts now is followed until the node holds it (active).
+    settling = ("pending",) if start else ("pending", "placed", "binding")
+    result = wait_for(api, result, wait, tenant, settling)
     show(result, output=output, query=query)
 
 
-def wait_for(api: Any, result: dict[str, Any], seconds: float,
-             tenant: str | None) -> dict[str, Any]:
-    """Poll while the reservation is pending, with a progress line on a terminal."""
+def wait_for(api: Any, result: dict[str, Any], seconds: float, tenant: str | None,
+             settling: tuple[str, ...] = ("pending",)) -> dict[str, Any]:
+    """Poll while the reservation is settling, with a progress line on a terminal."""
     deadline = time.monotonic() + seconds
     frames, tick = "|/-\\", 0
     tty = sys.stderr.isatty()
-    while result["state"] == "pending" and time.monotonic() < deadline:
+    while result["state"] in settling and time.monotonic() < deadline:
         if tty:
             left = deadline - time.monotonic()
-            click.echo(f"\r{frames[tick % 4]} {result['id']} pending, waiting {left:4.0f}s",
-                       err=True, nl=False)
+            click.echo(f"\r{frames[tick % 4]} {result['id']} {result['state']}, waiting "
+                       f"{left:4.0f}s", err=True, nl=False)
             tick += 1
         time.sleep(0.5)
         result = api.call("reservations.get", {"reservationId": result["id"]}, tenant=tenant)

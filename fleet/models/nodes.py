@@ -55,6 +55,8 @@ class Node(models.Model):
     inventory_generation = models.PositiveIntegerField(default=0)
     session_epoch = models.PositiveBigIntegerField(
         default=0, help_text="Bumped by each new agent session; older sessions cannot act.")
+    journal_epoch = models.PositiveBigIntegerField(
+        default=0, help_text="The agent journal's epoch; a new one means the journal was lost.")
     key_pin = models.CharField(max_length=80, blank=True,
                                help_text="SPKI pin of the node's key (from its join CSR).")
     public_key = models.TextField(blank=True, help_text="The node key's public half (PEM): "

@@ -18,7 +18,7 @@ from django.utils import timezone
 from bcd.contract.crypto import verify_bytes
 from compute.db import database_now, retrying
 from fleet.inventory import parse_inventory
-from fleet.models import CommandState, Connectivity, Node, NodeCommand
+from fleet.models import CommandState, Connectivity, Node, NodeCommand, NodeSpec
 from fleet.models import ProvisionState as PS
 from fleet.services.lifecycle import acceptance_start_locked, command_result_record
 from fleet.services.nodes import node_event, node_inventory_ingest
@@ -47,15 +47,31 @@ def node_for_session(node_id: str) -> SessionNode | None:
 
 @retrying
 @transaction.atomic(durable=True)
-def session_open(*, node_id: str) -> int:
+def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     """Bump the node's session epoch (older sessions lose the right to act) and mark it
-    connected; returns the new epoch."""
+    connected; returns the new epoch.
+
+    Commands sent but not answered are delivered again when the agent's journal is the one
+    they were sent to (the journal makes the agent run each at most once). When the agent
+    comes back with a new journal epoch, its old journal is gone: those commands are marked
+    `unknown` and never delivered again.
+    """
     node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    unanswered = NodeCommand.objects.filter(node=node, state=CommandState.SENT)
+    if journal_epoch and node.journal_epoch and journal_epoch != node.journal_epoch:
+        lost = unanswered.update(state=CommandState.UNKNOWN, finished_at=timezone.now())
+        node_event(node, "node.journal.lost", node.id, "node.journal.lost",
+                   oldEpoch=node.journal_epoch, newEpoch=journal_epoch, commandsUnknown=lost)
+    else:
+        unanswered.update(state=CommandState.QUEUED)
+    if journal_epoch:
+        node.journal_epoch = journal_epoch
     node.session_epoch += 1
     was = node.connectivity
     node.connectivity = Connectivity.CONNECTED
     node.last_heartbeat_at = database_now()
-    node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at"])
+    node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at",
+                             "journal_epoch"])
     if was == Connectivity.UNREACHABLE:
         node_event(node, "node.reconnected", node.id, "node.reconnect",
                    epoch=node.session_epoch)
@@ -169,3 +185,22 @@ def nodes_mark_unreachable(*, lease: timedelta = timedelta(seconds=LEASE_SECONDS
         node_event(node, "node.unreachable", "system", "node.unreachable",
                    lastHeartbeatAt=node.last_heartbeat_at)
     return [node.id for node in quiet]
+
+
+def latest_spec(*, node_id: str) -> dict[str, Any] | None:
+    spec = NodeSpec.objects.filter(node_id=node_id).order_by("-generation").first()
+    return None if spec is None else {"generation": spec.generation,
+                                      "json": json.dumps(spec.spec)}
+
+
+def specs_since(*, spec_id: int) -> tuple[list[dict[str, Any]], int]:
+    """NodeSpec rows written after `spec_id` (rows only grow), and the new high mark."""
+    rows = list(NodeSpec.objects.filter(pk__gt=spec_id).order_by("pk")
+                .values_list("pk", "node_id", "generation", "spec")[:1000])
+    if not rows:
+        if spec_id == 0:  # start from now: sessions get their latest spec on Hello
+            newest = NodeSpec.objects.order_by("-pk").values_list("pk", flat=True).first()
+            return [], newest or 0
+        return [], spec_id
+    return ([{"nodeId": node_id, "generation": generation, "json": json.dumps(spec)}
+             for _, node_id, generation, spec in rows], rows[-1][0])

@@ -13,6 +13,7 @@ from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Node
+from fleet.services.specs import node_spec_change_locked
 from reservations.constraints import LEDGER_CONSTRAINTS
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
@@ -52,6 +53,9 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, actor_id: str,
     allocation = live_allocation(rsv)
     started = rsv.during is not None and rsv.during.lower <= now
     if allocation is not None:
+        if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
+            node = Node.objects.select_for_update().get(pk=allocation.node_id)
+            node_spec_change_locked(node, remove=allocation.id)  # the node gives it back
         _free_allocation(allocation, now, keep_history=started)
     if rsv.during is not None and started:
         end = min(rsv.during.upper, now)

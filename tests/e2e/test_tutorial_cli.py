@@ -48,20 +48,32 @@ def test_tutorial_flow(stack, tmp_path):
     assert reserved.returncode == 0, reserved.stderr
     key = reserved.stderr.split("idempotency key: ", 1)[1].split()[0]
     rsv = json.loads(reserved.stdout)
-    assert rsv["state"] == "placed"
+    assert rsv["state"] == "active"
     again = stack.ok("reserve", "--pool", dev_pool, "--gpus", "4", "--for", "1h", "--key", key,
                      "--query", "id")
     assert again == rsv["id"]
-    assert stack.ok("reservations", "get", rsv["id"], "--query", "state") == "placed"
+    assert stack.ok("reservations", "get", rsv["id"], "--query", "state") == "active"
+    binding = json.loads(stack.ok("reservations", "get", rsv["id"], "--query", "binding"))
+    booked = booked_uuids(stack, rsv["id"])
+    assert binding["cdiDevices"] == [f"bcd.dev/gpu={uuid}" for uuid in booked]
+    assert binding["nodeId"] == rsv["nodeId"]
+    assert binding["cgroupParent"] == f"bcd-alloc-{rsv['allocationId']}.slice"
+    root = node_root(stack, rsv["nodeId"])
+    spec_file = root / "etc" / "cdi" / f"bcd-{rsv['allocationId']}.json"
+    spec = json.loads(spec_file.read_text())
+    assert (spec["kind"], sorted(d["name"] for d in spec["devices"])) == ("bcd.dev/gpu", booked)
+    env_file = root / binding["envFile"].lstrip("/")
+    assert f"BCD_CGROUP_PARENT={binding['cgroupParent']}" in env_file.read_text()
     assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.available") == "12"
     events = json.loads(stack.ok("events", "list", "--types", "reservation.*", "-o", "json"))
     assert [e["type"] for e in events["items"] if e["subject"] == rsv["id"]] == [
-        "reservation.placed"]
+        "reservation.placed", "reservation.binding", "reservation.active"]
     extended = json.loads(stack.ok("extend", rsv["id"], "--by", "2h", "-o", "json"))
     assert extended["durationMs"] == 3 * 3_600_000
     assert stack.ok("release", rsv["id"], "--query", "state") == "released"
     assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.available") == "16"
     assert stack.ok("reservations", "list", "--query", "items.0.state") == "released"
+    assert _eventually(lambda: not spec_file.exists() and not env_file.exists())
 
 
 def test_token_out_file_is_new_and_0600(stack, tmp_path):
@@ -152,3 +164,32 @@ def _latest_audit_event(stack):
         return conn.execute("SELECT a.id FROM audit_auditevent a JOIN audit_checkpoint c ON "
                             "c.tenant_id = a.tenant_id AND a.position <= c.tree_size "
                             "ORDER BY a.seq DESC LIMIT 1").fetchone()[0]
+
+
+def booked_uuids(stack, rsv_id):
+    import psycopg
+
+    with psycopg.connect(stack.env["DATABASE_URL"]) as conn:
+        rows = conn.execute(
+            "SELECT d.uuid FROM reservations_booking b JOIN reservations_allocation a ON "
+            "a.id = b.allocation_id JOIN fleet_device d ON d.id = b.device_id WHERE "
+            "a.reservation_id = %s AND a.ended_at IS NULL ORDER BY d.uuid", [rsv_id])
+        return [row[0] for row in rows]
+
+
+def node_root(stack, node_id):
+    for root in (stack.state_dir / "sim").iterdir():
+        if f'node_id = "{node_id}"' in (root / "etc" / "bcd" / "config.toml").read_text():
+            return root
+    raise AssertionError(f"no simulated agent is {node_id}")
+
+
+def _eventually(predicate, timeout=15.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False

@@ -134,7 +134,8 @@ async def join_through_gateway(fleet: Fleet, token: str, inventory: SimulatedInv
 
 
 async def diag(inventory: SimulatedInventory):
-    async def run(kind: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def run(command_id: str, kind: str,
+                  payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if kind == "diag.nvml":
             healthy = inventory.healthy_gpus()
             expected = payload.get("expect", {}).get("gpuCount", 0)

@@ -1,0 +1,22 @@
+"""The ledger's level-triggered passes: each reads desired and observed state and takes one
+step, so running one twice (or after a lost message) is harmless."""
+
+from __future__ import annotations
+
+from reservations.ledger import Reservation, ReservationState
+from reservations.services.binding import reservations_bind_due
+from reservations.services.book import pending_place
+from reservations.services.release import reservations_expire
+
+
+def reconcile_reservations() -> dict[str, int]:
+    """One pass: bind what starts, release what ended, place what waits. Safe to run in
+    several processes at once: every step locks (or skips) the rows it changes."""
+    expired = len(reservations_expire())
+    bound = reservations_bind_due()
+    placed = 0
+    pools = (Reservation.objects.filter(state=ReservationState.PENDING)
+             .values_list("pool_id", flat=True).distinct())
+    for pool_id in list(pools):
+        placed += pending_place(pool_id=pool_id)
+    return {"expired": expired, "bound": bound, "placed": placed}

@@ -1,0 +1,135 @@
+"""Binding: at the start of its window a placed reservation's GPUs go into the node's desired
+state; only the node's own signed AllocationBound makes the reservation active.
+
+The gateway relays the report but cannot forge it: the signature is checked here against
+the public key the node joined with, and the GPU list against what the ledger booked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import transaction
+
+from audit.services import audit_record
+from bcd.contract.crypto import verify_bytes
+from compute.db import database_now, retrying
+from compute.events.services import event_emit
+from fleet.models import Node
+from fleet.services.specs import node_spec_change_locked
+from reservations.ledger import Allocation, Reservation, ReservationState
+from reservations.states import transition
+
+CDI_KIND = "bcd.dev/gpu"
+
+
+class BindingRefused(Exception):
+    """A report that does not prove what it claims; the reason goes to the audit trail."""
+
+
+def hold_spec(allocation: Allocation, rsv: Reservation, uuids: list[str]) -> dict[str, Any]:
+    return {"allocationId": allocation.id, "reservationId": rsv.id, "gpus": uuids,
+            "envFile": f"/run/bcd/allocations/{allocation.id}.env",
+            "cgroupParent": f"bcd-alloc-{allocation.id}.slice",
+            "kubernetes": rsv.kubernetes}
+
+
+def booked_uuids(allocation: Allocation) -> list[str]:
+    return sorted(allocation.bookings.values_list("device__uuid", flat=True))
+
+
+@retrying
+@transaction.atomic(durable=True)
+def reservation_bind(*, reservation_id: str) -> Reservation | None:
+    """placed -> binding: add the hold to the node's desired state (next generation)."""
+    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+           .filter(pk=reservation_id, state=ReservationState.PLACED).first())
+    now = database_now()
+    if rsv is None or rsv.during is None or rsv.during.lower > now:
+        return None
+    allocation = rsv.allocations.get(ended_at__isnull=True)
+    node = Node.objects.select_for_update().get(pk=allocation.node_id)
+    spec = node_spec_change_locked(node, add=hold_spec(allocation, rsv,
+                                                       booked_uuids(allocation)))
+    transition(rsv, ReservationState.BINDING)
+    rsv.binding_started_at = now
+    rsv.save(update_fields=["state", "binding_started_at"])
+    event_emit(tenant_id=rsv.tenant_id, type="reservation.binding", subject=rsv.id,
+               payload={"nodeId": node.id, "allocationId": allocation.id,
+                        "generation": spec.generation})
+    return rsv
+
+
+def reservations_bind_due(*, limit: int = 100) -> int:
+    due = list(Reservation.objects.filter(state=ReservationState.PLACED,
+                                          during__startswith__lte=database_now())
+               .order_by("during").values_list("id", flat=True)[:limit])
+    return sum(reservation_bind(reservation_id=rsv_id) is not None for rsv_id in due)
+
+
+def _verified(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:
+    node = Node.objects.get(pk=node_id)
+    if not node.public_key or not verify_bytes(node.public_key, body.encode(), signature):
+        raise BindingRefused(f"not signed by {node_id}'s key")
+    payload = json.loads(body)
+    if payload.get("nodeId") != node_id:
+        raise BindingRefused("the report names another node")
+    return node, payload
+
+
+def allocation_bound_record(*, node_id: str, body: str, signature: str) -> Reservation:
+    """binding -> active, once the node proved (signed) it holds exactly the booked GPUs.
+
+    A report that proves nothing changes nothing; its refusal is audited with the reason.
+    """
+    try:
+        return _bind(node_id, body, signature)
+    except BindingRefused as refusal:
+        _audit_refusal(node_id, str(refusal))
+        raise
+
+
+@retrying
+@transaction.atomic(durable=True)
+def _bind(node_id: str, body: str, signature: str) -> Reservation:
+    node, payload = _verified(node_id, body, signature)
+    allocation = (Allocation.objects.filter(pk=payload.get("allocationId"), node=node,
+                                            ended_at__isnull=True).first())
+    if allocation is None:
+        raise BindingRefused("no live allocation of this node has that id")
+    rsv = Reservation.objects.select_for_update().get(pk=allocation.reservation_id)
+    expected = [f"{CDI_KIND}={uuid}" for uuid in booked_uuids(allocation)]
+    if sorted(payload.get("cdiDevices", [])) != expected:
+        raise BindingRefused("the node holds other GPUs than the ledger booked")
+    if rsv.state == ReservationState.ACTIVE:
+        return rsv
+    if rsv.state != ReservationState.BINDING:
+        raise BindingRefused(f"reservation {rsv.id} is {rsv.state}, not binding")
+    rsv.binding = {"nodeId": node_id, "cdiDevices": expected, "envFile": payload["envFile"],
+                   "cgroupParent": payload["cgroupParent"]}
+    transition(rsv, ReservationState.ACTIVE)
+    rsv.save(update_fields=["binding", "state"])
+    audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.bind",
+                 target=rsv.id, data={"allocationId": allocation.id}, reason="signed by node")
+    event_emit(tenant_id=rsv.tenant_id, type="reservation.active", subject=rsv.id,
+               payload={"nodeId": node_id, "allocationId": allocation.id})
+    return rsv
+
+
+@transaction.atomic(durable=True)
+def _audit_refusal(node_id: str, reason: str) -> None:
+    node = Node.objects.select_related("pool").get(pk=node_id)
+    audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="reservation.bind",
+                 allowed=False, reason=reason)
+
+
+@retrying
+@transaction.atomic(durable=True)
+def allocation_released_record(*, node_id: str, body: str, signature: str) -> str:
+    """The node gave an allocation's GPUs back (signed); recorded as an event."""
+    node, payload = _verified(node_id, body, signature)
+    node = Node.objects.select_related("pool").get(pk=node.pk)
+    event_emit(tenant_id=node.pool.tenant_id, type="allocation.released",
+               subject=str(payload.get("allocationId", "")), payload={"nodeId": node_id})
+    return str(payload.get("allocationId", ""))
