@@ -21,11 +21,16 @@ class Journal:
         self.path = path
         self.records: list[dict[str, Any]] = []
         if path.exists():
-            for line in path.read_text().splitlines():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):  # torn by a crash mid-write: drop it
+                data = data[: data.rfind(b"\n") + 1]
+                with path.open("r+b") as handle:
+                    handle.truncate(len(data))
+            for line in data.decode().splitlines():
                 try:
                     self.records.append(json.loads(line))
                 except ValueError:
-                    break  # a torn last line from a crash mid-write: everything before holds
+                    break
         if not self.records or "epoch" not in self.records[0]:
             self.records = []
             self._write({"epoch": secrets.randbits(62) or 1})

@@ -1,0 +1,144 @@
+"""The agent's journal: nothing runs twice across crashes; a lost journal is a new epoch.
+
+A crash is simulated by dropping the Agent object mid-step (the journal on disk is all that
+survives, exactly as after kill -9) and building a new one from the same root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bcd.agent import Agent
+from bcd.config import Config, Paths, write_private
+from bcd.contract.crypto import public_pem, verify_bytes
+from bcd.journal import Journal
+
+
+class Crash(BaseException):
+    """Stands for kill -9: nothing after it runs, nothing is cleaned up."""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    paths = Paths(tmp_path)
+    key = ec.generate_private_key(ec.SECP256R1())
+    write_private(paths.key_file, key.private_bytes(serialization.Encoding.PEM,
+                                                    serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()))
+    Config(server="http://127.0.0.1:1/api/compute", gateway="127.0.0.1:1", node_id="node_x",
+           site_id="site_x", trust_domain="t", serving_ca_pin="p", join_signing_pin="p",
+           join_encryption_pin="p", root=str(tmp_path), sim=True).write(paths.config_file)
+    (tmp_path / "public.pem").write_text(public_pem(key.public_key()))
+    return tmp_path
+
+
+def agent(root: Path, side_effects: list[str], crash_at: str | None = None) -> Agent:
+    instance = Agent(Config.read(Paths(root).config_file))
+
+    async def execute(kind, payload):
+        if crash_at == "before-act":
+            raise Crash
+        side_effects.append(kind)
+        if crash_at == "after-act":
+            raise Crash
+        return "succeeded", {"ran": kind}
+
+    instance._execute = execute
+    return instance
+
+
+def run(instance, command_id="cmd_1"):
+    return asyncio.run(instance.run_command(command_id, "diag.disk", {}))
+
+
+def test_a_command_is_run_once_and_a_redelivery_gets_the_recorded_result(root):
+    effects: list[str] = []
+    first = run(agent(root, effects))
+    again = run(agent(root, effects))  # restarted agent, same command delivered again
+    assert first == again == ("succeeded", {"ran": "diag.disk"})
+    assert effects == ["diag.disk"]
+
+
+@pytest.mark.parametrize("moment", ["before-act", "after-act"])
+def test_a_crash_mid_command_never_runs_it_again(root, moment):
+    effects: list[str] = []
+    with pytest.raises(Crash):
+        run(agent(root, effects, crash_at=moment))
+    status, output = run(agent(root, effects))  # restarted; the command is redelivered
+    assert status == "unknown"
+    assert "not run again" in output["error"]
+    assert effects == ([] if moment == "before-act" else ["diag.disk"])
+
+
+def hold(allocation, gpus):
+    return {"allocationId": allocation, "reservationId": "rsv_x", "gpus": gpus,
+            "envFile": f"/run/bcd/allocations/{allocation}.env",
+            "cgroupParent": f"bcd-alloc-{allocation}.slice", "kubernetes": False}
+
+
+def test_holds_converge_after_a_crash_and_reports_are_signed(root):
+    spec = {"allocations": [hold("alloc_a", ["GPU-1", "GPU-2"])]}
+    crashing = agent(root, [])
+    original = crashing.journal.done
+
+    def crash_after_hold(kind, key, **data):
+        original(kind, key, **data)
+        if kind == "hold":
+            raise Crash  # files written and journaled, report never sent
+
+    crashing.journal.done = crash_after_hold
+    with pytest.raises(Crash):
+        crashing.apply_spec(1, spec)
+    restarted = agent(root, [])
+    assert restarted.journal.applied_generation() == 0  # generation 1 was not finished
+    reports = restarted.apply_spec(1, spec)
+    assert [kind for kind, _, _ in reports] == ["bound"]
+    _kind, body, signature = reports[0]
+    public = (root / "public.pem").read_text()
+    assert verify_bytes(public, body.encode(), signature)
+    assert json.loads(body)["cdiDevices"] == ["bcd.dev/gpu=GPU-1", "bcd.dev/gpu=GPU-2"]
+    cdi = json.loads((root / "etc/cdi/bcd-alloc_a.json").read_text())
+    assert [d["name"] for d in cdi["devices"]] == ["GPU-1", "GPU-2"]
+    assert restarted.journal.applied_generation() == 1
+    released = restarted.apply_spec(2, {"allocations": []})
+    assert [kind for kind, _, _ in released] == ["released"]
+    assert not (root / "etc/cdi/bcd-alloc_a.json").exists()
+    assert not (root / "run/bcd/allocations/alloc_a.env").exists()
+
+
+def test_an_older_generation_is_ignored(root):
+    instance = agent(root, [])
+    instance.apply_spec(3, {"allocations": [hold("alloc_a", ["GPU-1"])]})
+    assert instance.apply_spec(2, {"allocations": []}) == []
+    assert (root / "etc/cdi/bcd-alloc_a.json").exists()
+
+
+def test_vendor_cdi_edits_are_copied_for_exactly_the_held_gpus(root):
+    vendor = {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [
+        {"name": f"GPU-{n}", "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{n}"}]}}
+        for n in range(4)]}
+    (root / "etc/cdi").mkdir(parents=True, exist_ok=True)
+    (root / "etc/cdi/nvidia.json").write_text(json.dumps(vendor))
+    agent(root, []).apply_spec(1, {"allocations": [hold("alloc_b", ["GPU-1", "GPU-3"])]})
+    cdi = json.loads((root / "etc/cdi/bcd-alloc_b.json").read_text())
+    assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in cdi["devices"]] == [
+        "/dev/nvidia1", "/dev/nvidia3"]
+
+
+def test_a_lost_journal_starts_a_new_epoch_and_a_torn_line_is_ignored(root):
+    path = Paths(root).state_dir / "journal.jsonl"
+    first = Journal(path).epoch
+    with path.open("a") as handle:
+        handle.write('{"kind": "command", "key": "cmd_9", "pha')  # torn by a crash
+    journal = Journal(path)
+    assert journal.epoch == first
+    journal.done("command", "cmd_8", status="succeeded", output={})
+    assert Journal(path).state("command", "cmd_8")["status"] == "succeeded"
+    path.unlink()
+    assert Journal(path).epoch != first

@@ -1,0 +1,98 @@
+"""Only the node can confirm what it holds: AllocationBound must carry its key's signature
+and exactly the GPUs the ledger booked."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from audit.models import AuditEvent
+from bcd.contract.crypto import canonical, public_pem, sign_bytes
+from fleet.models import CommandState, Node, NodeCommand, NodeSpec
+from fleet.services.sessions import session_open
+from reservations.services.binding import (
+    BindingRefused,
+    allocation_bound_record,
+    reservation_bind,
+)
+from tests.factories import make_node
+from tests.reservations.conftest import reserve
+
+
+@pytest.fixture
+def bound(root, pool):
+    """A node with its own key and a reservation in `binding` on it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    node = make_node(pool["id"])
+    Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+    rsv = reserve(root, pool, 4).result
+    reservation_bind(reservation_id=rsv["id"])
+    spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+    return key, node, rsv, spec["allocations"][0]
+
+
+def report(key, node, hold, gpus=None):
+    body = canonical({"allocationId": hold["allocationId"], "generation": 2,
+                      "nodeId": node.id, "envFile": hold["envFile"],
+                      "cgroupParent": hold["cgroupParent"],
+                      "cdiDevices": [f"bcd.dev/gpu={g}" for g in (gpus or hold["gpus"])]}
+                     ).decode()
+    return body, sign_bytes(key, body.encode())
+
+
+def test_binding_puts_the_hold_in_the_next_spec_generation(root, bound):
+    _, node, rsv, hold = bound
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "binding"
+    generations = list(NodeSpec.objects.filter(node=node).values_list("generation", flat=True))
+    assert generations == [1, 2]
+    assert len(hold["gpus"]) == 4
+
+
+def test_a_forged_allocation_bound_is_rejected(root, bound):
+    _, node, rsv, hold = bound
+    gateway_key = ec.generate_private_key(ec.SECP256R1())  # anything but the node's key
+    body, signature = report(gateway_key, node, hold)
+    with pytest.raises(BindingRefused):
+        allocation_bound_record(node_id=node.id, body=body, signature=signature)
+    state = root("reservations.get", reservationId=rsv["id"])
+    assert (state["state"], state["binding"]) == ("binding", None)
+    refusal = AuditEvent.objects.filter(action="reservation.bind", allowed=False).latest("seq")
+    assert "signed" in refusal.reason
+
+
+def test_a_report_of_other_gpus_is_rejected(root, bound):
+    key, node, rsv, hold = bound
+    body, signature = report(key, node, hold, gpus=[*hold["gpus"][:3], "GPU-not-booked"])
+    with pytest.raises(BindingRefused):
+        allocation_bound_record(node_id=node.id, body=body, signature=signature)
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "binding"
+
+
+def test_the_nodes_signed_report_makes_it_active_once(root, bound):
+    key, node, rsv, hold = bound
+    body, signature = report(key, node, hold)
+    allocation_bound_record(node_id=node.id, body=body, signature=signature)
+    allocation_bound_record(node_id=node.id, body=body, signature=signature)  # a resend
+    state = root("reservations.get", reservationId=rsv["id"])
+    assert state["state"] == "active"
+    assert state["binding"]["cdiDevices"] == sorted(f"bcd.dev/gpu={g}" for g in hold["gpus"])
+    types = [e["type"] for e in root("events.list", types="reservation.*")["items"]]
+    assert types == ["reservation.placed", "reservation.binding", "reservation.active"]
+    released = root("reservations.release", reservationId=rsv["id"])
+    assert released["state"] == "released"
+    latest = NodeSpec.objects.filter(node=node).latest("generation")
+    assert (latest.generation, latest.spec) == (3, {"allocations": []})
+
+
+def test_unanswered_commands_are_redelivered_to_the_same_journal_only(pool):
+    node = make_node(pool["id"])
+    session_open(node_id=node.id, journal_epoch=111)
+    command = NodeCommand.objects.create(node=node, kind="diag.disk", state=CommandState.SENT)
+    session_open(node_id=node.id, journal_epoch=111)  # same journal: deliver again
+    command.refresh_from_db()
+    assert command.state == CommandState.QUEUED
+    NodeCommand.objects.filter(pk=command.pk).update(state=CommandState.SENT)
+    session_open(node_id=node.id, journal_epoch=222)  # journal lost: never again
+    command.refresh_from_db()
+    assert command.state == CommandState.UNKNOWN
+    assert Node.objects.get(pk=node.pk).journal_epoch == 222
