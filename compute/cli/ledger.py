@@ -54,6 +54,14 @@ def nodes_cordon(node_id: str, reason: str | None) -> dict[str, Any]:
     return {"nodeId": node_id, "reason": reason}
 
 
+@api_command(nodes, "adopt", "nodes.adopt")
+@click.argument("node_id")
+@click.option("--reason", required=True, help="What was fixed, e.g. 'GPU 3 reseated'.")
+def nodes_adopt(node_id: str, reason: str) -> dict[str, Any]:
+    """Start a new acceptance attempt after a failed one."""
+    return {"nodeId": node_id, "reason": reason}
+
+
 @api_command(nodes, "uncordon", "nodes.uncordon")
 @click.argument("node_id")
 @click.option("--reason", default=None)

@@ -208,3 +208,67 @@ def events_list(types: str | None, since: int | None, subject: str | None,
 
 
 GROUPS = [system, tenants, tokens, sites, pools, offerings, events]
+
+
+@click.group("join-tokens")
+def join_tokens() -> None:
+    """Join tokens that let machines join a pool."""
+
+
+@join_tokens.command("create")
+@click.option("--pool", "pool_id", required=True)
+@click.option("--ttl", type=Duration(), required=True, help="1m to 24h, e.g. 2h.")
+@click.option("--max-uses", type=click.IntRange(1, 10_000), default=1, show_default=True)
+@click.option("--expect-serial", default=None, help="Bind to the machine's serial.")
+@click.option("--expect-product-uuid", default=None, help="Bind to its product UUID.")
+@click.option("--expect-mac", default=None, help="Bind to one of its MAC addresses.")
+@click.option("--key", default=None, help="Idempotency key: a retry returns the same token "
+              "(without its secret).")
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+              help="Write the token to this new file (mode 0600) instead of the terminal.")
+@output_options
+def join_tokens_create(pool_id: str, ttl: int, max_uses: int, expect_serial: str | None,
+                       expect_product_uuid: str | None, expect_mac: str | None,
+                       key: str | None, out: str | None, output: str | None,
+                       query: str | None, tenant: str | None) -> None:
+    """Mint a join token; the control plane keeps only a hash of its secret."""
+    result = make_client().call("joinTokens.create", {
+        "poolId": pool_id, "ttl": ttl, "maxUses": max_uses, "expectSerial": expect_serial,
+        "expectProductUuid": expect_product_uuid, "expectMac": expect_mac,
+        "idempotencyKey": key}, tenant=tenant)
+    if out:
+        secret = result.pop("token")
+        if secret is None:
+            raise click.UsageError("this key was used before: the token was shown then and "
+                                   "cannot be shown again")
+        write_secret_file(out, secret)
+        click.echo(f"join token written to {out}", err=True)
+    show(result, output=output, query=query)
+
+
+@api_command(join_tokens, "list", "joinTokens.list",
+             columns=["id", "poolId", "uses", "maxUses", "expiresAt", "revokedAt"])
+def join_tokens_list() -> dict[str, Any]:
+    """Join tokens (never their secrets)."""
+    return {}
+
+
+@api_command(join_tokens, "revoke", "joinTokens.revoke")
+@click.argument("join_token_id")
+def join_tokens_revoke(join_token_id: str) -> dict[str, Any]:
+    """Revoke a join token."""
+    return {"joinTokenId": join_token_id}
+
+
+@click.group()
+def pki() -> None:
+    """The fleet PKI."""
+
+
+@api_command(pki, "show", "pki.show")
+def pki_show() -> dict[str, Any]:
+    """The pins: servingCaSpkiPin, joinSigningKeyPin, joinEncryptionKeyPin."""
+    return {}
+
+
+GROUPS += [join_tokens, pki]

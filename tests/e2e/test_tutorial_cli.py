@@ -193,3 +193,27 @@ def _eventually(predicate, timeout=15.0):
             return True
         time.sleep(0.2)
     return False
+
+
+def test_join_token_to_a_private_file_and_pki_pins(stack, tmp_path):
+    out = tmp_path / "join-token"
+    stack.ok("join-tokens", "create", "--pool", stack.env["POOL"], "--ttl", "2h",
+             "--max-uses", "1", "--expect-serial", "SN-7701", "--key", "join-sn-7701",
+             "--out", str(out))
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    assert out.read_text().startswith("bcjt_jtk_")
+    again = stack.cli("join-tokens", "create", "--pool", stack.env["POOL"], "--ttl", "2h",
+                      "--max-uses", "1", "--expect-serial", "SN-7701", "--key", "join-sn-7701",
+                      "--out", str(tmp_path / "again"))
+    assert again.returncode != 0
+    assert "cannot be shown again" in again.stderr
+    listed = json.loads(stack.ok("join-tokens", "list", "-o", "json"))["items"]
+    assert any(t["expectSerial"] == "SN-7701" for t in listed)
+    for name in ("servingCaSpkiPin", "joinSigningKeyPin", "joinEncryptionKeyPin"):
+        assert stack.ok("pki", "show", "--query", name).startswith("sha256/")
+    node = stack.ok("nodes", "list", "--pool", stack.env["POOL"], "--query", "items.0.id")
+    assert stack.ok("nodes", "get", node, "--query", "provisionState") == "adopted"
+    conditions = json.loads(stack.ok("nodes", "get", node, "--query", "conditions"))
+    assert {c["type"] for c in conditions} >= {"Adopted", "Reachable", "Schedulable"}
+    types = json.loads(stack.ok("nodes", "events", node, "-o", "json"))["items"]
+    assert [e["type"] for e in types][:2] == ["node.joined", "node.connected"]
