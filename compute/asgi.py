@@ -3,4 +3,16 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
-application = get_asgi_application()
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (after Django setup)
+from django.urls import path, re_path  # noqa: E402
+
+from compute.events.watch import events_watch  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": URLRouter([
+        path("api/compute/events/watch", events_watch),
+        re_path(r"", django_app),
+    ]),
+})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -205,6 +206,44 @@ def events_list(types: str | None, since: int | None, subject: str | None,
                 limit: int | None) -> dict[str, Any]:
     """Page through events, oldest first."""
     return {"types": types, "since": since, "subject": subject, "limit": limit}
+
+
+@events.command("watch")
+@click.option("--types", default=None, help="Comma-separated globs, e.g. 'node.*,reservation.*'.")
+@click.option("--since", type=int, default=0, help="Resume after this sequence.")
+@click.option("--output", "-o", "output", type=click.Choice(["json", "table"]), default=None)
+@click.option("--tenant", default=None)
+def events_watch(types: str | None, since: int, output: str | None,
+                 tenant: str | None) -> None:
+    """Follow events live, one JSON line each; Ctrl-C stops. Resume with --since SEQ."""
+    import sys
+
+    import httpx
+
+    from compute.cli.client import ApiError, CliError
+
+    api = make_client()
+    params = {k: v for k, v in {"types": types, "since": since,
+                                "tenantId": tenant or api.config.tenant}.items() if v}
+    human = output == "table" or (output is None and sys.stdout.isatty())
+    try:
+        with api.http.stream("GET", f"{api.config.url}/events/watch", params=params,
+                             timeout=httpx.Timeout(30, read=None)) as response:
+            if response.status_code != 200:
+                error = json.loads(response.read()).get("error", {})
+                raise ApiError(error.get("code", "internal"), error.get("message", ""),
+                               response.status_code, error.get("details") or {})
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue  # keep-alive
+                if human:
+                    event = json.loads(line)
+                    click.echo(f"{event['seq']:>8}  {event['type']:<28} {event['subject']}  "
+                               f"{event['createdAt']}")
+                else:
+                    click.echo(line)
+    except httpx.HTTPError as error:
+        raise CliError(f"the watch stream broke: {error}") from error
 
 
 GROUPS = [system, tenants, tokens, sites, pools, offerings, events]

@@ -8,7 +8,7 @@ from typing import Any
 from compute.iam import Decision, Resource
 from compute.tenancy.models import ROOT_TENANT_SLUG, Principal, Role, RoleBinding
 
-_READ = ("*.get", "*.list", "system.whoami", "capacity.*", "pki.show", "usage.*",
+_READ = ("*.get", "*.list", "events.watch", "system.whoami", "capacity.*", "pki.show", "usage.*",
          "nodes.events", "audit.verify", "audit.prove")
 
 # What each role may do, as globs over "<group>.<method>". Later roles include earlier ones.
