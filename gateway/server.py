@@ -11,7 +11,6 @@ import asyncio
 import base64
 import json
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -225,8 +224,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                     certificate_pem=answer["result"]["certificatePem"])))
 
     async def housekeeping(self, *, interval: float = 0.5) -> None:
-        """Flush heartbeats, push queued commands and mark quiet nodes unreachable."""
-        last_sweep = 0.0
+        """Flush heartbeats, push queued commands and new desired specs."""
         while True:
             await asyncio.sleep(interval)
             try:
@@ -249,9 +247,6 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                     if session is not None:
                         session.send(pb.GatewayMessage(lane=pb.CONTROL, spec=pb.Spec(
                             generation=spec["generation"], json=spec["json"])))
-                if time.monotonic() - last_sweep > 5:
-                    last_sweep = time.monotonic()
-                    await self.db(db.nodes_mark_unreachable)
             except Exception:
                 logger.exception("gateway housekeeping failed; retrying")
 

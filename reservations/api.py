@@ -75,8 +75,8 @@ class RequestShapeIn(Input):
 
     pool_id = PublicIdField("pool")
     devices = DeviceRequestIn(many=True, min_length=1, max_length=1)
-    duration = serializers.IntegerField(min_value=60_000, max_value=MAX_DURATION_MS,
-                                        help_text="Milliseconds.")
+    duration = serializers.IntegerField(min_value=1_000, max_value=MAX_DURATION_MS,
+                                        help_text="Milliseconds (at least 1 s).")
     model = serializers.CharField(required=False, default="", max_length=32, allow_blank=True)
     product = serializers.CharField(required=False, default="", max_length=96, allow_blank=True)
     selector = serializers.CharField(required=False, default="", max_length=300,

@@ -8,6 +8,7 @@ None of this calls IAM: the node's certificate is its identity.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,8 +24,8 @@ from fleet.models import ProvisionState as PS
 from fleet.services.lifecycle import acceptance_start_locked, command_result_record
 from fleet.services.nodes import node_event, node_inventory_ingest
 
-HEARTBEAT_SECONDS = 10
-LEASE_SECONDS = 40
+HEARTBEAT_SECONDS = int(os.environ.get("BC_HEARTBEAT_SECONDS", "10"))
+LEASE_SECONDS = int(os.environ.get("BC_NODE_LEASE_SECONDS", "40"))
 
 
 class StaleSession(Exception):
@@ -80,21 +81,29 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     return node.session_epoch
 
 
+@transaction.atomic(durable=True)
 def heartbeats_record(beats: dict[str, int]) -> set[str]:
     """Record heartbeats of many nodes in one statement; returns nodes whose epoch is stale.
 
-    A node that was unreachable comes back through session_open, not here.
+    A node marked unreachable whose session was only held up (a partition, a frozen
+    gateway) is connected again by its next heartbeat: node.reconnected.
     """
     if not beats:
         return set()
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE fleet_node n SET last_heartbeat_at = now() FROM "
-            "unnest(%s::text[], %s::bigint[]) AS b(id, epoch) "
-            "WHERE n.id = b.id AND n.session_epoch = b.epoch RETURNING n.id",
+            "WITH old AS (SELECT n.id, n.connectivity FROM fleet_node n JOIN "
+            "unnest(%s::text[], %s::bigint[]) AS b(id, epoch) ON n.id = b.id AND "
+            "n.session_epoch = b.epoch FOR UPDATE OF n) "
+            "UPDATE fleet_node n SET last_heartbeat_at = now(), connectivity = 'connected' "
+            "FROM old WHERE n.id = old.id RETURNING n.id, old.connectivity",
             [list(beats), list(beats.values())])
-        fresh = {row[0] for row in cursor.fetchall()}
-    return set(beats) - fresh
+        rows = cursor.fetchall()
+    back = [node_id for node_id, was in rows if was == Connectivity.UNREACHABLE]
+    for node in Node.objects.filter(pk__in=back).select_related("pool"):
+        node_event(node, "node.reconnected", node.id, "node.reconnect",
+                   epoch=node.session_epoch)
+    return set(beats) - {row[0] for row in rows}
 
 
 def _guard(node_id: str, epoch: int) -> Node:

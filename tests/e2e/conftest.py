@@ -47,10 +47,11 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def start_stack(tmp: Path, *extra: str) -> Stack:
+def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None) -> Stack:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BETTER_COMPUTE",
                                                                      "DATABASE_URL"))}
+    env.update(env_extra or {})
     process = subprocess.Popen(
         [sys.executable, "-m", "compute.cli.main", "dev", "--memory", "--port", str(port),
          "--state-dir", str(tmp / "state"), *extra],

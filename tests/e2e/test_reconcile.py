@@ -1,0 +1,86 @@
+"""Reconcilers against the dev stack with short heartbeats and lease: windows start and end
+without any client call, and a frozen gateway makes nodes unreachable without releasing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.e2e.conftest import start_stack, stop_stack
+
+FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "3"}
+
+
+@pytest.fixture(scope="module")
+def fast_stack(tmp_path_factory):
+    stack = start_stack(tmp_path_factory.mktemp("fast"), "--sim", "2", env_extra=FAST)
+    yield stack
+    stop_stack(stack)
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def state(stack, rsv_id):
+    return stack.ok("reservations", "get", rsv_id, "--query", "state")
+
+
+def test_a_future_window_becomes_active_at_its_start_and_is_released_at_its_end(fast_stack):
+    rsv = json.loads(fast_stack.ok("reserve", "--pool", fast_stack.env["POOL"], "--gpus", "2",
+                                   "--for", "4s", "--start", "+3s", "-o", "json"))
+    assert rsv["state"] == "placed"
+    assert wait_until(lambda: state(fast_stack, rsv["id"]) == "active", 20)
+    assert wait_until(lambda: state(fast_stack, rsv["id"]) == "released", 20)
+    events = json.loads(fast_stack.ok("events", "list", "--types", "reservation.*", "--limit",
+                                      "1000", "-o", "json"))["items"]
+    assert [e["type"] for e in events if e["subject"] == rsv["id"]] == [
+        "reservation.placed", "reservation.binding", "reservation.active",
+        "reservation.released"]
+    usage = json.loads(fast_stack.ok("usage", "list", "-o", "json"))["items"]
+    assert any(u["subject"] == rsv["id"] for u in usage)
+
+
+def gateway_pid(stack):
+    listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
+                             check=True).stdout
+    return next(int(line.split()[0]) for line in listing.splitlines()
+                if "-m gateway" in line and str(stack.state_dir) in line)
+
+
+def test_a_frozen_gateway_makes_nodes_unreachable_and_releases_nothing(fast_stack):
+    pool = fast_stack.env["POOL"]
+    rsv = json.loads(fast_stack.ok("reserve", "--pool", pool, "--gpus", "4", "--for", "1h",
+                                   "-o", "json"))
+    assert rsv["state"] == "active"
+    pid = gateway_pid(fast_stack)
+    os.kill(pid, signal.SIGSTOP)  # a partition: sessions stay open, nothing flows
+    try:
+        def connectivity():
+            nodes = json.loads(fast_stack.ok("nodes", "list", "--pool", pool, "-o", "json"))
+            return {n["connectivity"] for n in nodes["items"]}
+
+        assert wait_until(lambda: connectivity() == {"unreachable"}, 20)
+        assert state(fast_stack, rsv["id"]) == "active"
+        pending = json.loads(fast_stack.ok("reserve", "--pool", pool, "--gpus", "1", "--for",
+                                           "1h", "--wait", "1", "-o", "json"))
+        assert pending["state"] == "pending"  # unreachable nodes are unschedulable
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_until(lambda: connectivity() == {"connected"}, 30)
+    assert state(fast_stack, rsv["id"]) == "active"
+    assert wait_until(lambda: state(fast_stack, pending["id"]) == "active", 30)
+    node = rsv["nodeId"]
+    types = [e["type"] for e in json.loads(fast_stack.ok("nodes", "events", node,
+                                                         "-o", "json"))["items"]]
+    assert types.index("node.unreachable") < types.index("node.reconnected")
