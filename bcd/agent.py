@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import signal
 from pathlib import Path
@@ -65,7 +66,21 @@ class Agent:
             return status, {"healthyGpus": healthy, "expected": expected}
         if kind in ("diag.cpu", "diag.disk", "diag.network"):
             return "succeeded", {"check": kind}
+        if kind == "sim.mark" and self.config.sim:
+            return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}
+
+    async def _mark(self, payload: dict[str, Any]) -> tuple[str, dict]:
+        """A simulated one-shot side effect (appends a line), for crash tests: it can pause
+        before acting and after acting, so a kill -9 can land in either gap."""
+        await asyncio.sleep(float(payload.get("pauseBefore", 0)))
+        marks = self.paths.state_dir / "marks"
+        with marks.open("a") as handle:
+            handle.write(f"{payload.get('mark', 'x')}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        await asyncio.sleep(float(payload.get("pauseAfter", 0)))
+        return "succeeded", {"marked": payload.get("mark", "x")}
 
     def node_key(self) -> Any:
         if self._key is None:

@@ -62,21 +62,37 @@ def _write_env_file(path: Path, lines: dict[str, str]) -> None:
 
 
 class Stack:
-    """The child processes `dev` started, stopped in reverse order."""
+    """The child processes `dev` started, stopped in reverse order.
+
+    Servers are essential: if one dies, dev stops. Simulated machines are restarted when
+    they die, as systemd restarts bcd on a real server.
+    """
 
     def __init__(self) -> None:
         self.children: list[subprocess.Popen[bytes]] = []
+        self.restartable: dict[int, tuple[list[str], dict[str, str], dict[str, Any]]] = {}
 
-    def start(self, argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen:
+    def start(self, argv: list[str], env: dict[str, str], *, restart: bool = False,
+              **kwargs: Any) -> subprocess.Popen:
         child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, **kwargs)
         self.children.append(child)
+        if restart:
+            self.restartable[child.pid] = (argv, env, kwargs)
         return child
 
     def watch(self) -> None:
-        for child in self.children:
-            if child.poll() is not None:
-                raise CliError(f"a server process exited with status {child.returncode}: "
-                               f"{' '.join(map(str, child.args))[:120]}")
+        for child in list(self.children):
+            if child.poll() is None:
+                continue
+            if child.pid in self.restartable:
+                argv, env, kwargs = self.restartable.pop(child.pid)
+                self.children.remove(child)
+                click.echo(f"a simulated machine exited ({child.returncode}); restarting it",
+                           err=True)
+                self.start(argv, env, restart=True, **kwargs)
+                continue
+            raise CliError(f"a server process exited with status {child.returncode}: "
+                           f"{' '.join(map(str, child.args))[:120]}")
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -115,7 +131,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
         if process.returncode != 0:
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
         stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, restart=True,
                     stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:

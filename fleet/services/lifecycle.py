@@ -62,9 +62,11 @@ def command_result_record(*, node_id: str, command_id: str, status: str,
     """Record an agent's result for one of its commands (a repeat changes nothing)."""
     command = (NodeCommand.objects.select_for_update().select_related("node__pool")
                .filter(pk=command_id, node_id=node_id).first())
-    if command is None or command.state in (CommandState.SUCCEEDED, CommandState.FAILED):
+    if command is None or command.state in (CommandState.SUCCEEDED, CommandState.FAILED,
+                                            CommandState.UNKNOWN):
         return command
-    command.state = CommandState.SUCCEEDED if status == "succeeded" else CommandState.FAILED
+    command.state = {"succeeded": CommandState.SUCCEEDED,
+                     "unknown": CommandState.UNKNOWN}.get(status, CommandState.FAILED)
     command.result = {"status": status, "output": output}
     command.finished_at = timezone.now()
     command.save(update_fields=["state", "result", "finished_at"])

@@ -1,0 +1,112 @@
+"""kill -9 the agent mid-command: restarted, it runs nothing twice and converges."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psycopg
+import pytest
+
+from bcd.contract import ids
+from tests.e2e.conftest import start_stack, stop_stack
+
+FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "5"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    running = start_stack(tmp_path_factory.mktemp("crash"), "--sim", "1", env_extra=FAST)
+    yield running
+    stop_stack(running)
+
+
+def agent_root(stack):
+    return next((stack.state_dir / "sim").iterdir())
+
+
+def agent_pid(root) -> int | None:
+    listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
+                             check=True).stdout
+    for line in listing.splitlines():
+        if f"--root {root} node" in line and "-m bcd" in line:
+            return int(line.split()[0])
+    return None
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def queue_command(stack, node_id, payload) -> str:
+    command_id = ids.new("cmd")
+    with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("INSERT INTO fleet_nodecommand (id, node_id, kind, payload, state, "
+                     "created_at) VALUES (%s, %s, 'sim.mark', %s, 'queued', now())",
+                     [command_id, node_id, json.dumps(payload)])
+    return command_id
+
+
+def command_state(stack, command_id) -> str:
+    with psycopg.connect(stack.env["DATABASE_URL"]) as conn:
+        return conn.execute("SELECT state FROM fleet_nodecommand WHERE id = %s",
+                            [command_id]).fetchone()[0]
+
+
+def journal_has(root, command_id, phase) -> bool:
+    path = root / "var/lib/bcd/journal.jsonl"
+    return path.exists() and any(
+        json.loads(line).get("key") == command_id and json.loads(line).get("phase") == phase
+        for line in path.read_text().splitlines() if line.strip())
+
+
+def marks(root) -> list[str]:
+    path = root / "var/lib/bcd/marks"
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.mark.parametrize(("case", "payload", "expected_marks"), [
+    ("after acting, before reporting", {"pauseAfter": 4}, 1),
+    ("between journaling and acting", {"pauseBefore": 4}, 0),
+])
+def test_kill_9_mid_command_runs_nothing_twice(stack, case, payload, expected_marks):
+    root = agent_root(stack)
+    node_id = stack.ok("nodes", "list", "--query", "items.0.id")
+    before = len(marks(root))
+    mark = f"m{int(time.time() * 1000)}"
+    command_id = queue_command(stack, node_id, {**payload, "mark": mark})
+    if "after" in case:
+        assert wait_until(lambda: mark in marks(root)), "the command never acted"
+    else:
+        assert wait_until(lambda: journal_has(root, command_id, "begin"))
+    pid = agent_pid(root)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: agent_pid(root) not in (None, pid), 15), "dev did not restart it"
+    assert wait_until(lambda: command_state(stack, command_id) == "unknown", 30)
+    time.sleep(2)  # any second run would have happened by now
+    assert len(marks(root)) - before == expected_marks
+    assert marks(root).count(mark) == expected_marks
+    assert not journal_has(root, command_id, "done")
+    assert stack.ok("nodes", "get", node_id, "--query", "connectivity") == "connected"
+
+
+def test_a_command_delivered_twice_after_a_restart_runs_once(stack):
+    root = agent_root(stack)
+    node_id = stack.ok("nodes", "list", "--query", "items.0.id")
+    mark = f"once{int(time.time() * 1000)}"
+    command_id = queue_command(stack, node_id, {"mark": mark})
+    assert wait_until(lambda: command_state(stack, command_id) == "succeeded")
+    with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("UPDATE fleet_nodecommand SET state = 'sent' WHERE id = %s", [command_id])
+    os.kill(agent_pid(root), signal.SIGKILL)  # reconnects: the 'sent' command comes again
+    assert wait_until(lambda: journal_has(root, command_id, "done"))
+    time.sleep(3)
+    assert marks(root).count(mark) == 1
