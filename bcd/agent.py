@@ -12,12 +12,14 @@ import logging
 import os
 import random
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from bcd.config import Config
+from bcd.config import Config, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.holds import remove_hold, write_hold
 from bcd.joining import inventory_for
@@ -26,6 +28,9 @@ from bcd.session import AgentSession, Credentials
 
 logger = logging.getLogger("bcd")
 BACKOFF_MAX = 30.0
+# Renew once a third of a 24 h certificate is left (both knobs exist for tests).
+RENEW_MARGIN = timedelta(hours=float(os.environ.get("BCD_RENEW_MARGIN_HOURS", "8")))
+RENEW_CHECK_SECONDS = float(os.environ.get("BCD_RENEW_CHECK_SECONDS", "300"))
 
 
 class Agent:
@@ -176,9 +181,24 @@ class Agent:
             await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 (jitter)
             delay = min(BACKOFF_MAX, delay * 2)
 
+    async def renew_certificates(self, *, margin: timedelta = RENEW_MARGIN,
+                                 interval: float = RENEW_CHECK_SECONDS) -> None:
+        """Ask for a fresh certificate (same key) over the session before this one expires."""
+        while True:
+            await asyncio.sleep(interval)
+            cert = x509.load_pem_x509_certificate(self.paths.cert_file.read_bytes())
+            left = cert.not_valid_after_utc - datetime.now(UTC)
+            if left < margin and self.session is not None and self.session.state.connected:
+                self.session.request_renewal(self.node_key())
+
+    def _renewed(self, _field: str, pem: bytes) -> None:
+        write_private(self.paths.cert_file, pem)
+        logger.info("certificate renewed")
+
     def _welcomed(self, state: Any) -> None:
         self.sessions_opened += 1
         logger.info("connected as %s (epoch %s)", state.node_id, state.epoch)
+        state.on_renewed = self._renewed
         if self.session is not None:
             self.session.send_inventory()
 
@@ -189,7 +209,8 @@ class Agent:
             loop.add_signal_handler(signum, stop.set)
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self.serve_status()),
-                     group.create_task(self.keep_session())]
+                     group.create_task(self.keep_session()),
+                     group.create_task(self.renew_certificates())]
             await stop.wait()
             for task in tasks:
                 task.cancel()

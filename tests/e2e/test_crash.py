@@ -14,7 +14,9 @@ import pytest
 from bcd.contract import ids
 from tests.e2e.conftest import start_stack, stop_stack
 
-FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "5"}
+FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "5",
+        # Every certificate counts as near expiry, checked every 2 s: renewal in action.
+        "BCD_RENEW_MARGIN_HOURS": "25", "BCD_RENEW_CHECK_SECONDS": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +112,18 @@ def test_a_command_delivered_twice_after_a_restart_runs_once(stack):
     assert wait_until(lambda: journal_has(root, command_id, "done"))
     time.sleep(3)
     assert marks(root).count(mark) == 1
+
+
+def test_the_agent_renews_its_certificate_over_the_session_before_expiry(stack):
+    from cryptography import x509
+
+    root = agent_root(stack)
+    cert_file = root / "etc/bcd/node-cert.pem"
+    first = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    assert wait_until(lambda: x509.load_pem_x509_certificate(
+        cert_file.read_bytes()).serial_number != first.serial_number, 20)
+    renewed = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    assert renewed.public_key() == first.public_key()
+    assert oct(cert_file.stat().st_mode & 0o777) == "0o600"
+    node_id = stack.ok("nodes", "list", "--query", "items.0.id")
+    assert stack.ok("nodes", "get", node_id, "--query", "connectivity") == "connected"
