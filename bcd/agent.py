@@ -117,6 +117,22 @@ class Agent:
                 reports.append(self._signed("released", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id}))
+        present = {g["uuid"] for g in self.inventory.report().get("gpus", [])
+                   if g.get("health", "healthy") == "healthy"}
+        claimed: dict[str, str] = {}
+        for allocation, hold in list(wanted.items()):
+            problem = ""
+            if not set(hold["gpus"]) <= present:
+                problem = "device-missing"
+            elif any(claimed.get(uuid, allocation) != allocation for uuid in hold["gpus"]):
+                problem = "overlap"
+            if problem:
+                del wanted[allocation]
+                reports.append(self._signed("failed", {
+                    "allocationId": allocation, "generation": generation,
+                    "nodeId": self.config.node_id, "reason": problem}))
+            else:
+                claimed.update(dict.fromkeys(hold["gpus"], allocation))
         for allocation, hold in wanted.items():
             self.journal.begin("hold", allocation)
             bound = write_hold(hold, self.paths)

@@ -178,8 +178,9 @@ class AgentSession:
                         spec = json.loads(message.spec.json)
                         for report, body, signature in self.apply_spec(message.spec.generation,
                                                                        spec):
-                            field_type = pb.AllocationBound if report == "bound" else \
-                                pb.AllocationReleased
+                            field_type = {"bound": pb.AllocationBound,
+                                          "released": pb.AllocationReleased,
+                                          "failed": pb.AllocationFailed}[report]
                             self.send_control(self._message(**{report: field_type(
                                 json=body, signature=signature)}))
                         self.applied_generation = max(self.applied_generation,

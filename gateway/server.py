@@ -202,10 +202,11 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                                 signature=result.signature)
             session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
                 report_id=message.report_id, duplicate=not new)))
-        elif kind in ("bound", "released"):
+        elif kind in ("bound", "released", "failed"):
             report = getattr(message, kind)
-            record = binding.allocation_bound_record if kind == "bound" else \
-                binding.allocation_released_record
+            record = {"bound": binding.allocation_bound_record,
+                      "released": binding.allocation_released_record,
+                      "failed": binding.allocation_failed_record}[kind]
             try:
                 await self.db(record, node_id=node, body=report.json,
                               signature=report.signature)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fleet.services.sessions import nodes_mark_unreachable
 from reservations.ledger import Reservation, ReservationState
-from reservations.services.binding import reservations_bind_due
+from reservations.services.binding import bindings_timed_out, reservations_bind_due
 from reservations.services.book import pending_place
 from reservations.services.release import reservations_expire
 
@@ -16,9 +16,11 @@ def reconcile_reservations() -> dict[str, int]:
     unreachable = len(nodes_mark_unreachable())  # liveness: never releases what they hold
     expired = len(reservations_expire())
     bound = reservations_bind_due()
+    timed_out = bindings_timed_out()
     placed = 0
     pools = (Reservation.objects.filter(state=ReservationState.PENDING)
              .values_list("pool_id", flat=True).distinct())
     for pool_id in list(pools):
         placed += pending_place(pool_id=pool_id)
-    return {"unreachable": unreachable, "expired": expired, "bound": bound, "placed": placed}
+    return {"unreachable": unreachable, "expired": expired, "bound": bound,
+            "timedOut": timed_out, "placed": placed}

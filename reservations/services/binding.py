@@ -8,6 +8,8 @@ the public key the node joined with, and the GPU list against what the ledger bo
 from __future__ import annotations
 
 import json
+import os
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -19,6 +21,8 @@ from compute.events.services import event_emit
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
 from reservations.ledger import Allocation, Reservation, ReservationState
+from reservations.services.book import emit_placed, try_place
+from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
 
 CDI_KIND = "bcd.dev/gpu"
@@ -133,3 +137,67 @@ def allocation_released_record(*, node_id: str, body: str, signature: str) -> st
     event_emit(tenant_id=node.pool.tenant_id, type="allocation.released",
                subject=str(payload.get("allocationId", "")), payload={"nodeId": node_id})
     return str(payload.get("allocationId", ""))
+
+
+MAX_PLACEMENTS = 3  # the first placement and at most two more after failed bindings
+BINDING_TIMEOUT = timedelta(seconds=int(os.environ.get("BC_BINDING_TIMEOUT_SECONDS", "300")))
+
+
+@retrying
+@transaction.atomic(durable=True)
+def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
+    """A hold that failed on its node (or never reported): place it again elsewhere, at
+    most twice; then the reservation fails and its quota is refunded. Nothing is metered
+    for GPUs that were never held."""
+    rsv = (Reservation.objects.select_for_update().select_related("pool")
+           .filter(pk=reservation_id).first())
+    if rsv is None or rsv.state != ReservationState.BINDING:
+        return rsv
+    now = database_now()
+    allocation = rsv.allocations.get(ended_at__isnull=True)
+    failed_node = allocation.node_id
+    event_emit(tenant_id=rsv.tenant_id, type="reservation.binding_failed", subject=rsv.id,
+               payload={"nodeId": failed_node, "reason": reason,
+                        "attempt": rsv.placement_attempts})
+    if rsv.placement_attempts >= MAX_PLACEMENTS:
+        end_reservation(rsv, to=ReservationState.FAILED, now=now, actor_id=failed_node,
+                        reason=f"binding failed {rsv.placement_attempts} times: {reason}")
+        return rsv
+    node = Node.objects.select_for_update().get(pk=failed_node)
+    node_spec_change_locked(node, remove=allocation.id)
+    free_allocation(allocation, now, keep_history=False)
+    transition(rsv, ReservationState.PENDING)
+    rsv.during, rsv.placed_at, rsv.binding_started_at = None, None, None
+    rsv.failure_reason = reason
+    rsv.save(update_fields=["state", "during", "placed_at", "binding_started_at",
+                            "failure_reason"])
+    tried = set(rsv.allocations.values_list("node_id", flat=True))  # nodes that failed it
+    placed = try_place(rsv, rsv.pool, now, excluded=tried)
+    if placed is None:
+        event_emit(tenant_id=rsv.tenant_id, type="reservation.pending", subject=rsv.id,
+                   payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
+    else:
+        emit_placed(rsv, placed, failed_node)
+    return rsv
+
+
+def bindings_timed_out(*, limit: int = 100) -> int:
+    """Bindings with no report within the timeout count as failed."""
+    cutoff = database_now() - BINDING_TIMEOUT
+    late = list(Reservation.objects.filter(state=ReservationState.BINDING,
+                                           binding_started_at__lt=cutoff)
+                .values_list("id", flat=True)[:limit])
+    for rsv_id in late:
+        binding_fail(reservation_id=rsv_id, reason="no AllocationBound within the timeout")
+    return len(late)
+
+
+def allocation_failed_record(*, node_id: str, body: str, signature: str) -> Reservation | None:
+    """The node says (signed) it could not hold an allocation."""
+    node, payload = _verified(node_id, body, signature)
+    allocation = Allocation.objects.filter(pk=payload.get("allocationId"), node=node,
+                                           ended_at__isnull=True).first()
+    if allocation is None:
+        return None
+    return binding_fail(reservation_id=allocation.reservation_id,
+                        reason=str(payload.get("reason", "failed"))[:100])

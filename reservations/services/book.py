@@ -43,7 +43,8 @@ class NodeFull(Exception):
     """The chosen node's host counters no longer fit (another booker took them)."""
 
 
-def try_place(rsv: Reservation, pool: Pool, now: datetime) -> Allocation | None:
+def try_place(rsv: Reservation, pool: Pool, now: datetime,
+              excluded: set[str] | None = None) -> Allocation | None:
     """Book the reservation on the best node now, or return None (it stays pending).
 
     Runs inside the caller's transaction; each booking attempt is a savepoint, so a lost
@@ -53,7 +54,7 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime) -> Allocation | None:
     during = window(start, rsv.duration_ms)
     request = placement_request(rsv)
     devices = device_filter_q(rsv)
-    excluded: set[str] = set()
+    excluded = set(excluded or ())
     for _ in range(MAX_RACES):
         candidates = load_candidates(pool, during, device_filter=devices, excluded=excluded)
         choice = choose(candidates, request)

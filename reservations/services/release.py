@@ -27,7 +27,7 @@ def live_allocation(rsv: Reservation) -> Allocation | None:
     return rsv.allocations.filter(ended_at__isnull=True).first()
 
 
-def _free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool) -> None:
+def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool) -> None:
     """End an allocation: its bookings end at `now` (or vanish if they had not started), and
     the node's host counters give back its share."""
     if keep_history:
@@ -56,8 +56,8 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, actor_id: str,
         if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
             node = Node.objects.select_for_update().get(pk=allocation.node_id)
             node_spec_change_locked(node, remove=allocation.id)  # the node gives it back
-        _free_allocation(allocation, now, keep_history=started)
-    if rsv.during is not None and started:
+        free_allocation(allocation, now, keep_history=started)
+    if rsv.during is not None and started and to == ReservationState.RELEASED:
         end = min(rsv.during.upper, now)
         usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=gpu_meter(rsv.pool.gpu_model),
                      units=rsv.gpu_count, start=rsv.during.lower, end=end)

@@ -82,8 +82,13 @@ def hold(allocation, gpus):
             "cgroupParent": f"bcd-alloc-{allocation}.slice", "kubernetes": False}
 
 
+def gpus_of(root, count):
+    return [g["uuid"] for g in agent(root, []).inventory.report()["gpus"]][:count]
+
+
 def test_holds_converge_after_a_crash_and_reports_are_signed(root):
-    spec = {"allocations": [hold("alloc_a", ["GPU-1", "GPU-2"])]}
+    first, second = gpus_of(root, 2)
+    spec = {"allocations": [hold("alloc_a", [first, second])]}
     crashing = agent(root, [])
     original = crashing.journal.done
 
@@ -102,9 +107,10 @@ def test_holds_converge_after_a_crash_and_reports_are_signed(root):
     _kind, body, signature = reports[0]
     public = (root / "public.pem").read_text()
     assert verify_bytes(public, body.encode(), signature)
-    assert json.loads(body)["cdiDevices"] == ["bcd.dev/gpu=GPU-1", "bcd.dev/gpu=GPU-2"]
+    assert json.loads(body)["cdiDevices"] == sorted([f"bcd.dev/gpu={first}",
+                                                     f"bcd.dev/gpu={second}"])
     cdi = json.loads((root / "etc/cdi/bcd-alloc_a.json").read_text())
-    assert [d["name"] for d in cdi["devices"]] == ["GPU-1", "GPU-2"]
+    assert [d["name"] for d in cdi["devices"]] == [first, second]
     assert restarted.journal.applied_generation() == 1
     released = restarted.apply_spec(2, {"allocations": []})
     assert [kind for kind, _, _ in released] == ["released"]
@@ -114,18 +120,19 @@ def test_holds_converge_after_a_crash_and_reports_are_signed(root):
 
 def test_an_older_generation_is_ignored(root):
     instance = agent(root, [])
-    instance.apply_spec(3, {"allocations": [hold("alloc_a", ["GPU-1"])]})
+    instance.apply_spec(3, {"allocations": [hold("alloc_a", gpus_of(root, 1))]})
     assert instance.apply_spec(2, {"allocations": []}) == []
     assert (root / "etc/cdi/bcd-alloc_a.json").exists()
 
 
 def test_vendor_cdi_edits_are_copied_for_exactly_the_held_gpus(root):
+    uuids = gpus_of(root, 4)
     vendor = {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [
-        {"name": f"GPU-{n}", "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{n}"}]}}
-        for n in range(4)]}
+        {"name": uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{n}"}]}}
+        for n, uuid in enumerate(uuids)]}
     (root / "etc/cdi").mkdir(parents=True, exist_ok=True)
     (root / "etc/cdi/nvidia.json").write_text(json.dumps(vendor))
-    agent(root, []).apply_spec(1, {"allocations": [hold("alloc_b", ["GPU-1", "GPU-3"])]})
+    agent(root, []).apply_spec(1, {"allocations": [hold("alloc_b", [uuids[1], uuids[3]])]})
     cdi = json.loads((root / "etc/cdi/bcd-alloc_b.json").read_text())
     assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in cdi["devices"]] == [
         "/dev/nvidia1", "/dev/nvidia3"]
@@ -142,3 +149,16 @@ def test_a_lost_journal_starts_a_new_epoch_and_a_torn_line_is_ignored(root):
     assert Journal(path).state("command", "cmd_8")["status"] == "succeeded"
     path.unlink()
     assert Journal(path).epoch != first
+
+
+def test_a_hold_of_gpus_the_machine_lacks_is_reported_failed_not_written(root):
+    instance = agent(root, [])
+    gpus = [g["uuid"] for g in instance.inventory.report()["gpus"]]
+    reports = instance.apply_spec(1, {"allocations": [
+        hold("alloc_ok", gpus[:2]), hold("alloc_gone", ["GPU-not-here"]),
+        hold("alloc_clash", gpus[1:3])]})
+    kinds = {json.loads(body)["allocationId"]: kind for kind, body, _ in reports}
+    assert kinds == {"alloc_ok": "bound", "alloc_gone": "failed", "alloc_clash": "failed"}
+    reasons = {json.loads(b)["allocationId"]: json.loads(b).get("reason") for _, b, _ in reports}
+    assert (reasons["alloc_gone"], reasons["alloc_clash"]) == ("device-missing", "overlap")
+    assert not (root / "etc/cdi/bcd-alloc_gone.json").exists()

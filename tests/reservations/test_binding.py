@@ -96,3 +96,63 @@ def test_unanswered_commands_are_redelivered_to_the_same_journal_only(pool):
     command.refresh_from_db()
     assert command.state == CommandState.UNKNOWN
     assert Node.objects.get(pk=node.pk).journal_epoch == 222
+
+
+def signed_failure(key, node, hold, reason="device-missing"):
+    body = canonical({"allocationId": hold["allocationId"], "generation": 2,
+                      "nodeId": node.id, "reason": reason}).decode()
+    return body, sign_bytes(key, body.encode())
+
+
+def test_a_failed_hold_is_placed_again_elsewhere_at_most_twice(root, pool, acme):
+    from reservations.models import Quota, Reservation
+    from reservations.services.binding import allocation_failed_record
+
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    keys = {}
+    for _ in range(3):
+        key = ec.generate_private_key(ec.SECP256R1())
+        node = make_node(pool["id"])
+        Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+        keys[node.id] = key
+    rsv = reserve(acme, pool, 4).result
+    nodes_tried = []
+    for attempt in range(3):
+        current = Reservation.objects.get(pk=rsv["id"])
+        assert current.state == "placed", attempt
+        reservation_bind(reservation_id=rsv["id"])
+        allocation = current.allocations.get(ended_at__isnull=True)
+        node = Node.objects.get(pk=allocation.node_id)
+        nodes_tried.append(node.id)
+        hold = NodeSpec.objects.filter(node=node).latest("generation").spec["allocations"][0]
+        body, signature = signed_failure(keys[node.id], node, hold)
+        allocation_failed_record(node_id=node.id, body=body, signature=signature)
+        assert hold["allocationId"] not in str(
+            NodeSpec.objects.filter(node=node).latest("generation").spec)
+    final = Reservation.objects.get(pk=rsv["id"])
+    assert final.state == "failed"
+    assert "device-missing" in final.failure_reason
+    assert len(set(nodes_tried)) == 3  # never a node that already failed it
+    assert Quota.objects.get(tenant__slug="acme").used == 0
+    assert not final.allocations.filter(ended_at__isnull=True).exists()
+    types = [e["type"] for e in acme("events.list", types="reservation.*")["items"]]
+    assert types.count("reservation.binding_failed") == 3
+    assert types[-1] == "reservation.failed"
+    assert acme("usage.list")["items"] == []  # GPUs never held are never metered
+
+
+def test_no_report_within_the_timeout_counts_as_a_failure(root, pool, bound):
+    from django.db import connection
+
+    from reservations.services.binding import bindings_timed_out
+
+    _, node, rsv, _ = bound
+    make_node(pool["id"])  # somewhere else to go
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE reservations_reservation SET binding_started_at = now() - "
+                       "interval '6 minutes' WHERE id = %s", [rsv["id"]])
+    assert bindings_timed_out() == 1
+    again = root("reservations.get", reservationId=rsv["id"])
+    assert again["state"] == "placed"
+    assert again["nodeId"] != node.id
+    assert again["failureReason"] == "no AllocationBound within the timeout"
