@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 
 from bcd.config import Config, write_private
 from bcd.contract.crypto import canonical, sign_bytes
-from bcd.holds import remove_hold, write_hold
+from bcd.holds import remove_hold, slice_stop_if_empty, write_hold
 from bcd.joining import inventory_for
 from bcd.journal import Journal
 from bcd.session import AgentSession, Credentials
@@ -43,6 +43,7 @@ class Agent:
         self.session: AgentSession | None = None
         self.sessions_opened = 0
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
+        self.busy_slices: dict[str, dict[str, Any]] = {}  # released holds whose slice runs
         self._key = None
 
     def credentials(self) -> Credentials:
@@ -112,7 +113,8 @@ class Agent:
         for allocation, hold in held.items():
             if allocation not in wanted:
                 self.journal.begin("unhold", allocation)
-                remove_hold(hold, self.paths)
+                if not remove_hold(hold, self.paths):
+                    self.busy_slices[allocation] = hold
                 self.journal.done("unhold", allocation)
                 reports.append(self._signed("released", {
                     "allocationId": allocation, "generation": generation,
@@ -207,6 +209,14 @@ class Agent:
             if left < margin and self.session is not None and self.session.state.connected:
                 self.session.request_renewal(self.node_key())
 
+    async def stop_empty_slices(self, *, interval: float = 30.0) -> None:
+        """A released hold's slice stops once its workload has gone."""
+        while True:
+            await asyncio.sleep(interval)
+            for allocation, hold in list(self.busy_slices.items()):
+                if slice_stop_if_empty(hold, self.paths):
+                    del self.busy_slices[allocation]
+
     def _renewed(self, _field: str, pem: bytes) -> None:
         write_private(self.paths.cert_file, pem)
         logger.info("certificate renewed")
@@ -226,7 +236,8 @@ class Agent:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self.serve_status()),
                      group.create_task(self.keep_session()),
-                     group.create_task(self.renew_certificates())]
+                     group.create_task(self.renew_certificates()),
+                     group.create_task(self.stop_empty_slices())]
             await stop.wait()
             for task in tasks:
                 task.cancel()

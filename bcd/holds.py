@@ -9,6 +9,8 @@ NVIDIA_VISIBLE_DEVICES. bcd never drops a hold on its own: only a newer spec rem
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ def files_of(hold: dict[str, Any], paths: Paths) -> tuple[Path, Path]:
 def write_hold(hold: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Write (or rewrite: idempotent) the hold's files; returns what the node now holds."""
     spec_file, env_file = files_of(hold, paths)
+    slice_create(hold, paths)
     write_private(spec_file, json.dumps(cdi_spec(hold, paths), indent=2))
     spec_file.chmod(0o644)  # container runtimes read CDI specs
     names = [f"{CDI_KIND}={uuid}" for uuid in hold["gpus"]]
@@ -62,8 +65,45 @@ def write_hold(hold: dict[str, Any], paths: Paths) -> dict[str, Any]:
             "envFile": hold["envFile"], "cgroupParent": hold["cgroupParent"]}
 
 
-def remove_hold(hold: dict[str, Any], paths: Paths) -> None:
-    """Remove the spec and env file. The slice is left to stop once empty: a release never
-    kills a running workload."""
+def remove_hold(hold: dict[str, Any], paths: Paths) -> bool:
+    """Remove the spec and env file, and stop the slice if nothing runs in it: a release
+    never kills a running workload. False when the slice is still busy (retry later)."""
     for path in files_of(hold, paths):
         path.unlink(missing_ok=True)
+    return slice_stop_if_empty(hold, paths) or not systemd_present(paths)
+
+
+def systemd_present(paths: Paths) -> bool:
+    return (paths.root / "run/systemd/system").is_dir() and shutil.which("systemctl") is not None
+
+
+def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def slice_create(hold: dict[str, Any], paths: Paths) -> bool:
+    """Create the hold's slice through systemd where it runs (a runtime unit, gone at
+    reboot); a workload manager then places workloads in it. False without systemd."""
+    if not systemd_present(paths):
+        return False
+    unit = paths.root / "run/systemd/system" / hold["cgroupParent"]
+    unit.write_text(f"[Unit]\nDescription=better-compute hold {hold['allocationId']}\n\n"
+                    "[Slice]\n")
+    _systemctl("daemon-reload")
+    _systemctl("start", hold["cgroupParent"])
+    return True
+
+
+def slice_stop_if_empty(hold: dict[str, Any], paths: Paths) -> bool:
+    """Stop the slice only once nothing runs in it: a release never kills a workload.
+    Returns whether it was stopped (a slice still in use is stopped on a later release)."""
+    if not systemd_present(paths):
+        return False
+    shown = _systemctl("show", "-p", "TasksCurrent", "--value", hold["cgroupParent"])
+    if shown.stdout.strip() not in ("", "0", "[not set]"):
+        return False
+    _systemctl("stop", hold["cgroupParent"])
+    (paths.root / "run/systemd/system" / hold["cgroupParent"]).unlink(missing_ok=True)
+    _systemctl("daemon-reload")
+    return True

@@ -162,3 +162,36 @@ def test_a_hold_of_gpus_the_machine_lacks_is_reported_failed_not_written(root):
     reasons = {json.loads(b)["allocationId"]: json.loads(b).get("reason") for _, b, _ in reports}
     assert (reasons["alloc_gone"], reasons["alloc_clash"]) == ("device-missing", "overlap")
     assert not (root / "etc/cdi/bcd-alloc_gone.json").exists()
+
+
+def test_slices_go_through_systemd_where_it_runs_and_stop_only_when_empty(root, monkeypatch,
+                                                                           tmp_path):
+    calls = tmp_path / "calls"
+    tasks = tmp_path / "tasks"
+    tasks.write_text("3")
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                    f'[ "$1" = show ] && cat {tasks}\nexit 0\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    (root / "run/systemd/system").mkdir(parents=True)
+    instance = agent(root, [])
+    gpus = gpus_of(root, 1)
+    instance.apply_spec(1, {"allocations": [hold("alloc_s", gpus)]})
+    assert (root / "run/systemd/system/bcd-alloc-alloc_s.slice").exists()
+    assert "start bcd-alloc-alloc_s.slice" in calls.read_text()
+    instance.apply_spec(2, {"allocations": []})  # a workload still runs: the slice stays
+    assert "stop" not in calls.read_text()
+    assert (root / "run/systemd/system/bcd-alloc-alloc_s.slice").exists()
+    assert list(instance.busy_slices) == ["alloc_s"]
+    tasks.write_text("0")  # the workload has gone: the agent's next check stops the slice
+
+    async def one_check():
+        task = asyncio.create_task(instance.stop_empty_slices(interval=0.01))
+        await asyncio.sleep(0.2)
+        task.cancel()
+
+    asyncio.run(one_check())
+    assert "stop bcd-alloc-alloc_s.slice" in calls.read_text()
+    assert instance.busy_slices == {}
