@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from bcd.config import Config, Paths
+from bcd.config import Config, Paths, joined_config
 from bcd.join import JoinError, Pins
 from bcd.tokens import TokenError, read_token
 
@@ -20,10 +20,9 @@ def _root(args: argparse.Namespace) -> Path:
 def cmd_join(args: argparse.Namespace) -> int:
     from bcd.joining import join
 
-    paths = Paths(_root(args))
-    if paths.config_file.exists():
-        config = Config.read(paths.config_file)
-        print(f"already joined as {config.node_id}")
+    joined = joined_config(Paths(_root(args)))
+    if joined is not None:
+        print(f"already joined as {joined.node_id}")
         return 0
     try:
         token = read_token(Path(args.token_file) if args.token_file else None)
@@ -47,7 +46,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     from bcd.agent import Agent
 
     config_path = Path(args.config) if args.config else Paths(_root(args)).config_file
-    if not config_path.exists():
+    if not config_path.exists() or (args.config is None and
+                                    joined_config(Paths(_root(args))) is None):
         print(f"bcd node: {config_path} does not exist: run bcd join first", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -106,3 +106,15 @@ def write_private(path: Path, text: str | bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def joined_config(paths: Paths) -> Config | None:
+    """The config of a node that has joined; None before (no file, or only the server and
+    pins an installer wrote)."""
+    if not paths.config_file.exists():
+        return None
+    try:
+        config = Config.read(paths.config_file)
+    except TypeError:  # fields missing: written before the join
+        return None
+    return config if config.node_id else None

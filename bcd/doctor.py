@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from bcd.config import Config, Paths
+from bcd.config import Paths, joined_config
 
 
 def _check(name: str, test: Callable[[], str]) -> bool:
@@ -24,7 +24,7 @@ def _check(name: str, test: Callable[[], str]) -> bool:
 
 
 def run_checks(paths: Paths, *, server: str | None) -> int:
-    config = Config.read(paths.config_file) if paths.config_file.exists() else None
+    config = joined_config(paths)
 
     def clock() -> str:
         year = time.gmtime().tm_year

@@ -10,6 +10,7 @@ from compute.cli.audit import audit
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment
 from compute.cli.dev import dev
+from compute.cli.install_script import daemon
 from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
 from compute.cli.resources import GROUPS
 
@@ -22,7 +23,7 @@ def cli() -> None:
     """
 
 
-for command in [*GROUPS, *LEDGER_COMMANDS, audit]:
+for command in [*GROUPS, *LEDGER_COMMANDS, audit, daemon]:
     cli.add_command(command)
 cli.add_command(dev)
 
