@@ -262,3 +262,27 @@ def test_events_watch_needs_a_valid_token(stack):
     result = stack.cli("events", "watch", env=env)
     assert result.returncode == 2
     assert "unauthenticated" in result.stderr
+
+
+def test_help_lists_every_command_and_shows_one(stack):
+    listing = stack.ok("help")
+    for command in ("sites create", "pools offer", "join-tokens create", "pki show",
+                    "daemon install-script", "nodes adopt", "reserve", "release", "extend",
+                    "events watch", "sandboxes create", "usage list", "audit verify", "dev",
+                    "gateway", "api"):
+        assert command in listing, command
+    one = stack.ok("help", "pools", "offer")
+    assert "--quota" in one
+    assert "--to" in one
+    bad = stack.cli("help", "nonsense")
+    assert bad.returncode != 0
+
+
+def test_query_and_json_output_on_the_remaining_groups(stack):
+    assert stack.ok("join-tokens", "list", "--query", "items") is not None
+    assert json.loads(stack.ok("pki", "show", "-o", "json"))["trustDomain"]
+    assert stack.ok("capacity", "--pool", stack.env["POOL"], "--query", "nodes") == "2"
+    assert json.loads(stack.ok("capacity", "--pool", stack.env["POOL"], "-o", "json"))["gpu"]
+    assert json.loads(stack.ok("audit", "verify", "-o", "json"))["ok"] is True
+    assert json.loads(stack.ok("offerings", "list", "-o", "json"))["items"] is not None
+    assert stack.ok("tokens", "list", "--query", "items.0.id").startswith("tok_")
