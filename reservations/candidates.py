@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
-from django.contrib.postgres.aggregates import ArrayAgg
+from django.contrib.postgres.aggregates import StringAgg
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Exists, OuterRef, Q
 
@@ -54,15 +54,17 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | N
             .annotate(busy=Exists(busy))
             .values("node_id", "node__vcpus", "node__memory_gib", "node__vcpus_allocated",
                     "node__memory_gib_allocated", "nvlink_domain")
-            .annotate(size=Count("pk"), free=ArrayAgg("id", filter=usable, order_by="index",
-                                                      default=[]))
+            # A joined string parses much faster than a text[] of hundreds of ids.
+            .annotate(size=Count("pk"), free=StringAgg("id", ",", filter=usable,
+                                                       order_by="index", default=""))
             .order_by()
             .values_list("node_id", "node__vcpus", "node__memory_gib", "node__vcpus_allocated",
                          "node__memory_gib_allocated", "nvlink_domain", "size", "free"))
     groups: dict[str, list[Group]] = defaultdict(list)
     gpus: dict[str, int] = defaultdict(int)
     host: dict[str, tuple[int, int, int, int]] = {}
-    for node_id, vcpus, memory, vcpus_used, memory_used, domain, size, free in rows:
+    for node_id, vcpus, memory, vcpus_used, memory_used, domain, size, joined in rows:
+        free = joined.split(",") if joined else []
         host[node_id] = (vcpus, memory, vcpus_used, memory_used)
         gpus[node_id] += size
         if domain:
