@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "rest_framework",
+    "django_q",
     "compute.apps.ComputeConfig",
     "audit.apps.AuditConfig",
     "fleet.apps.FleetConfig",
@@ -96,4 +97,18 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("BC_LOG_LEVEL", "INFO")},
+}
+
+# django-q2 runs the periodic jobs (compute/schedules.py) on the Postgres ORM broker:
+# `python manage.py qcluster`. The sub-second reconcilers run on the sharded work queue
+# (`python manage.py bc_worker --loop`), whose leases django-q2's scheduler cannot express.
+Q_CLUSTER = {
+    "name": "better-compute",
+    "orm": "default",
+    "workers": int(os.environ.get("BC_Q_WORKERS", "2")),
+    "timeout": 3000,
+    "retry": 3600,
+    "max_attempts": 3,
+    "catch_up": False,
+    "label": "Periodic jobs",
 }

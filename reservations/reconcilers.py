@@ -1,26 +1,64 @@
-"""The ledger's level-triggered passes: each reads desired and observed state and takes one
-step, so running one twice (or after a lost message) is harmless."""
+"""The ledger's level-triggered reconcilers on the work queue.
+
+`sweep()` turns timers into work items: reservations whose window starts or ends, bindings
+past their timeout, pools with pending requests. Each item's handler reads the current state
+and takes one step, so running it twice, or after a lost message, is harmless.
+"""
 
 from __future__ import annotations
 
+from django.db.models import Q
+
+from compute.db import database_now
+from compute.queue.work import enqueue, handler
 from fleet.services.sessions import nodes_mark_unreachable
 from reservations.ledger import Reservation, ReservationState
-from reservations.services.binding import bindings_timed_out, reservations_bind_due
+from reservations.services.binding import BINDING_TIMEOUT, binding_fail, reservation_bind
 from reservations.services.book import pending_place
-from reservations.services.release import reservations_expire
+from reservations.services.release import reservation_expire
+from reservations.states import HOLDING
+
+RESERVATION = "reservation"
+POOL = "pool"
 
 
-def reconcile_reservations() -> dict[str, int]:
-    """One pass: bind what starts, release what ended, place what waits. Safe to run in
-    several processes at once: every step locks (or skips) the rows it changes."""
-    unreachable = len(nodes_mark_unreachable())  # liveness: never releases what they hold
-    expired = len(reservations_expire())
-    bound = reservations_bind_due()
-    timed_out = bindings_timed_out()
-    placed = 0
-    pools = (Reservation.objects.filter(state=ReservationState.PENDING)
-             .values_list("pool_id", flat=True).distinct())
-    for pool_id in list(pools):
-        placed += pending_place(pool_id=pool_id)
-    return {"unreachable": unreachable, "expired": expired, "bound": bound,
-            "timedOut": timed_out, "placed": placed}
+@handler(RESERVATION)
+def reconcile_reservation(reservation_id: str) -> None:
+    """One step for one reservation: end it, fail its late binding, or bind it."""
+    rsv = Reservation.objects.filter(pk=reservation_id).first()
+    if rsv is None or rsv.during is None:
+        return
+    now = database_now()
+    if rsv.state in HOLDING and rsv.during.upper <= now:
+        reservation_expire(reservation_id=rsv.id)
+    elif rsv.state == ReservationState.BINDING and rsv.binding_started_at and \
+            rsv.binding_started_at < now - BINDING_TIMEOUT:
+        binding_fail(reservation_id=rsv.id, reason="no AllocationBound within the timeout")
+    elif rsv.state == ReservationState.PLACED and rsv.during.lower <= now:
+        reservation_bind(reservation_id=rsv.id)
+
+
+@handler(POOL)
+def reconcile_pool(pool_id: str) -> None:
+    """Offer a pool's free capacity to its pending reservations, oldest first."""
+    pending_place(pool_id=pool_id)
+
+
+def sweep(limit: int = 500) -> int:
+    """Enqueue what timers made due; cheap enough to run every half second."""
+    nodes_mark_unreachable()  # liveness: never releases what they hold
+    now = database_now()
+    due = (Reservation.objects.filter(
+        Q(state=ReservationState.PLACED, during__startswith__lte=now)
+        | Q(state__in=HOLDING, during__endswith__lte=now)
+        | Q(state=ReservationState.BINDING, binding_started_at__lt=now - BINDING_TIMEOUT))
+        .values_list("id", flat=True)[:limit])
+    count = 0
+    for rsv_id in due:
+        enqueue(RESERVATION, rsv_id)
+        count += 1
+    for pool_id in (Reservation.objects.filter(state=ReservationState.PENDING)
+                    .values_list("pool_id", flat=True).distinct()):
+        enqueue(POOL, pool_id)
+        count += 1
+    return count

@@ -189,8 +189,12 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
              "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
              "--cert-dir", str(state_dir / "gateway")], env, stderr=subprocess.DEVNULL)
         _wait_for_port(host, join_port, gateway, "gateway")
-        stack.start([sys.executable, "-m", "django", "bc_reconcile", "--loop"], env)
-        click.echo("Workers running: reservation reconciler (bind, expire, place pending)")
+        for _ in range(2):
+            stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env)
+        stack.start([sys.executable, "-m", "django", "qcluster"], {**env, "BC_Q_WORKERS": "1"},
+                    stderr=subprocess.DEVNULL)
+        click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
+                   "liveness) and the django-q2 cluster (hourly audit checkpoints)")
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,

@@ -49,6 +49,37 @@ def gateway(ctx: click.Context) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "gateway", *ctx.args])  # noqa: S606
 
 
+@cli.command("workers")
+@click.option("--count", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Work-queue workers (they share the 256 shards).")
+def workers(count: int) -> None:
+    """Run the reconcilers: queue workers plus the django-q2 cluster for periodic jobs."""
+    import os
+    import subprocess
+    import time
+
+    from compute.pg import ensure_database_url
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "compute.settings",
+           "DATABASE_URL": ensure_database_url()}
+    argv = [sys.executable, "-m", "django"]
+    children = [subprocess.Popen([*argv, "bc_worker", "--loop"], env=env)
+                for _ in range(count)]
+    children.append(subprocess.Popen([*argv, "qcluster"], env=env))
+    click.echo(f"Workers running: {count} queue workers and the django-q2 cluster", err=True)
+    try:
+        while all(child.poll() is None for child in children):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            child.wait(15)
+
+
 @cli.command("help")
 @click.argument("command", nargs=-1)
 @click.pass_context

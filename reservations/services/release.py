@@ -99,6 +99,19 @@ def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str
 
 @retrying
 @transaction.atomic(durable=True)
+def reservation_expire(*, reservation_id: str) -> Reservation | None:
+    """Release one reservation whose window has ended (no-op otherwise)."""
+    now = database_now()
+    rsv = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+           .filter(pk=reservation_id, state__in=HOLDING, during__endswith__lte=now).first())
+    if rsv is not None:
+        end_reservation(rsv, to=ReservationState.RELEASED, now=now, actor_id="system",
+                        reason="window ended")
+    return rsv
+
+
+@retrying
+@transaction.atomic(durable=True)
 def reservations_expire(*, limit: int = 100) -> list[str]:
     """Release reservations whose window has ended (the reservations reconciler calls it)."""
     now = database_now()

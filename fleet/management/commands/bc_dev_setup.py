@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from compute.schedules import install_schedules
 from compute.tenancy.selectors import root_tenant
 from compute.tenancy.services import root_bootstrap
 from fleet.services.pools import pool_create
@@ -29,6 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--cpu-pool", action="store_true")
 
     def handle(self, *args: object, token_file: Path, cpu_pool: bool, **options: object) -> None:
+        install_schedules()
         minted = root_bootstrap(admin_name="dev-admin")
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:

@@ -1,0 +1,130 @@
+"""The work queue with real worker processes: one item is never processed by two workers at
+once, and a worker killed with -9 has its shards taken over within a lease; nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from compute.queue.models import ShardLease, WorkItem
+from compute.queue.work import enqueue, shard_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LEASE = 2.0
+
+
+def database_url() -> str:
+    db = settings.DATABASES["default"]
+    if db["HOST"].startswith("/"):
+        return f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
+    return f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def start_worker() -> subprocess.Popen:
+    env = {**os.environ, "DATABASE_URL": database_url(),
+           "DJANGO_SETTINGS_MODULE": "compute.settings"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "bc_worker", "--loop", "--interval", "0.05",
+         "--lease", str(LEASE), "--import", "tests.support.slow_handler"],
+        env=env, cwd=settings.BASE_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.fixture
+def slow_log():
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE test_slow_log (id bigserial PRIMARY KEY, key text, "
+                       "pid int, started timestamptz, ended timestamptz)")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE test_slow_log")
+
+
+def overlaps() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM test_slow_log a JOIN test_slow_log b ON "
+                       "a.key = b.key AND a.id < b.id AND a.pid <> b.pid AND "
+                       "tstzrange(a.started, coalesce(a.ended, 'infinity')) && "
+                       "tstzrange(b.started, coalesce(b.ended, 'infinity'))")
+        return cursor.fetchone()[0]
+
+
+def wait_until(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_two_workers_share_shards_never_overlap_and_survive_kill_9(slow_log):
+    keys = [f"k{n}" for n in range(40)]
+    for key in keys:
+        enqueue("test.slow", key)
+    workers = [start_worker(), start_worker()]
+    try:
+        # Keep re-enqueueing the same keys while both run: each key is processed again and
+        # again, and two workers would collide on it if exclusion failed.
+        for _ in range(3):
+            time.sleep(0.5)
+            for key in keys:
+                enqueue("test.slow", key)
+        if not wait_until(lambda: not WorkItem.objects.exists(), 60):
+            for worker in workers:
+                worker.terminate()
+            raise AssertionError([w.stderr.read().decode()[-2000:] for w in workers])
+        owners = set(ShardLease.objects.exclude(owner="").values_list("owner", flat=True))
+        assert len(owners) == 2  # the shards are shared
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(DISTINCT pid) FROM test_slow_log")
+            assert cursor.fetchone()[0] == 2
+        # kill -9 one worker, then queue work on its shards only.
+        victim = workers[0]
+        victim_shards = set(ShardLease.objects.filter(owner__endswith=f":{victim.pid}")
+                            .values_list("shard", flat=True))
+        assert victim_shards
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        killed_at = time.monotonic()
+        orphans = [f"o{n}" for n in range(400) if shard_of("test.slow", f"o{n}")
+                   in victim_shards][:10]
+        for key in orphans:
+            enqueue("test.slow", key)
+        assert wait_until(lambda: not WorkItem.objects.exists(), 30)
+        taken_over_after = time.monotonic() - killed_at
+        assert taken_over_after < LEASE + 5  # within a lease (plus polling and the work)
+        survivor = f":{workers[1].pid}"
+        assert all(owner.endswith(survivor) for owner in
+                   ShardLease.objects.exclude(owner="").filter(expires_at__isnull=False)
+                   .values_list("owner", flat=True))
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(DISTINCT key) FROM test_slow_log WHERE key = ANY(%s)",
+                           [orphans])
+            assert cursor.fetchone()[0] == len(orphans)  # nothing lost
+        assert overlaps() == 0
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.terminate()
+                worker.wait(10)
+
+
+def test_enqueue_moves_an_item_earlier_and_bumps_its_version():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    enqueue("test.slow", "x", due_at=timezone.now() + timedelta(hours=1))
+    first = WorkItem.objects.get(kind="test.slow", key="x")
+    enqueue("test.slow", "x")
+    second = WorkItem.objects.get(kind="test.slow", key="x")
+    assert second.due_at < first.due_at
+    assert second.version == first.version + 1
+    assert WorkItem.objects.count() == 1
