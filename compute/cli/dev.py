@@ -64,13 +64,16 @@ def _write_env_file(path: Path, lines: dict[str, str]) -> None:
 class Stack:
     """The child processes `dev` started, stopped in reverse order.
 
-    Servers are essential: if one dies, dev stops. Simulated machines are restarted when
-    they die, as systemd restarts bcd on a real server.
+    The API and the workers are essential: if one dies, dev stops. The gateway and the
+    simulated machines are restarted when they die (after `restart_delay`), as systemd
+    restarts them on real servers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, restart_delay: float = 0.0) -> None:
         self.children: list[subprocess.Popen[bytes]] = []
         self.restartable: dict[int, tuple[list[str], dict[str, str], dict[str, Any]]] = {}
+        self.restart_delay = restart_delay  # like systemd's RestartSec
+        self.died: dict[int, float] = {}
 
     def start(self, argv: list[str], env: dict[str, str], *, restart: bool = False,
               **kwargs: Any) -> subprocess.Popen:
@@ -85,10 +88,12 @@ class Stack:
             if child.poll() is None:
                 continue
             if child.pid in self.restartable:
+                died = self.died.setdefault(child.pid, time.monotonic())
+                if time.monotonic() - died < self.restart_delay:
+                    continue
                 argv, env, kwargs = self.restartable.pop(child.pid)
                 self.children.remove(child)
-                click.echo(f"a simulated machine exited ({child.returncode}); restarting it",
-                           err=True)
+                click.echo(f"{argv[2]} exited ({child.returncode}); restarting it", err=True)
                 self.start(argv, env, restart=True, **kwargs)
                 continue
             raise CliError(f"a server process exited with status {child.returncode}: "
@@ -159,7 +164,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     server = pg.throwaway() if memory else pg.persistent()
     click.echo(f"starting embedded Postgres in {server.data_dir} …", err=True)
-    stack = Stack()
+    stack = Stack(restart_delay=float(os.environ.get("BC_DEV_RESTART_SECONDS", "1")))
     started_here = not server.is_running()
     try:
         server.start()
@@ -187,7 +192,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         gateway = stack.start(
             [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
              "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
-             "--cert-dir", str(state_dir / "gateway")], env, stderr=subprocess.DEVNULL)
+             "--cert-dir", str(state_dir / "gateway")], env, restart=True,
+            stderr=subprocess.DEVNULL)
         _wait_for_port(host, join_port, gateway, "gateway")
         for _ in range(2):
             stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env)

@@ -13,7 +13,8 @@ import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
 
-FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "3"}
+FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "3",
+        "BC_DEV_RESTART_SECONDS": "8"}  # a dead gateway stays down for longer than a lease
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +85,24 @@ def test_a_frozen_gateway_makes_nodes_unreachable_and_releases_nothing(fast_stac
     types = [e["type"] for e in json.loads(fast_stack.ok("nodes", "events", node,
                                                          "-o", "json"))["items"]]
     assert types.index("node.unreachable") < types.index("node.reconnected")
+
+
+def test_a_killed_gateway_makes_nodes_unreachable_releases_nothing_and_all_converges(
+        fast_stack):
+    pool = fast_stack.env["POOL"]
+    rsv = json.loads(fast_stack.ok("reserve", "--pool", pool, "--gpus", "2", "--for", "1h",
+                                   "-o", "json"))
+    assert rsv["state"] == "active"
+    os.kill(gateway_pid(fast_stack), signal.SIGKILL)
+
+    def connectivity():
+        nodes = json.loads(fast_stack.ok("nodes", "list", "--pool", pool, "-o", "json"))
+        return {n["connectivity"] for n in nodes["items"]}
+
+    assert wait_until(lambda: connectivity() == {"unreachable"}, 20)
+    assert state(fast_stack, rsv["id"]) == "active"  # disconnected is not dead
+    # dev restarts the gateway (after 8 s); the agents reconnect and all converges.
+    assert wait_until(lambda: connectivity() == {"connected"}, 60)
+    assert state(fast_stack, rsv["id"]) == "active"
+    released = json.loads(fast_stack.ok("release", rsv["id"], "-o", "json"))
+    assert released["state"] == "released"
