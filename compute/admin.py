@@ -1,6 +1,15 @@
 from django.contrib import admin
 
-from compute.models import ApiToken, Event, IdempotencyRecord, Principal, RoleBinding, Tenant
+from compute.models import (
+    ApiToken,
+    Event,
+    IdempotencyRecord,
+    Principal,
+    RoleBinding,
+    ShardLease,
+    Tenant,
+    WorkItem,
+)
 
 
 @admin.register(Tenant)
@@ -47,3 +56,16 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
     list_display = ("tenant", "scope", "key", "object_id", "created_at")
     list_filter = ("scope",)
     search_fields = ("key", "object_id")
+
+
+@admin.register(WorkItem)
+class WorkItemAdmin(admin.ModelAdmin):
+    list_display = ("kind", "key", "shard", "due_at", "attempts", "last_error")
+    list_filter = ("kind",)
+    search_fields = ("key",)
+
+
+@admin.register(ShardLease)
+class ShardLeaseAdmin(admin.ModelAdmin):
+    list_display = ("shard", "owner", "expires_at")
+    search_fields = ("owner",)
