@@ -22,6 +22,8 @@ class Event(models.Model):
     subject = models.CharField(max_length=32, db_index=True)
     payload = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
+    txid = models.BigIntegerField(null=True, editable=False,
+                                  help_text="The writing transaction's id (see selectors).")
 
     class Meta:
         ordering = ["seq"]

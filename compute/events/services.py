@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
+from django.db.models.expressions import RawSQL
 
 from compute.events.models import Event
+
+CURRENT_TXID = "pg_current_xact_id()::text::bigint"
 
 
 def event_emit(*, tenant_id: str, type: str, subject: str,
@@ -17,7 +20,8 @@ def event_emit(*, tenant_id: str, type: str, subject: str,
     rolled-back change).
     """
     event = Event.objects.create(tenant_id=tenant_id, type=type, subject=subject,
-                                 payload=payload or {})
+                                 payload=payload or {},
+                                 txid=RawSQL(CURRENT_TXID, []))  # noqa: S611 (constant)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify('bc_events', %s)", [tenant_id])
     return event
