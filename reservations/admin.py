@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from audit.admin import ReadOnlyAdmin
 from reservations.models import (
     Allocation,
     Booking,
@@ -32,17 +33,8 @@ class QuotaAdmin(admin.ModelAdmin):
     search_fields = ("tenant__slug", "pool__id")
 
 
-class LedgerReadOnly(admin.ModelAdmin):
-    """Ledger rows change only through the services, which keep counters and quotas true."""
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+# Ledger rows change only through the services, which keep counters and quotas true.
+LedgerReadOnly = ReadOnlyAdmin
 
 
 @admin.register(Reservation)
