@@ -149,6 +149,7 @@ class Agent:
         report = self.inventory.report()
         held_by = {uuid: allocation for allocation, hold in self.journal.held().items()
                    for uuid in hold.get("gpus", [])}
+        readings = self.inventory.telemetry()
         return {
             "nodeId": self.config.node_id, "siteId": self.config.site_id,
             "gateway": self.config.gateway,
@@ -159,8 +160,9 @@ class Agent:
             "sections": {"inventory": "reported" if state and state.connected else "pending",
                          "holds": f"{len(self.journal.held())} held"},
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
-                      "health": g.get("health", "healthy"), "utilization": 0,
-                      "temperatureC": 35, "powerW": 70, "memoryUsedMiB": 0,
+                      "health": g.get("health", "healthy"),
+                      **readings.get(g["uuid"], {"utilization": 0, "temperatureC": 0,
+                                                 "powerW": 0, "memoryUsedMiB": 0}),
                       "heldBy": held_by.get(g["uuid"])}
                      for g in report.get("gpus", [])],
         }
@@ -264,6 +266,6 @@ def status_text(status: dict[str, Any]) -> str:
     for gpu in status["gpus"]:
         held = f", held by {gpu['heldBy']}" if gpu["heldBy"] else ""
         lines.append(f"gpu {gpu['index']}       {gpu['uuid']} {gpu['product']} {gpu['health']}"
-                     f", util {gpu['utilization']}%, {gpu['temperatureC']} C, "
-                     f"{gpu['powerW']} W, {gpu['memoryUsedMiB']} MiB{held}")
+                     f", util {gpu['utilization']:.0f}%, {gpu['temperatureC']:.0f} C, "
+                     f"{gpu['powerW']:.0f} W, {gpu['memoryUsedMiB']:.0f} MiB{held}")
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,16 @@ class SimulatedInventory:
                       "health": "unhealthy" if i in self.unhealthy else "healthy"}
                      for i in range(self.gpus)],
         }
+
+    def telemetry(self) -> dict[str, dict[str, float]]:
+        """Simulated readings per GPU UUID: plausible, different per GPU, drifting per minute."""
+        minute = int(time.time() // 60)
+        readings = {}
+        for gpu in self.report()["gpus"]:
+            seed = int(hashlib.sha256(f"{gpu['uuid']}/{minute}".encode()).hexdigest()[:8], 16)
+            readings[gpu["uuid"]] = {"utilization": seed % 101, "temperatureC": 30 + seed % 45,
+                                     "powerW": 60 + seed % 600, "memoryUsedMiB": seed % 81920}
+        return readings
 
     def healthy_gpus(self) -> int:
         return self.gpus - len(set(self.unhealthy))

@@ -60,6 +60,22 @@ def nvlink_domains(topology: str) -> dict[int, str]:
     return domains
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]" on boards that do not report it
+        return 0.0
+
+
+def parse_telemetry(csv: str) -> dict[str, dict[str, float]]:
+    readings = {}
+    for line in csv.strip().splitlines():
+        uuid, utilization, temperature, power, memory = (p.strip() for p in line.split(","))
+        readings[uuid] = {"utilization": _number(utilization), "temperatureC": _number(temperature),
+                          "powerW": _number(power), "memoryUsedMiB": _number(memory)}
+    return readings
+
+
 @dataclass
 class NvidiaSmiInventory:
     hostname: str
@@ -81,6 +97,12 @@ class NvidiaSmiInventory:
                          "vramGiB": round(int(float(memory)) / 1024),
                          "nvlinkDomain": domains.get(int(index), ""), "health": "healthy"})
         return gpus
+
+    def telemetry(self) -> dict[str, dict[str, float]]:
+        """Measured readings per GPU UUID from nvidia-smi."""
+        out = self._smi("--query-gpu=uuid,utilization.gpu,temperature.gpu,power.draw,"
+                        "memory.used", "--format=csv,noheader,nounits")
+        return parse_telemetry(out)
 
     def report(self) -> dict[str, Any]:
         meminfo = Path("/proc/meminfo").read_text()

@@ -29,3 +29,27 @@ def test_pcie_only_gpus_have_no_domain():
 
 def test_no_nvidia_smi_output_means_no_gpus():
     assert nvlink_domains("") == {}
+
+
+def test_telemetry_from_nvidia_smi_csv():
+    from bcd.inventory.nvidia import parse_telemetry
+
+    csv = ("GPU-aaaa, 87, 61, 512.33, 40960\n"
+           "GPU-bbbb, 0, 34, [N/A], 0\n")
+    assert parse_telemetry(csv) == {
+        "GPU-aaaa": {"utilization": 87.0, "temperatureC": 61.0, "powerW": 512.33,
+                     "memoryUsedMiB": 40960.0},
+        "GPU-bbbb": {"utilization": 0.0, "temperatureC": 34.0, "powerW": 0.0,
+                     "memoryUsedMiB": 0.0},
+    }
+
+
+def test_simulated_telemetry_differs_per_gpu_and_stays_plausible():
+    from bcd.inventory.fake import SimulatedInventory
+
+    readings = SimulatedInventory("gpu-01").telemetry()
+    assert len(readings) == 8
+    assert len({r["temperatureC"] for r in readings.values()}) > 1
+    for reading in readings.values():
+        assert 0 <= reading["utilization"] <= 100
+        assert 30 <= reading["temperatureC"] < 75

@@ -64,6 +64,15 @@ def test_tutorial_flow(stack, tmp_path):
     assert (spec["kind"], sorted(d["name"] for d in spec["devices"])) == ("bcd.dev/gpu", booked)
     env_file = root / binding["envFile"].lstrip("/")
     assert f"BCD_CGROUP_PARENT={binding['cgroupParent']}" in env_file.read_text()
+    import subprocess
+    import sys
+
+    status = json.loads(subprocess.run(
+        [sys.executable, "-m", "bcd", "--root", str(root), "status", "--json"],
+        capture_output=True, text=True, check=True, timeout=30).stdout)
+    held = sorted(g["uuid"] for g in status["gpus"] if g["heldBy"] == rsv["allocationId"])
+    assert held == booked  # bcd status says which GPUs the hold has
+    assert status["generations"]["applied"] >= 2
     assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.available") == "12"
     events = json.loads(stack.ok("events", "list", "--types", "reservation.*", "-o", "json"))
     assert [e["type"] for e in events["items"] if e["subject"] == rsv["id"]] == [
