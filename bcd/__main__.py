@@ -106,9 +106,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
     if extra:
-        print(f"bcd: unexpected arguments {' '.join(a[:12] + '…' for a in extra)}: bcd takes "
-              "no positional arguments (a join token is never one: use BCD_JOIN_TOKEN, "
-              "standard input or --token-file)", file=sys.stderr)
+        print(f"bcd: {len(extra)} unexpected argument(s): bcd takes no positional arguments "
+              "(a join token is never one: use BCD_JOIN_TOKEN, standard input or "
+              "--token-file)", file=sys.stderr)
         return 2
     return args.handler(args)
 

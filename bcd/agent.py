@@ -41,7 +41,6 @@ class Agent:
                                        sim_variant=config.sim_variant,
                                        hostname=config.hostname or config.node_id)
         self.session: AgentSession | None = None
-        self.sessions_opened = 0
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
         self.busy_slices: dict[str, dict[str, Any]] = {}  # released holds whose slice runs
         self._key = None
@@ -224,7 +223,6 @@ class Agent:
         logger.info("certificate renewed")
 
     def _welcomed(self, state: Any) -> None:
-        self.sessions_opened += 1
         logger.info("connected as %s (epoch %s)", state.node_id, state.epoch)
         state.on_renewed = self._renewed
         if self.session is not None:

@@ -44,10 +44,6 @@ class Paths:
         return self._at("run/bcd/bcd.sock")
 
     @property
-    def allocations_dir(self) -> Path:
-        return self._at("run/bcd/allocations")
-
-    @property
     def cdi_dir(self) -> Path:
         return self._at("etc/cdi")
 

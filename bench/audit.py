@@ -14,7 +14,7 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 
-from bench.common import database, django_setup
+from bench.common import bench_environment
 
 TENANT = "tnt_01jbx00000000000000000bench"
 
@@ -55,9 +55,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--more", type=int, default=10_000)
     args = parser.parse_args()
-    _, server = database()
-    try:
-        django_setup()
+    with bench_environment():
         from audit.checkpoints import audit_prove, checkpoint_seal
         from audit.keys import public_key_b64
         from audit.models import AuditEvent
@@ -92,9 +90,6 @@ def main() -> None:
               f" {size:,} bytes as JSON")
         print(f"  built in {build:.2f} s (streams the log once); verified offline in "
               f"{verify * 1000:.3f} ms")
-    finally:
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

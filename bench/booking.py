@@ -15,7 +15,7 @@ import random
 import threading
 from datetime import timedelta
 
-from bench.common import database, django_setup, start_api, table, timed_threads
+from bench.common import bench_environment, start_api, table, timed_threads
 
 YEAR_MS = 365 * 24 * 3_600_000
 
@@ -114,13 +114,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=3181)
     parser.add_argument("--clients", default="1,8,32")
     args = parser.parse_args()
-    _, server = database()
-    api = None
-    try:
-        django_setup()
+    with bench_environment() as (_, children):
         print(f"building {args.nodes} nodes x 8 GPUs …", flush=True)
         ids = build(args.nodes)
-        api = start_api(args.port)
+        children.append(start_api(args.port))
         modes = {"raw SQL (ceiling)": raw_work(ids), "service layer": service_work(ids),
                  "HTTP API": http_work(ids, args.port)}
         rows = []
@@ -135,12 +132,6 @@ def main() -> None:
                       f"{rate / ceiling:.3f} of ceiling", flush=True)
         print()
         print(table(rows))
-    finally:
-        if api is not None:
-            api.terminate()
-            api.wait(10)
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

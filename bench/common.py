@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from compute import pg
@@ -29,6 +30,23 @@ def django_setup() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+@contextmanager
+def bench_environment() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A migrated database (embedded unless DATABASE_URL) and a list for server processes;
+    on the way out every process is stopped, then the throw-away database."""
+    url, server = database()
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        django_setup()
+        yield url, children
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait(15)
+        if server is not None:
+            server.stop()
 
 
 def timed_threads(clients: int, seconds: float, work: Callable[[int], bool]) -> float:

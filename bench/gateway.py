@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import database, django_setup
+from bench.common import bench_environment
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -110,10 +110,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=40)
     args = parser.parse_args()
-    url, server = database()
-    gateway = None
-    try:
-        django_setup()
+    with bench_environment() as (url, children):
         print(f"creating {args.sessions} nodes with certificates …", flush=True)
         nodes = make_nodes(args.sessions)
         from django.core.management import call_command
@@ -126,6 +123,7 @@ def main() -> None:
             [sys.executable, "-m", "gateway", "--listen", f"127.0.0.1:{port}",
              "--join-listen", f"127.0.0.1:{port + 1}", "--cert-dir", cert_dir],
             env={**os.environ, "DATABASE_URL": url, "BC_LOG_LEVEL": "WARNING"})
+        children.append(gateway)
         time.sleep(3)
         print(f"opening {args.sessions} sessions, then measuring for {args.seconds:.0f} s …",
               flush=True)
@@ -141,12 +139,6 @@ def main() -> None:
         print(f"gateway peak memory per session:   {per_session:.1f} KiB "
               f"(peak {result['peakKiB'] / 1024:.0f} MiB, before sessions "
               f"{result['baselineKiB'] / 1024:.0f} MiB)")
-    finally:
-        if gateway is not None:
-            gateway.terminate()
-            gateway.wait(15)
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

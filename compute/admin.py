@@ -38,7 +38,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = ("revoked_at",)
     search_fields = ("id", "name", "principal__id")
     exclude = ("secret_sha256",)
-    readonly_fields = ("principal", "expires_at", "revoked_at", "last_used_at")
+    readonly_fields = ("principal", "expires_at", "revoked_at")
 
 
 @admin.register(Event)

@@ -168,14 +168,6 @@ def ensure_database_url() -> str:
     return url
 
 
-def wait_until_ready(server: EmbeddedPostgres, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not server.is_running():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"embedded Postgres in {server.data_dir} did not start")
-        time.sleep(0.2)
-
-
 def local_secret(name: str) -> str:
     """A random secret kept in a 0600 file under the state root, made on first use."""
     path = state_root() / "secrets" / name

@@ -35,3 +35,16 @@ def make_node(pool: Pool | str, *, adopted: bool = True, **report: Any) -> Node:
     if adopted:
         node_adopted(node_id=node.id, actor_id="test", checks=["diag.nvml"])
     return Node.objects.get(pk=node.id)
+
+
+def make_unreachable(node: Node) -> None:
+    """The real path: a connected node silent past its lease is swept to unreachable."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.services.sessions import nodes_mark_unreachable
+
+    Node.objects.filter(pk=node.pk).update(connectivity="connected",
+                                           last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert node.id in nodes_mark_unreachable()

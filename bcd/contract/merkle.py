@@ -69,9 +69,6 @@ class Frontier:
                 start += 1 << bit
         return ranges
 
-    def copy(self) -> Frontier:
-        return Frontier(self.size, list(self.peaks))
-
 
 def tree_hash(leaves: Iterable[bytes]) -> bytes:
     """MTH over leaf hashes."""

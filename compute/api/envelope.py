@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -103,7 +102,3 @@ def validate(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
 def record_denied(endpoint: Endpoint, ctx: CallContext, target: str, reason: str) -> None:
     audit_record(tenant_id=ctx.tenant.id, actor_id=ctx.principal.id, action=endpoint.action,
                  target=target, allowed=False, reason=reason)
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, cls=DjangoJSONEncoder)

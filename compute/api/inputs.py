@@ -127,10 +127,6 @@ class ListInput(Input):
                                  help_text="Return objects whose id sorts after this one.")
 
 
-class GetInput(Input):
-    """Base for methods that act on one object named by `id`."""
-
-
 def first_error(detail: Any, path: str = "") -> tuple[str, str]:
     """Flatten DRF's nested error detail into (wire path of the first bad field, message)."""
     if isinstance(detail, Mapping):

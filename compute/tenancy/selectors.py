@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from compute.errors import NotFound
+from compute.errors import InvalidArgument, NotFound
 from compute.guards import one_visible
 from compute.tenancy.models import ROOT_TENANT_SLUG, ApiToken, Principal, Tenant
 
@@ -19,7 +19,7 @@ def tenant_resolve(value: object, *, principal: Principal) -> Tenant:
 def tenant_by_ref(value: object) -> Tenant:
     """A tenant named by its id (`tnt_…`) or its slug."""
     if not isinstance(value, str) or len(value) > 63:
-        raise NotFound("tenant not found", tenantId=str(value)[:63])
+        raise InvalidArgument("tenantId: must be a tenant id or slug", field="tenantId")
     field = "pk" if value.startswith("tnt_") else "slug"
     tenant = Tenant.objects.filter(**{field: value}).first()
     if tenant is None:

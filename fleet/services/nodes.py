@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
 
 from audit.services import audit_record
 from compute.db import retrying
@@ -164,19 +163,3 @@ def node_cordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str =
 def node_uncordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str = "") -> Node:
     return _set_cordon(tenant=tenant, actor=actor, node_id=node_id, cordoned=False,
                        reason=reason)
-
-
-@retrying
-@transaction.atomic(durable=True)
-def node_set_connectivity(*, node_id: str, connectivity: str) -> Node:
-    """Record whether the node's session is up. Nothing it holds is released either way."""
-    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
-    if node.connectivity != connectivity:
-        node.connectivity = connectivity
-        fields = ["connectivity"]
-        if connectivity == "connected":
-            node.last_heartbeat_at = timezone.now()
-            fields.append("last_heartbeat_at")
-        node.save(update_fields=fields)
-        node_event(node, f"node.{connectivity}", node.id, f"node.{connectivity}")
-    return node

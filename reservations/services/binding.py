@@ -65,13 +65,6 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
     return rsv
 
 
-def reservations_bind_due(*, limit: int = 100) -> int:
-    due = list(Reservation.objects.filter(state=ReservationState.PLACED,
-                                          during__startswith__lte=database_now())
-               .order_by("during").values_list("id", flat=True)[:limit])
-    return sum(reservation_bind(reservation_id=rsv_id) is not None for rsv_id in due)
-
-
 def _verified(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:
     node = Node.objects.get(pk=node_id)
     if not node.public_key or not verify_bytes(node.public_key, body.encode(), signature):
@@ -179,17 +172,6 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     else:
         emit_placed(rsv, placed, failed_node)
     return rsv
-
-
-def bindings_timed_out(*, limit: int = 100) -> int:
-    """Bindings with no report within the timeout count as failed."""
-    cutoff = database_now() - BINDING_TIMEOUT
-    late = list(Reservation.objects.filter(state=ReservationState.BINDING,
-                                           binding_started_at__lt=cutoff)
-                .values_list("id", flat=True)[:limit])
-    for rsv_id in late:
-        binding_fail(reservation_id=rsv_id, reason="no AllocationBound within the timeout")
-    return len(late)
 
 
 def allocation_failed_record(*, node_id: str, body: str, signature: str) -> Reservation | None:

@@ -112,20 +112,6 @@ def reservation_expire(*, reservation_id: str) -> Reservation | None:
 
 @retrying
 @transaction.atomic(durable=True)
-def reservations_expire(*, limit: int = 100) -> list[str]:
-    """Release reservations whose window has ended (the reservations reconciler calls it)."""
-    now = database_now()
-    due = list(Reservation.objects.select_for_update(skip_locked=True)
-               .filter(state__in=HOLDING, during__endswith__lte=now)
-               .select_related("pool").order_by("id")[:limit])
-    for rsv in due:
-        end_reservation(rsv, to=ReservationState.RELEASED, now=now, actor_id="system",
-                        reason="window ended")
-    return [rsv.id for rsv in due]
-
-
-@retrying
-@transaction.atomic(durable=True)
 def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
                        by_ms: int) -> Reservation:
     """Move the end of a reservation by `by_ms` (negative shortens it).

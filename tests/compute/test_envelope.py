@@ -191,3 +191,10 @@ def test_get_on_the_envelope_is_405_in_envelope_shape(client, db):
     response = client.get("/api/compute/system/whoami")
     assert response.status_code == 405
     assert response.json()["ok"] is False
+
+
+@pytest.mark.parametrize("tenant", [7, ["root"], "x" * 64])
+def test_a_tenant_id_of_the_wrong_shape_is_400(root, tenant):
+    answer = root.call("system.whoami", tenantId=tenant)
+    assert (answer.status, answer.code) == (400, "invalid_argument")
+    assert answer.body["error"]["details"]["field"] == "tenantId"

@@ -144,14 +144,17 @@ def test_a_failed_hold_is_placed_again_elsewhere_at_most_twice(root, pool, acme)
 def test_no_report_within_the_timeout_counts_as_a_failure(root, pool, bound):
     from django.db import connection
 
-    from reservations.services.binding import bindings_timed_out
+    from compute.queue.models import WorkItem
+    from reservations.reconcilers import reconcile_reservation, sweep
 
     _, node, rsv, _ = bound
     make_node(pool["id"])  # somewhere else to go
     with connection.cursor() as cursor:
         cursor.execute("UPDATE reservations_reservation SET binding_started_at = now() - "
                        "interval '6 minutes' WHERE id = %s", [rsv["id"]])
-    assert bindings_timed_out() == 1
+    sweep()
+    assert WorkItem.objects.filter(kind="reservation", key=rsv["id"]).exists()
+    reconcile_reservation(rsv["id"])
     again = root("reservations.get", reservationId=rsv["id"])
     assert again["state"] == "placed"
     assert again["nodeId"] != node.id

@@ -10,9 +10,8 @@ from django.db import connection
 from audit.models import AuditEvent
 from compute.events.models import Event
 from fleet.models import Device, Node
-from fleet.services.nodes import node_set_connectivity
 from reservations.models import Booking, Quota, Reservation
-from tests.factories import make_node
+from tests.factories import make_node, make_unreachable
 from tests.reservations.conftest import HOUR, gpus, reserve
 
 
@@ -68,7 +67,7 @@ def test_cordoned_unreachable_unhealthy_and_adopting_nodes_are_skipped(root, poo
     cordoned = make_node(pool["id"])
     root("nodes.cordon", nodeId=cordoned.id, reason="maintenance")
     unreachable = make_node(pool["id"])
-    node_set_connectivity(node_id=unreachable.id, connectivity="unreachable")
+    make_unreachable(unreachable)
     unhealthy = make_node(pool["id"])
     Node.objects.filter(pk=unhealthy.pk).update(health="unhealthy")
     make_node(pool["id"], adopted=False)
@@ -186,7 +185,8 @@ def test_a_tenant_cannot_release_another_tenants_reservation(root, pool, acme):
 
 
 def test_expired_windows_are_released(root, pool):
-    from reservations.services.release import reservations_expire
+    from compute.queue.models import WorkItem
+    from reservations.reconcilers import reconcile_reservation, sweep
 
     make_node(pool["id"])
     rsv = reserve(root, pool, 2).result
@@ -196,7 +196,9 @@ def test_expired_windows_are_released(root, pool):
                        [rsv["id"]])
         cursor.execute("UPDATE reservations_booking SET during = tstzrange(now() - "
                        "interval '2 hours', now() - interval '1 hour')")
-    assert reservations_expire() == [rsv["id"]]
+    sweep()  # the timer: the ended window becomes a work item …
+    assert WorkItem.objects.filter(kind="reservation", key=rsv["id"]).exists()
+    reconcile_reservation(rsv["id"])  # … whose handler releases it
     assert root("reservations.get", reservationId=rsv["id"])["state"] == "released"
     usage = root("usage.list")["items"][0]
     assert usage["quantity"] == "2.000000"

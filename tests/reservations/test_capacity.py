@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from fleet.models import Node, ProvisionState
-from fleet.services.nodes import node_set_connectivity
 from reservations.models import Booking, Reservation
-from tests.factories import make_node
+from tests.factories import make_node, make_unreachable
 from tests.reservations.conftest import HOUR, gpus, reserve
 
 
@@ -25,7 +24,7 @@ def test_capacity_counts_held_future_and_unschedulable_gpus(root, pool):
     cordoned = make_node(pool["id"])
     root("nodes.cordon", nodeId=cordoned.id)
     gone = make_node(pool["id"])
-    node_set_connectivity(node_id=gone.id, connectivity="unreachable")
+    make_unreachable(gone)
     capacity = root("capacity.get", poolId=pool["id"])
     assert capacity["gpu"] == {"total": 32, "allocatable": 8, "allocated": 4, "reserved": 2,
                                "available": 4}
