@@ -18,7 +18,7 @@ class CheckpointIn(Input):
 @endpoint("audit", "checkpoint", input=CheckpointIn, mutating=True)
 def audit_checkpoint(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any] | None:
     """Sign a checkpoint over the tenant's new audit events now (also done hourly)."""
-    checkpoint = checkpoint_seal(tenant_id=ctx.tenant.id)
+    checkpoint = checkpoint_seal(tenant_id=ctx.tenant.id, actor_id=ctx.principal.id)
     return checkpoint.wire() if checkpoint else None
 
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from audit.keys import public_key_b64, sign
 from audit.models import AuditEvent, AuditHead, Checkpoint
+from audit.services import audit_record, audited
 from bcd.contract.auditproof import checkpoint_statement, event_leaf, verify_statement
 from bcd.contract.merkle import (
     Frontier,
@@ -62,21 +62,26 @@ def _folded(leaves: Iterator[tuple[int, bytes]], frontier: Frontier
         yield index, leaf
 
 
-@transaction.atomic(durable=True)
-def checkpoint_seal(*, tenant_id: str) -> Checkpoint | None:
+SEAL_ACTION = "audit.checkpoint"
+
+
+@audited
+def checkpoint_seal(*, tenant_id: str, actor_id: str = "system") -> Checkpoint | None:
     """Sign a tree head over every committed event of the tenant not yet covered.
 
     Streams only the new events, continuing from the previous checkpoint's frontier, and
-    proves in the same pass that the new tree extends the previous one. None when nothing
-    is new. Two sealers of one tenant serialize on an advisory lock.
+    proves in the same pass that the new tree extends the previous one. Two sealers of one
+    tenant serialize on an advisory lock. The seal's own audit row comes after the tree it
+    signs, so the next checkpoint covers it; None when nothing but such rows is new.
     """
     advisory_xact_lock(f"audit-checkpoint:{tenant_id}")
     previous = Checkpoint.objects.filter(tenant_id=tenant_id).order_by("-tree_size").first()
     start = previous.tree_size if previous else 0
     end = (AuditEvent.objects.filter(tenant_id=tenant_id).order_by("-position")
            .values_list("position", flat=True).first() or 0)
-    if end <= start:
-        return None
+    if not (AuditEvent.objects.filter(tenant_id=tenant_id, position__gt=start)
+            .exclude(action=SEAL_ACTION).exists()):
+        return None  # nothing new but earlier seals' own rows
     frontier = (Frontier(previous.tree_size, [bytes.fromhex(p) for p in previous.frontier])
                 if previous else Frontier())
     old_peaks = dict(zip(frontier.peak_ranges(), frontier.peaks, strict=True))
@@ -98,6 +103,9 @@ def checkpoint_seal(*, tenant_id: str) -> Checkpoint | None:
         signed_at=timezone.now().astimezone(UTC).isoformat(timespec="seconds"))
     checkpoint.signature = sign(_statement(checkpoint))
     checkpoint.save(force_insert=True)
+    audit_record(tenant_id=tenant_id, actor_id=actor_id, action=SEAL_ACTION,
+                 target=checkpoint.id, data={"treeSize": checkpoint.tree_size,
+                                             "rootHash": checkpoint.root_hash})
     return checkpoint
 
 
@@ -105,12 +113,9 @@ def checkpoint_seal_all() -> list[Checkpoint]:
     """Seal every tenant whose log grew (the hourly job)."""
     sealed = []
     for head in AuditHead.objects.order_by("tenant_id"):
-        last = Checkpoint.objects.filter(tenant_id=head.tenant_id).order_by(
-            "-tree_size").values_list("tree_size", flat=True).first() or 0
-        if head.size > last:
-            checkpoint = checkpoint_seal(tenant_id=head.tenant_id)
-            if checkpoint is not None:
-                sealed.append(checkpoint)
+        checkpoint = checkpoint_seal(tenant_id=head.tenant_id)
+        if checkpoint is not None:
+            sealed.append(checkpoint)
     return sealed
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
@@ -41,14 +42,14 @@ class KekUnavailable(RuntimeError):
 
 
 def _kek_file() -> Path:
-    explicit = os.environ.get("BC_KEK_FILE")
+    explicit = settings.BC_KEK_FILE
     if explicit:
         return Path(explicit)
     return state_root() / "secrets" / "kek"
 
 
 def kek() -> bytes:
-    value = os.environ.get("BC_KEK")
+    value = settings.BC_KEK
     if value:
         raw = base64.b64decode(value)
     else:

@@ -1,17 +1,51 @@
-"""The one audit writer."""
+"""The one audit writer, and the shape of every write service around it.
+
+A write service is `@audited`: one durable transaction, retried as a whole on serialization
+failures and deadlocks, in which every path that changes state writes exactly one audit row
+(with its outbox events). `audit_record` refuses a second row in the same service, and a row
+outside any service, so the rule is checked on every call, not only in tests.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.context import current_stamp
 from audit.models import AuditEvent
 from bcd.contract.auditproof import event_leaf
+from compute.db import retrying
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_written: ContextVar[list[str] | None] = ContextVar("bc_audit_written", default=None)
+
+
+class AuditDiscipline(RuntimeError):
+    """A write wrote a second audit row, or one outside an `@audited` service."""
+
+
+def audited(func: Callable[P, R]) -> Callable[P, R]:
+    """Make `func` a write service: durable transaction, outermost retry, one audit row."""
+
+    @functools.wraps(func)
+    def once(*args: P.args, **kwargs: P.kwargs) -> R:
+        token = _written.set([])
+        try:
+            with transaction.atomic(durable=True):
+                return func(*args, **kwargs)
+        finally:
+            _written.reset(token)
+
+    return retrying(once)
 
 
 def _next_position(tenant_id: str) -> int:
@@ -28,10 +62,16 @@ def _next_position(tenant_id: str) -> int:
 def audit_record(*, tenant_id: str, actor_id: str, action: str, target: str = "",
                  data: dict[str, Any] | None = None, allowed: bool = True,
                  reason: str = "") -> AuditEvent:
-    """Append one audit row in the caller's transaction, stamped with the current request.
+    """Append the service's one audit row, stamped with the current request.
 
     Call it after the service's other locks: it takes the tenant's audit head lock.
     """
+    written = _written.get()
+    if written is None:
+        raise AuditDiscipline(f"{action}: audit rows are written by @audited services only")
+    if written:
+        raise AuditDiscipline(f"{action}: this service already wrote {written[0]}")
+    written.append(action)
     stamp = current_stamp()
     event = AuditEvent(
         tenant_id=tenant_id, actor_id=actor_id, action=action, target=target,
@@ -42,3 +82,12 @@ def audit_record(*, tenant_id: str, actor_id: str, action: str, target: str = ""
     event.leaf_hash = event_leaf(event.wire()).hex()
     event.save(force_insert=True)
     return event
+
+
+@audited
+def audit_denied(*, tenant_id: str, actor_id: str, action: str, target: str = "",
+                 reason: str, data: dict[str, Any] | None = None) -> AuditEvent:
+    """Record a refusal (IAM said no, a join or report did not prove itself) on its own:
+    the refused change is rolled back, its denied row is not."""
+    return audit_record(tenant_id=tenant_id, actor_id=actor_id, action=action, target=target,
+                        allowed=False, reason=reason, data=data)

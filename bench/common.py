@@ -79,7 +79,7 @@ def start_api(port: int) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
          "compute.asgi:application"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "BC_LOG_LEVEL": "WARNING"})
+        env={**os.environ, "BETTER_COMPUTE_LOG_LEVEL": "WARNING"})
     import socket
 
     for _ in range(200):

@@ -122,7 +122,7 @@ def main() -> None:
         gateway = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--listen", f"127.0.0.1:{port}",
              "--join-listen", f"127.0.0.1:{port + 1}", "--cert-dir", cert_dir],
-            env={**os.environ, "DATABASE_URL": url, "BC_LOG_LEVEL": "WARNING"})
+            env={**os.environ, "DATABASE_URL": url, "BETTER_COMPUTE_LOG_LEVEL": "WARNING"})
         children.append(gateway)
         time.sleep(3)
         print(f"opening {args.sessions} sessions, then measuring for {args.seconds:.0f} s …",

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 from django.db import IntegrityError, OperationalError, connection
+from django.db.models import Q
+from django.db.models.expressions import RawSQL
 
 from compute.errors import ComputeError
 
@@ -74,3 +76,18 @@ def database_now():
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
+
+
+# Commit-order fencing for rows read by a cursor (events by seq, node specs by id). Keys are
+# taken when a row is written, not when its transaction commits, so a later key can commit
+# first. A row records the id of the transaction that wrote it (`txid`); a cursor reader sees
+# only rows older than every transaction still in flight, so resuming after the last key it
+# saw never skips a row that committed late.
+CURRENT_TXID = RawSQL("pg_current_xact_id()::text::bigint", [])
+_SETTLED = RawSQL("pg_snapshot_xmin(pg_current_snapshot())::text::bigint", [])
+_MINE = RawSQL("pg_current_xact_id_if_assigned()::text::bigint", [])
+
+
+def settled() -> Q:
+    """Rows whose writing transaction is older than every one in flight (or is this one)."""
+    return Q(txid__lt=_SETTLED) | Q(txid=_MINE) | Q(txid__isnull=True)

@@ -1,4 +1,4 @@
-"""GET /downloads/<name>: agent artifacts from BETTER_COMPUTE_DOWNLOADS_DIR.
+"""GET /downloads/<name>: agent artifacts from the downloads folder (BC_DOWNLOADS_DIR).
 
 Files are named like goreleaser's (`bcd_<version>_linux_<arch>`); the install script pins
 each one's SHA-256, so serving them over plain HTTP inside a network is safe.
@@ -6,17 +6,17 @@ each one's SHA-256, so serving them over plain HTTP inside a network is safe.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+from django.conf import settings
 from django.http import FileResponse, Http404, HttpRequest
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
 def download_view(request: HttpRequest, name: str) -> FileResponse:
-    directory = os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
+    directory = settings.BC_DOWNLOADS_DIR
     if not directory or not SAFE_NAME.match(name):
         raise Http404("no such download")
     path = Path(directory) / name

@@ -93,6 +93,11 @@ class EmbeddedPostgres:
         if self.throwaway:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
+    def halt(self) -> None:
+        """Stop the server and keep its data (`start()` brings it back): every client
+        connection is cut, as in a failover or a crash of the database host."""
+        self._run([_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", "fast", "stop"])
+
     def _ensure_database(self) -> None:
         import psycopg
 

@@ -1,7 +1,9 @@
-"""Django settings. Every knob is an environment variable; none needs to be set.
+"""Django settings: the control plane's whole configuration, read once at start-up.
 
-`DATABASE_URL` selects a Postgres server. Without it the persistent embedded server is
-used; the entry points (`manage.py`, `better-compute`) start it before settings load.
+Every knob is an environment variable named `BETTER_COMPUTE_<NAME>` (the README's
+configuration table lists them); none needs to be set. Code reads `settings.BC_<NAME>`,
+never the environment. `DATABASE_URL` selects a Postgres server; without it the
+persistent embedded server is used (the entry points start it before settings load).
 """
 
 from __future__ import annotations
@@ -15,14 +17,22 @@ from compute.dburl import parse_database_url
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+PREFIX = "BETTER_COMPUTE_"
+
+
+def env(name: str, default: str = "") -> str:
+    """The variable `BETTER_COMPUTE_<name>`, or `default` when unset or empty."""
+    return os.environ.get(PREFIX + name) or default
+
+
 def _env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    return default if value is None else value.lower() in {"1", "true", "yes", "on"}
+    value = env(name)
+    return default if not value else value.lower() in {"1", "true", "yes", "on"}
 
 
-DEBUG = _env_bool("BC_DEBUG", False)
-SECRET_KEY = os.environ.get("BC_SECRET_KEY") or pg.local_secret("django-secret-key")
-ALLOWED_HOSTS = [h for h in os.environ.get("BC_ALLOWED_HOSTS", "*").split(",") if h]
+DEBUG = _env_bool("DEBUG", False)
+SECRET_KEY = env("SECRET_KEY") or pg.local_secret("django-secret-key")
+ALLOWED_HOSTS = [h for h in env("ALLOWED_HOSTS", "*").split(",") if h]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -77,7 +87,7 @@ TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(os.environ.get("BC_STATIC_ROOT", pg.state_root() / "static"))
+STATIC_ROOT = Path(env("STATIC_ROOT") or pg.state_root() / "static")
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
@@ -89,14 +99,29 @@ REST_FRAMEWORK = {
 
 # The IAM that decides every API call. Any class with `decide(...)` (compute.iam.Authorizer)
 # can replace the embedded one, e.g. a client of an external IAM service.
-BC_IAM_BACKEND = os.environ.get("BC_IAM_BACKEND", "compute.iam.embedded.EmbeddedIAM")
+BC_IAM_BACKEND = env("IAM_BACKEND", "compute.iam.embedded.EmbeddedIAM")
+
+# The fleet: node certificates' SPIFFE trust domain, what the well-known document publishes,
+# heartbeat and lease of node sessions, how long a hold may take to bind.
+BC_TRUST_DOMAIN = env("TRUST_DOMAIN", "better-compute.local")
+BC_GATEWAY_URL = env("GATEWAY_URL")
+BC_GATEWAY_JOIN_URL = env("GATEWAY_JOIN_URL")
+BC_DOWNLOADS_DIR = env("DOWNLOADS_DIR")
+BC_HEARTBEAT_SECONDS = int(env("HEARTBEAT_SECONDS", "10"))
+BC_NODE_LEASE_SECONDS = int(env("NODE_LEASE_SECONDS", "40"))
+BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))
+
+# The key-encryption key sealing the PKI and audit keys in Postgres (base64 of 32 bytes),
+# or a file holding it; neither set: a 0600 file made on first use under the state dir.
+BC_KEK = env("KEK")
+BC_KEK_FILE = env("KEK_FILE")
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("BC_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
 }
 
 # django-q2 runs the periodic jobs (compute/schedules.py) on the Postgres ORM broker:
@@ -105,7 +130,7 @@ LOGGING = {
 Q_CLUSTER = {
     "name": "better-compute",
     "orm": "default",
-    "workers": int(os.environ.get("BC_Q_WORKERS", "2")),
+    "workers": int(env("Q_WORKERS", "2")),
     "timeout": 3000,
     "retry": 3600,
     "max_attempts": 3,

@@ -6,13 +6,13 @@ dict), discovered like the API modules.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from importlib import import_module
 from importlib.util import find_spec
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -31,8 +31,8 @@ def contributors() -> list[Contributor]:
 def document() -> dict[str, Any]:
     doc: dict[str, Any] = {
         "version": 1,
-        "gatewayUrl": os.environ.get("BETTER_COMPUTE_GATEWAY_URL") or None,
-        "gatewayJoinUrl": os.environ.get("BETTER_COMPUTE_GATEWAY_JOIN_URL") or None,
+        "gatewayUrl": settings.BC_GATEWAY_URL or None,
+        "gatewayJoinUrl": settings.BC_GATEWAY_JOIN_URL or None,
     }
     for contribute in contributors():
         doc.update(contribute())

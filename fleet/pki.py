@@ -8,7 +8,6 @@ and the gateway's serving certificate; the gateway itself never holds a CA or si
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -18,6 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from django.conf import settings
 
 from audit.sealing import sealed_secret
 from bcd.contract.crypto import public_jwk, spki_pin
@@ -28,7 +28,7 @@ CLOCK_SKEW = timedelta(minutes=5)
 
 
 def trust_domain() -> str:
-    return os.environ.get("BC_TRUST_DOMAIN", "better-compute.local")
+    return str(settings.BC_TRUST_DOMAIN)
 
 
 def _pem(key: ec.EllipticCurvePrivateKey) -> str:

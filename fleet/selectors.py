@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
 from django.db.models import Q, QuerySet
 
 from compute.guards import one_visible
 from compute.tenancy.models import Tenant
-from fleet.models import JoinToken, Node, Pool, Site
+from fleet.models import JoinToken, Node, NodeSpec, Pool, ProvisionState, Site
 
 
 def site_list(*, tenant: Tenant) -> QuerySet[Site]:
@@ -52,3 +57,59 @@ def join_token_list(*, tenant: Tenant) -> QuerySet[JoinToken]:
 def access_join_token_by_id(*, tenant: Tenant, token_id: str, lock: bool = False) -> JoinToken:
     return one_visible(join_token_list(tenant=tenant), token_id, noun="join token",
                        field="tokenId", lock=lock)
+
+
+# The gateway's reads: no tenant (the node's certificate is its identity), no IAM.
+
+
+@dataclass(frozen=True)
+class SessionNode:
+    node_id: str
+    site_id: str
+    retired: bool
+
+
+def node_for_session(*, node_id: str) -> SessionNode | None:
+    row = Node.objects.filter(pk=node_id).values_list("site_id", "provision_state").first()
+    if row is None:
+        return None
+    return SessionNode(node_id, row[0], row[1] == ProvisionState.RETIRED)
+
+
+def latest_spec(*, node_id: str) -> dict[str, Any] | None:
+    spec = NodeSpec.objects.filter(node_id=node_id).order_by("-generation").first()
+    return None if spec is None else {"generation": spec.generation,
+                                      "json": json.dumps(spec.spec)}
+
+
+SpecCursor = tuple[int, int]  # (writing transaction id, row id)
+
+
+def specs_since(*, after: SpecCursor | None, limit: int = 1000
+                ) -> tuple[list[dict[str, Any]], SpecCursor]:
+    """NodeSpec rows written after the cursor, in commit-safe order, and the new cursor.
+
+    Rows are ordered by the id of the transaction that wrote them, not by row id: a row id
+    is taken at insert, so a lower one can commit after a higher one. Only rows of
+    transactions older than every one still in flight are read; any later commit has a
+    higher transaction id than all of them, so the cursor never passes a row unseen.
+    `after=None` starts from now: a session gets its latest spec when it opens.
+    """
+    with connection.cursor() as cursor:
+        if after is None:
+            cursor.execute("SELECT txid, id FROM fleet_nodespec WHERE txid < "
+                           "pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
+                           "ORDER BY txid DESC, id DESC LIMIT 1")
+            row = cursor.fetchone()
+            return [], (row[0], row[1]) if row else (0, 0)
+        cursor.execute("SELECT txid, id, node_id, generation, spec FROM fleet_nodespec "
+                       "WHERE txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
+                       "AND (txid, id) > (%s, %s) ORDER BY txid, id LIMIT %s",
+                       [after[0], after[1], limit])
+        rows = cursor.fetchall()
+    if not rows:
+        return [], after
+    specs = [{"nodeId": node_id, "generation": generation,
+              "json": spec if isinstance(spec, str) else json.dumps(spec)}
+             for _, _, node_id, generation, spec in rows]
+    return specs, (rows[-1][0], rows[-1][1])

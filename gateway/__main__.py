@@ -18,7 +18,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="better-compute gateway", description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:8443", help="sessions (mTLS)")
     parser.add_argument("--join-listen", default="127.0.0.1:8444", help="joins (TLS)")
-    parser.add_argument("--api-url", default=os.environ.get("BC_API_URL",
+    parser.add_argument("--api-url", default=os.environ.get("BETTER_COMPUTE_API_URL",
                                                             "http://127.0.0.1:3000"))
     parser.add_argument("--cert-dir", required=True)
     args = parser.parse_args()
@@ -32,7 +32,7 @@ def main() -> None:
     from fleet.pki import trust_domain
     from gateway.server import serve
 
-    logging.basicConfig(level=os.environ.get("BC_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=os.environ.get("BETTER_COMPUTE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     async def run() -> None:

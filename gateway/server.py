@@ -13,16 +13,20 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 from cryptography import x509
+from django.conf import settings
 from django.db import close_old_connections
 
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
-from fleet.services import sessions as db
+from compute.errors import ComputeError
+from fleet import selectors
+from fleet.services import sessions
 from gateway.sessions import BULK_WINDOW, Session
 from reservations.services import binding
 
@@ -62,7 +66,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         self.sessions: dict[str, Session] = {}
         self.beats: dict[str, int] = {}
         self.heartbeats_received = 0
-        self.last_spec_id = 0
+        self.spec_cursor: selectors.SpecCursor | None = None
         self.http = httpx.AsyncClient(timeout=30)
 
     def close(self) -> None:
@@ -110,13 +114,13 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         if identity is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "a node certificate with a SPIFFE ID is required")
-        node = await self.db(db.node_for_session, node_id=identity.node_id)
+        node = await self.db(selectors.node_for_session, node_id=identity.node_id)
         if node is None or node.retired or node.site_id != identity.site_id:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this node may not connect")
         first = await anext(request_iterator.__aiter__(), None)
         if first is None or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message is Hello")
-        epoch = await self.db(db.session_open, node_id=identity.node_id,
+        epoch = await self.db(sessions.session_open, node_id=identity.node_id,
                               journal_epoch=first.hello.journal_epoch)
         session = Session(node_id=identity.node_id, epoch=epoch)
         older = self.sessions.get(identity.node_id)
@@ -124,11 +128,11 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             older.close("a newer session of this node opened")
         self.sessions[identity.node_id] = session
         yield pb.GatewayMessage(lane=pb.CONTROL, welcome=pb.Welcome(
-            epoch=epoch, heartbeat_seconds=db.HEARTBEAT_SECONDS, lease_seconds=db.LEASE_SECONDS,
-            node_id=identity.node_id))
+            epoch=epoch, heartbeat_seconds=settings.BC_HEARTBEAT_SECONDS,
+            lease_seconds=settings.BC_NODE_LEASE_SECONDS, node_id=identity.node_id))
         yield pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
                                                                   credits=BULK_WINDOW))
-        latest = await self.db(db.latest_spec, node_id=identity.node_id)
+        latest = await self.db(selectors.latest_spec, node_id=identity.node_id)
         if latest is not None and latest["generation"] > first.hello.applied_generation:
             session.send(pb.GatewayMessage(lane=pb.CONTROL, spec=pb.Spec(
                 generation=latest["generation"], json=latest["json"])))
@@ -173,11 +177,15 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 continue
             try:
                 await self._handle(session, message)
-            except db.StaleSession:
+            except sessions.StaleSession:
                 session.close("a newer session of this node exists")
             except (PermissionError, ValueError) as error:
                 logger.warning("node %s: %s", session.node_id, error)
                 session.close(str(error))
+            except Exception:  # e.g. Postgres restarted: the agent reconnects and resends
+                logger.exception("node %s: report not recorded; closing the session",
+                                 session.node_id)
+                session.close("the control plane could not record a report; reconnect")
 
     async def _handle(self, session: Session, message: pb.AgentMessage) -> None:
         kind = message.WhichOneof("body")
@@ -187,8 +195,15 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             self.heartbeats_received += 1
             return
         if kind == "inventory":
-            new = await self.db(db.inventory_report, node_id=node, epoch=session.epoch,
-                                report_id=message.report_id, body=message.inventory.json)
+            try:
+                new = await self.db(sessions.inventory_report_record, node_id=node,
+                                    epoch=session.epoch, report_id=message.report_id,
+                                    body=message.inventory.json)
+            except ComputeError as refusal:  # a domain answer, such as another GPU model
+                logger.warning("node %s: inventory refused: %s", node, refusal.message)
+                await self.db(sessions.node_report_refused, node_id=node,
+                              action="node.inventory", reason=refusal.message)
+                new = False
             session.bulk_outstanding -= 1
             session.send(pb.GatewayMessage(lane=pb.BULK, ack=pb.Ack(
                 report_id=message.report_id, duplicate=not new)))
@@ -196,7 +211,8 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                                                                              credits=1)))
         elif kind == "command_result":
             result = message.command_result
-            new = await self.db(db.command_result, node_id=node, epoch=session.epoch,
+            new = await self.db(sessions.command_result_record, node_id=node,
+                                epoch=session.epoch,
                                 report_id=message.report_id, command_id=result.command_id,
                                 status=result.status, body=result.json,
                                 signature=result.signature)
@@ -230,19 +246,24 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             await asyncio.sleep(interval)
             try:
                 beats, self.beats = self.beats, {}
-                for node_id in await self.db(db.heartbeats_record, beats=beats):
+                stale, back = await self.db(sessions.heartbeats_record, beats=beats)
+                for node_id in stale:
                     if node_id in self.sessions:
                         self.sessions[node_id].close("a newer session of this node exists")
+                for node_id in back:
+                    await self.db(sessions.node_reconnect, node_id=node_id,
+                                  epoch=beats[node_id])
                 live = {n: s.epoch for n, s in self.sessions.items() if not s.closed}
                 if live:
-                    for command in await self.db(db.commands_to_send, node_epochs=live):
+                    for command in await self.db(sessions.commands_to_send,
+                                                 node_epochs=live):
                         session = self.sessions.get(command["nodeId"])
                         if session is not None:
                             session.send(pb.GatewayMessage(lane=pb.CONTROL, command=pb.Command(
                                 command_id=command["commandId"], kind=command["kind"],
                                 json=command["json"])))
-                specs, self.last_spec_id = await self.db(db.specs_since,
-                                                         spec_id=self.last_spec_id)
+                specs, self.spec_cursor = await self.db(selectors.specs_since,
+                                                        after=self.spec_cursor)
                 for spec in specs:
                     session = self.sessions.get(spec["nodeId"])
                     if session is not None:
@@ -252,24 +273,56 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 logger.exception("gateway housekeeping failed; retrying")
 
 
+class CertificateFiles:
+    """The gateway's key, certificate and CA in `cert_dir`, read again on the next handshake
+    once a renewal replaced them (their modification times changed)."""
+
+    NAMES = ("key.pem", "cert.pem", "ca.pem")
+
+    def __init__(self, cert_dir: Path) -> None:
+        self.cert_dir = cert_dir
+        self.stamp = self._stamp()
+
+    def _stamp(self) -> tuple[int, ...]:
+        return tuple((self.cert_dir / name).stat().st_mtime_ns for name in self.NAMES)
+
+    def configuration(self) -> Any:
+        key, cert, ca = ((self.cert_dir / name).read_bytes() for name in self.NAMES)
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch(self) -> Any:
+        """gRPC's fetcher: a new configuration when the files changed, else None (keep)."""
+        try:
+            stamp = self._stamp()
+            if stamp == self.stamp:
+                return None
+            configuration = self.configuration()
+        except OSError:  # a renewal half written: keep serving the old pair
+            return None
+        self.stamp = stamp
+        logger.info("gateway: certificate in %s renewed; new handshakes use it", self.cert_dir)
+        return configuration
+
+    def credentials(self, *, require_client_auth: bool) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self.configuration(), self.fetch,
+            require_client_authentication=require_client_auth)
+
+
 async def serve(*, listen: str, join_listen: str, api_url: str, cert_dir: str,
                 trust_domain: str, ready: asyncio.Event | None = None,
                 holder: dict[str, Any] | None = None) -> None:
     """Serve sessions on `listen` (mTLS: a node certificate is required) and joins on
     `join_listen` (TLS only: a joining machine has no certificate yet)."""
-    with open(f"{cert_dir}/key.pem", "rb") as key, open(f"{cert_dir}/cert.pem", "rb") as cert, \
-            open(f"{cert_dir}/ca.pem", "rb") as ca:
-        pair, ca_pem = (key.read(), cert.read()), ca.read()
-    sessions = grpc.ssl_server_credentials([pair], root_certificates=ca_pem,
-                                           require_client_auth=True)
-    joins = grpc.ssl_server_credentials([pair])
+    session_credentials = CertificateFiles(Path(cert_dir)).credentials(require_client_auth=True)
+    join_credentials = CertificateFiles(Path(cert_dir)).credentials(require_client_auth=False)
     gateway = Gateway(api_url=api_url, trust_domain=trust_domain)
     if holder is not None:
         holder["gateway"] = gateway
     server = grpc.aio.server(options=[("grpc.keepalive_time_ms", 20_000)])
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
-    server.add_secure_port(listen, sessions)
-    server.add_secure_port(join_listen, joins)
+    server.add_secure_port(listen, session_credentials)
+    server.add_secure_port(join_listen, join_credentials)
     await server.start()
     keeper = asyncio.create_task(gateway.housekeeping())
     logger.info("gateway: sessions on %s, joins on %s (API %s)", listen, join_listen, api_url)

@@ -11,15 +11,12 @@ from django.db.models import Q
 
 from compute.db import database_now
 from compute.queue.work import enqueue, handler
-from fleet.services.sessions import nodes_mark_unreachable
 from reservations.ledger import Reservation, ReservationState
-from reservations.services.binding import BINDING_TIMEOUT, binding_fail, reservation_bind
+from reservations.services.binding import binding_fail, binding_timeout, reservation_bind
 from reservations.services.book import pending_place
 from reservations.services.release import reservation_expire
 from reservations.states import HOLDING
-
-RESERVATION = "reservation"
-POOL = "pool"
+from reservations.work import POOL, RESERVATION
 
 
 @handler(RESERVATION)
@@ -32,7 +29,7 @@ def reconcile_reservation(reservation_id: str) -> None:
     if rsv.state in HOLDING and rsv.during.upper <= now:
         reservation_expire(reservation_id=rsv.id)
     elif rsv.state == ReservationState.BINDING and rsv.binding_started_at and \
-            rsv.binding_started_at < now - BINDING_TIMEOUT:
+            rsv.binding_started_at < now - binding_timeout():
         binding_fail(reservation_id=rsv.id, reason="no AllocationBound within the timeout")
     elif rsv.state == ReservationState.PLACED and rsv.during.lower <= now:
         reservation_bind(reservation_id=rsv.id)
@@ -46,12 +43,11 @@ def reconcile_pool(pool_id: str) -> None:
 
 def sweep(limit: int = 500) -> int:
     """Enqueue what timers made due; cheap enough to run every half second."""
-    nodes_mark_unreachable()  # liveness: never releases what they hold
     now = database_now()
     due = (Reservation.objects.filter(
         Q(state=ReservationState.PLACED, during__startswith__lte=now)
         | Q(state__in=HOLDING, during__endswith__lte=now)
-        | Q(state=ReservationState.BINDING, binding_started_at__lt=now - BINDING_TIMEOUT))
+        | Q(state=ReservationState.BINDING, binding_started_at__lt=now - binding_timeout()))
         .values_list("id", flat=True)[:limit])
     count = 0
     for rsv_id in due:

@@ -36,6 +36,10 @@ def django_db_modify_db_settings(embedded_postgres: pg.EmbeddedPostgres | None,
     connections["default"].settings_dict.update(fresh)
 
 
+POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
+          "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}}
+
+
 @pytest.fixture
 def api(client: Any) -> Any:
     from tests.support.client import ApiClient
@@ -65,3 +69,16 @@ def acme(root: Any) -> Any:
 @pytest.fixture
 def globex(root: Any) -> Any:
     return root.new_tenant("globex")
+
+
+@pytest.fixture
+def pool(root):
+    site = root("sites.create", kind="shared", region="eu-1")
+    return root("pools.create", siteId=site["id"], gpuModel="H100", policy=POLICY,
+                **{"class": "metal-host"})
+
+
+@pytest.fixture
+def cpu_pool(root):
+    site = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site")
+    return root("pools.create", siteId=site["id"], **{"class": "cpu-host"})

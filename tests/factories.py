@@ -1,13 +1,20 @@
-"""Build fleet state through the real services, with random valid defaults."""
+"""Build fleet state through the real service code, with random valid defaults."""
 
 from __future__ import annotations
 
+import json
 import secrets
+from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
+from django.utils import timezone
+
+from compute.queue.models import WorkItem
 from fleet.inventory import parse_inventory
-from fleet.models import Node, Pool
-from fleet.services.nodes import node_adopted, node_create, node_inventory_ingest
+from fleet.models import Connectivity, Node, Pool
+from fleet.services.nodes import node_adopt_locked, node_create_locked
+from fleet.services.sessions import inventory_report_record, session_open
 
 
 def inventory(*, gpus: int = 8, domains: tuple[int, ...] = (4, 4), product: str =
@@ -26,25 +33,49 @@ def inventory(*, gpus: int = 8, domains: tuple[int, ...] = (4, 4), product: str 
     }
 
 
-def make_node(pool: Pool | str, *, adopted: bool = True, **report: Any) -> Node:
+def make_bare_node(pool: Pool | str, **hardware: Any) -> Node:
+    """A node as a join leaves it: `adopting`, no inventory yet (the join's own helper)."""
     pool = pool if isinstance(pool, Pool) else Pool.objects.get(pk=pool)
-    parsed = parse_inventory(inventory(**report))
-    node = node_create(pool=pool, actor_id="test", hostname=parsed.hostname,
-                       serial=parsed.serial, product_uuid=parsed.product_uuid)
-    node_inventory_ingest(node_id=node.id, report=parsed)
+    with transaction.atomic():
+        return node_create_locked(pool=pool, **hardware)
+
+
+def report_inventory(node: Node, report: dict[str, Any]) -> bool:
+    """Send `report` as the node's agent does: over a (new) session, with a fresh report id."""
+    epoch = session_open(node_id=node.id)
+    return inventory_report_record(node_id=node.id, epoch=epoch, report_id=secrets.token_hex(8),
+                                   body=json.dumps(report))
+
+
+def make_node(pool: Pool | str, *, adopted: bool = True, **report: Any) -> Node:
+    """A node that joined, reported `inventory(**report)` and (by default) passed acceptance."""
+    wire = inventory(**report)
+    parsed = parse_inventory(wire)
+    node = make_bare_node(pool, hostname=parsed.hostname, serial=parsed.serial,
+                          product_uuid=parsed.product_uuid)
+    report_inventory(node, wire)
     if adopted:
-        node_adopted(node_id=node.id, actor_id="test", checks=["diag.nvml"])
+        with transaction.atomic():
+            locked = Node.objects.select_for_update().select_related("pool").get(pk=node.pk)
+            if locked.provision_state != "adopted":
+                node_adopt_locked(locked, checks=["diag.nvml"])
     return Node.objects.get(pk=node.id)
 
 
+def lapse_lease(node_id: str) -> Node | None:
+    """The node's last heartbeat moves an hour back, then the liveness sweep runs (the real
+    path, without sleeping out a lease); returns the node if it turned unreachable."""
+    from fleet.reconcilers import NODE, reconcile_node, sweep
+
+    Node.objects.filter(pk=node_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    sweep()
+    if WorkItem.objects.filter(kind=NODE, key=node_id).exists():
+        reconcile_node(node_id)
+    node = Node.objects.get(pk=node_id)
+    return node if node.connectivity == Connectivity.UNREACHABLE else None
+
+
 def make_unreachable(node: Node) -> None:
-    """The real path: a connected node silent past its lease is swept to unreachable."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from fleet.services.sessions import nodes_mark_unreachable
-
-    Node.objects.filter(pk=node.pk).update(connectivity="connected",
-                                           last_heartbeat_at=timezone.now() - timedelta(hours=1))
-    assert node.id in nodes_mark_unreachable()
+    """A connected node silent past its lease is swept to unreachable."""
+    Node.objects.filter(pk=node.pk).update(connectivity=Connectivity.CONNECTED)
+    assert lapse_lease(node.id) is not None

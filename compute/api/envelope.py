@@ -6,14 +6,13 @@ import logging
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from audit.context import CallStamp, stamped
-from audit.services import audit_record
+from audit.services import audit_denied
 from bcd.contract import ids
 from compute import iam
 from compute.api.auth import authenticate
@@ -84,7 +83,9 @@ class EnvelopeView(APIView):
                           decision_reason=decision.reason, origin="api")
         with stamped(stamp):
             if not decision.allowed:
-                record_denied(endpoint, ctx, resource.id or "", decision.reason)
+                audit_denied(tenant_id=tenant.id, actor_id=principal.id,
+                             action=endpoint.action, target=resource.id or "",
+                             reason=decision.reason)
                 raise PermissionDenied(f"not allowed: {decision.reason}",
                                        action=endpoint.action, decisionId=decision.id)
             return endpoint.handler(ctx, data)
@@ -96,9 +97,3 @@ def validate(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
         field, message = first_error(serializer.errors)
         raise InvalidArgument(f"{field}: {message}" if field else message, field=field or None)
     return dict(serializer.validated_data)
-
-
-@transaction.atomic(durable=True)
-def record_denied(endpoint: Endpoint, ctx: CallContext, target: str, reason: str) -> None:
-    audit_record(tenant_id=ctx.tenant.id, actor_id=ctx.principal.id, action=endpoint.action,
-                 target=target, allowed=False, reason=reason)

@@ -164,7 +164,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     server = pg.throwaway() if memory else pg.persistent()
     click.echo(f"starting embedded Postgres in {server.data_dir} …", err=True)
-    stack = Stack(restart_delay=float(os.environ.get("BC_DEV_RESTART_SECONDS", "1")))
+    stack = Stack(restart_delay=float(os.environ.get("BETTER_COMPUTE_DEV_RESTART_SECONDS", "1")))
     started_here = not server.is_running()
     try:
         server.start()
@@ -197,8 +197,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _wait_for_port(host, join_port, gateway, "gateway")
         for _ in range(2):
             stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env)
-        stack.start([sys.executable, "-m", "django", "qcluster"], {**env, "BC_Q_WORKERS": "1"},
-                    stderr=subprocess.DEVNULL)
+        stack.start([sys.executable, "-m", "django", "qcluster"],
+                    {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, stderr=subprocess.DEVNULL)
         click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
                    "liveness) and the django-q2 cluster (hourly audit checkpoints)")
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))

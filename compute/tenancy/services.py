@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_record
+from audit.services import audit_record, audited
 from compute import secrets
 from compute.api.auth import TOKEN_SCHEME
-from compute.db import constraint_errors, retrying
+from compute.db import constraint_errors
 from compute.errors import AlreadyExists, InvalidState, NotFound
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import ROOT_TENANT_SLUG, ApiToken, Principal, RoleBinding, Tenant
 from compute.tenancy.selectors import access_token_by_id, root_tenant
@@ -27,8 +27,7 @@ class MintedToken:
     plaintext: str
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def tenant_create(*, actor: Principal, slug: str, name: str = "",
                   idempotency_key: str | None = None) -> Tenant:
     """Create a customer tenant under root. Slugs are unique."""
@@ -45,7 +44,7 @@ def tenant_create(*, actor: Principal, slug: str, name: str = "",
                         inputs=inputs, object_id=tenant.id)
     audit_record(tenant_id=root.id, actor_id=actor.id, action="tenant.create",
                  target=tenant.id, data={"slug": slug})
-    event_emit(tenant_id=root.id, type="tenant.created", subject=tenant.id,
+    event_emit(tenant_id=root.id, type=EventType.TENANT_CREATED, subject=tenant.id,
                payload={"slug": slug})
     return tenant
 
@@ -58,8 +57,7 @@ def _mint(principal: Principal, *, name: str, ttl: timedelta | None) -> MintedTo
     return MintedToken(token=token, plaintext=plaintext)
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def token_create(*, tenant: Tenant, actor: Principal, name: str, role: str,
                  ttl: timedelta | None = None, principal_id: str | None = None) -> MintedToken:
     """Mint an API token: for an existing principal of `tenant`, or for a new service principal
@@ -75,13 +73,12 @@ def token_create(*, tenant: Tenant, actor: Principal, name: str, role: str,
     minted = _mint(principal, name=name, ttl=ttl)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="token.create",
                  target=minted.token.id, data={"principalId": principal.id, "role": role})
-    event_emit(tenant_id=tenant.id, type="token.created", subject=minted.token.id,
+    event_emit(tenant_id=tenant.id, type=EventType.TOKEN_CREATED, subject=minted.token.id,
                payload={"principalId": principal.id})
     return minted
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def token_revoke(*, tenant: Tenant, actor: Principal, token_id: str) -> ApiToken:
     """Revoke a token; it fails authentication from the next request on."""
     token = access_token_by_id(tenant=tenant, token_id=token_id, lock=True)
@@ -90,12 +87,11 @@ def token_revoke(*, tenant: Tenant, actor: Principal, token_id: str) -> ApiToken
     token.revoked_at = timezone.now()
     token.save(update_fields=["revoked_at"])
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="token.revoke", target=token.id)
-    event_emit(tenant_id=tenant.id, type="token.revoked", subject=token.id)
+    event_emit(tenant_id=tenant.id, type=EventType.TOKEN_REVOKED, subject=token.id)
     return token
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def root_bootstrap(*, admin_name: str = "admin") -> MintedToken:
     """Make the root tenant if missing and mint a new root administrator token."""
     root, created = Tenant.objects.get_or_create(
@@ -106,6 +102,6 @@ def root_bootstrap(*, admin_name: str = "admin") -> MintedToken:
     minted = _mint(principal, name=admin_name, ttl=None)
     audit_record(tenant_id=root.id, actor_id=principal.id, action="root.bootstrap",
                  target=minted.token.id, data={"tenantCreated": created}, reason="bootstrap")
-    event_emit(tenant_id=root.id, type="token.created", subject=minted.token.id,
+    event_emit(tenant_id=root.id, type=EventType.TOKEN_CREATED, subject=minted.token.id,
                payload={"principalId": principal.id, "bootstrap": True})
     return minted

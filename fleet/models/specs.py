@@ -15,11 +15,14 @@ class NodeSpec(models.Model):
     generation = models.PositiveIntegerField()
     spec = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
+    txid = models.BigIntegerField(null=True, editable=False,
+                                  help_text="The writing transaction's id (see compute.db).")
 
     class Meta:
         ordering = ["node", "generation"]
         constraints = [models.UniqueConstraint(fields=["node", "generation"],
                                                name="fleet_nodespec_one_per_generation")]
+        indexes = [models.Index(fields=["txid", "id"], name="fleet_nodespec_commit_order")]
 
     def __str__(self) -> str:
         return f"{self.node_id} gen {self.generation}"

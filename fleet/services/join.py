@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from django.db import transaction
+from cryptography.hazmat.primitives import serialization
 
-from audit.services import audit_record
+from audit.services import audit_denied, audit_record, audited
 from bcd.contract.crypto import BadJwe, jwe_open, public_pem, sign_document, spki_pin
 from compute import secrets
 from compute.db import database_now
@@ -59,7 +59,11 @@ def join_redeem(*, sealed_token: str, csr_der: bytes, hardware: Hardware) -> dic
     try:
         return _redeem(sealed_token, csr_der, hardware)
     except _Refusal as refusal:
-        _audit_refusal(refusal, hardware)
+        token = refusal.token
+        audit_denied(tenant_id=token.pool.tenant_id if token else root_tenant().id,
+                     actor_id=token.id if token else "join", action="node.join",
+                     target=token.id if token else "", reason=refusal.reason,
+                     data={"hostname": hardware.hostname, "serial": hardware.serial})
         raise JoinRefused() from None
 
 
@@ -81,7 +85,7 @@ def _open(sealed_token: str, csr_der: bytes) -> tuple[str, str, x509.Certificate
     return parts[0], parts[1], csr
 
 
-@transaction.atomic(durable=True)
+@audited
 def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, str]:
     token_id, secret, csr = _open(sealed_token, csr_der)
     seal = hashlib.sha256(sealed_token.encode()).hexdigest()
@@ -106,9 +110,9 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
         if token.uses >= token.max_uses:
             raise _Refusal("the token has no uses left", token)
         token.uses += 1
-        node = node_create_locked(pool=token.pool, actor_id=token.id,
-                                  hostname=hardware.hostname, serial=hardware.serial,
-                                  product_uuid=hardware.product_uuid, macs=hardware.macs)
+        node = node_create_locked(pool=token.pool, hostname=hardware.hostname,
+                                  serial=hardware.serial, product_uuid=hardware.product_uuid,
+                                  macs=hardware.macs)
         token.nodes = [*token.nodes, node.id]
         token.save(update_fields=["uses", "nodes"])
     try:
@@ -149,8 +153,6 @@ def _rejoining_node(token: JoinToken, key_pin: str, hardware: Hardware) -> Node 
 
 
 def _response(node: Node, certificate: x509.Certificate, csr_der: bytes) -> dict[str, Any]:
-    from cryptography.hazmat.primitives import serialization
-
     authority = pki()
     return {
         "nodeId": node.id, "siteId": node.site_id, "poolId": node.pool_id, "role": "node",
@@ -161,25 +163,17 @@ def _response(node: Node, certificate: x509.Certificate, csr_der: bytes) -> dict
     }
 
 
-@transaction.atomic(durable=True)
-def _audit_refusal(refusal: _Refusal, hardware: Hardware) -> None:
-    tenant_id = refusal.token.pool.tenant_id if refusal.token else root_tenant().id
-    audit_record(tenant_id=tenant_id, actor_id=refusal.token.id if refusal.token else "join",
-                 action="node.join", target=refusal.token.id if refusal.token else "",
-                 allowed=False, reason=refusal.reason,
-                 data={"hostname": hardware.hostname, "serial": hardware.serial})
-
-
 class RenewRefused(ComputeError):
     code = "renew_refused"
     http_status = 403
     grpc_status = "PERMISSION_DENIED"
 
 
-@transaction.atomic(durable=True)
+@audited
 def node_certificate_renew(*, node_id: str, csr_der: bytes) -> str:
     """A fresh 24 h certificate for the node's *same* key (its CSR proves possession)."""
-    node = Node.objects.select_for_update().filter(pk=node_id).first()
+    node = (Node.objects.select_for_update(of=("self",)).select_related("pool")
+            .filter(pk=node_id).first())
     try:
         csr = x509.load_der_x509_csr(csr_der)
     except ValueError:
@@ -191,6 +185,7 @@ def node_certificate_renew(*, node_id: str, csr_der: bytes) -> str:
                                          now=database_now())
     node.certificate_not_after = certificate.not_valid_after_utc
     node.save(update_fields=["certificate_not_after"])
-    from cryptography.hazmat.primitives import serialization
-
+    audit_record(tenant_id=node.pool.tenant_id, actor_id=node.id, action="node.renew",
+                 target=node.id, data={"notAfter": node.certificate_not_after},
+                 reason="same key")
     return certificate.public_bytes(serialization.Encoding.PEM).decode()

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
-
-from audit.services import audit_record
+from audit.services import audit_record, audited
 from compute import secrets
-from compute.db import database_now, retrying
+from compute.db import database_now
 from compute.errors import InvalidArgument, InvalidState
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import JoinToken
@@ -28,8 +27,7 @@ class MintedJoinToken:
     plaintext: str | None  # None when an idempotent retry returns an existing token
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def join_token_create(*, tenant: Tenant, actor: Principal, pool_id: str, ttl: timedelta,
                       max_uses: int = 1, expect_serial: str = "",
                       expect_product_uuid: str = "", expect_mac: str = "",
@@ -59,13 +57,12 @@ def join_token_create(*, tenant: Tenant, actor: Principal, pool_id: str, ttl: ti
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="join_token.create",
                  target=token.id, data={"poolId": pool.id, "maxUses": max_uses,
                                         "bound": token.bound})
-    event_emit(tenant_id=tenant.id, type="join_token.created", subject=token.id,
+    event_emit(tenant_id=tenant.id, type=EventType.JOIN_TOKEN_CREATED, subject=token.id,
                payload={"poolId": pool.id})
     return MintedJoinToken(token, plaintext)
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def join_token_revoke(*, tenant: Tenant, actor: Principal, token_id: str) -> JoinToken:
     token = access_join_token_by_id(tenant=tenant, token_id=token_id, lock=True)
     if token.revoked_at is not None:
@@ -74,5 +71,5 @@ def join_token_revoke(*, tenant: Tenant, actor: Principal, token_id: str) -> Joi
     token.save(update_fields=["revoked_at"])
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="join_token.revoke",
                  target=token.id)
-    event_emit(tenant_id=tenant.id, type="join_token.revoked", subject=token.id)
+    event_emit(tenant_id=tenant.id, type=EventType.JOIN_TOKEN_REVOKED, subject=token.id)
     return token

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
-from compute.db import retrying
+from audit.services import audit_record, audited
 from compute.errors import InvalidState
+from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import CommandState, Device, Health, Node, NodeCommand, ProvisionState
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_adopt_locked, node_event
 
+FINISHED = (CommandState.SUCCEEDED, CommandState.FAILED, CommandState.UNKNOWN)
 
-def acceptance_start_locked(node: Node, *, actor_id: str, reason: str = "") -> list[NodeCommand]:
+
+def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand]:
     """Queue the pool's acceptance checks for `node` (its row locked by the caller)."""
     policy = node.pool.policy or {}
     checks = [c["kind"] for c in policy.get("acceptance", [])]
@@ -33,10 +35,9 @@ def acceptance_start_locked(node: Node, *, actor_id: str, reason: str = "") -> l
                        "commands": [c.id for c in commands],
                        "startedAt": timezone.now().isoformat()}
     node.save(update_fields=["acceptance"])
-    node_event(node, "node.acceptance.started", actor_id, "node.acceptance.start",
-               checks=checks, attempt=attempt)
+    node_event(node, EventType.NODE_ACCEPTANCE_STARTED, checks=checks, attempt=attempt)
     if not commands:
-        node_adopt_locked(node, actor_id=actor_id, checks=[])
+        node_adopt_locked(node, checks=[])
     return commands
 
 
@@ -55,49 +56,50 @@ def _passes(command: NodeCommand, status: str, output: dict[str, Any]) -> tuple[
     return True, "passed"
 
 
-@retrying
-@transaction.atomic(durable=True)
-def command_result_record(*, node_id: str, command_id: str, status: str,
-                          output: dict[str, Any]) -> NodeCommand | None:
-    """Record an agent's result for one of its commands (a repeat changes nothing)."""
+def command_result_locked(node: Node, *, command_id: str, status: str,
+                          output: dict[str, Any]) -> dict[str, Any] | None:
+    """Record an agent's result for one of its commands (the node row locked by the caller);
+    returns a summary for the caller's audit row, or None when nothing changed (an unknown
+    command, or a repeat of a finished one)."""
     command = (NodeCommand.objects.select_for_update().select_related("node__pool")
-               .filter(pk=command_id, node_id=node_id).first())
-    if command is None or command.state in (CommandState.SUCCEEDED, CommandState.FAILED,
-                                            CommandState.UNKNOWN):
-        return command
+               .filter(pk=command_id, node_id=node.id).first())
+    if command is None or command.state in FINISHED:
+        return None
     command.state = {"succeeded": CommandState.SUCCEEDED,
                      "unknown": CommandState.UNKNOWN}.get(status, CommandState.FAILED)
     command.result = {"status": status, "output": output}
     command.finished_at = timezone.now()
     command.save(update_fields=["state", "result", "finished_at"])
+    summary: dict[str, Any] = {"commandId": command.id, "kind": command.kind,
+                               "status": status}
     if "acceptance" in command.payload:
-        _acceptance_progress(Node.objects.select_for_update().select_related("pool")
-                             .get(pk=node_id), command, status, output)
-    return command
+        summary["acceptance"] = _acceptance_progress(node, command, status, output)
+    return summary
 
 
 def _acceptance_progress(node: Node, command: NodeCommand, status: str,
-                         output: dict[str, Any]) -> None:
+                         output: dict[str, Any]) -> str:
     if node.provision_state != ProvisionState.ADOPTING or node.acceptance.get(
             "attempt") != command.payload.get("acceptance"):
-        return  # a result of an older attempt
+        return "stale"  # a result of an older attempt
     ok, why = _passes(command, status, output)
     if not ok:
         node.provision_state = ProvisionState.ACCEPTANCE_FAILED
         node.acceptance = {**node.acceptance, "state": "failed", "failure": why}
         node.save(update_fields=["provision_state", "acceptance"])
-        node_event(node, "node.acceptance.failed", node.id, "node.acceptance.fail", reason=why)
-        return
+        node_event(node, EventType.NODE_ACCEPTANCE_FAILED, reason=why)
+        return "failed"
     done = NodeCommand.objects.filter(pk__in=node.acceptance.get("commands", []),
                                       state=CommandState.SUCCEEDED).count()
-    if done == len(node.acceptance.get("commands", [])):
-        node.acceptance = {**node.acceptance, "state": "passed"}
-        node.save(update_fields=["acceptance"])
-        node_adopt_locked(node, actor_id=node.id, checks=[command.kind])
+    if done < len(node.acceptance.get("commands", [])):
+        return "running"
+    node.acceptance = {**node.acceptance, "state": "passed"}
+    node.save(update_fields=["acceptance"])
+    node_adopt_locked(node, checks=[command.kind])
+    return "passed"
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def node_adopt_again(*, tenant: Tenant, actor: Principal, node_id: str, reason: str) -> Node:
     """After fixing the cause of a failed acceptance, start a new attempt."""
     node = access_node_by_id(tenant=tenant, node_id=node_id, lock=True)
@@ -107,5 +109,7 @@ def node_adopt_again(*, tenant: Tenant, actor: Principal, node_id: str, reason: 
                            provisionState=node.provision_state)
     node.provision_state = ProvisionState.ADOPTING
     node.save(update_fields=["provision_state"])
-    acceptance_start_locked(node, actor_id=actor.id, reason=reason)
+    acceptance_start_locked(node, reason=reason)
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.adopt", target=node.id,
+                 reason=reason, data={"attempt": node.acceptance["attempt"]})
     return node

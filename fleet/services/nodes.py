@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from django.db import transaction
-
-from audit.services import audit_record
-from compute.db import retrying
+from audit.services import audit_record, audited
 from compute.errors import Conflict, InvalidState
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.inventory import InventoryReport
 from fleet.models import (
@@ -15,54 +13,42 @@ from fleet.models import (
     DeviceClass,
     Health,
     Node,
-    NodeSpec,
     Pool,
     PoolClass,
     ProvisionState,
 )
 from fleet.selectors import access_node_by_id
+from fleet.services.specs import node_spec_change_locked
 
 
 class InventoryRefused(Conflict):
     code = "inventory_refused"
 
 
-def node_event(node: Node, type_: str, actor_id: str, action: str, **data: object) -> None:
-    """The audit row and the event of a node state change."""
-    audit_record(tenant_id=node.pool.tenant_id, actor_id=actor_id, action=action,
-                 target=node.id, data=data)
+def node_event(node: Node, type_: EventType, **data: object) -> None:
+    """An event about a node, in its pool owner's tenant (the caller audits its change)."""
     event_emit(tenant_id=node.pool.tenant_id, type=type_, subject=node.id,
                payload={"poolId": node.pool_id, **data})
 
 
-def node_create_locked(*, pool: Pool, actor_id: str, hostname: str = "", serial: str = "",
+def node_create_locked(*, pool: Pool, hostname: str = "", serial: str = "",
                        product_uuid: str = "", macs: tuple[str, ...] = ()) -> Node:
-    """Create a node in `adopting` inside the caller's transaction (the join path uses it)."""
+    """Create a node in `adopting` inside the caller's service (the join path)."""
     node = Node.objects.create(pool=pool, site_id=pool.site_id, hostname=hostname,
                                serial=serial, product_uuid=product_uuid, macs=list(macs))
     node.pool = pool
-    node_event(node, "node.joined", actor_id, "node.join", hostname=hostname)
+    node_event(node, EventType.NODE_JOINED, hostname=hostname)
     return node
 
 
-@retrying
-@transaction.atomic(durable=True)
-def node_create(*, pool: Pool, actor_id: str, hostname: str = "", serial: str = "",
-                product_uuid: str = "", macs: tuple[str, ...] = ()) -> Node:
-    return node_create_locked(pool=pool, actor_id=actor_id, hostname=hostname, serial=serial,
-                              product_uuid=product_uuid, macs=macs)
-
-
-@retrying
-@transaction.atomic(durable=True)
-def node_inventory_ingest(*, node_id: str, report: InventoryReport) -> Node:
-    """Record what a machine has and derive its devices, idempotently.
+def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[str, int]:
+    """Record what a machine has and derive its devices, idempotently; returns a summary
+    for the caller's audit row. The caller holds the node row's lock.
 
     Devices are matched by UUID; a device missing from the report is kept but marked
     absent, so the placer never chooses it. A GPU pool takes only its own GPU model: a
     machine with other GPUs is refused with the models named, and nothing is written.
     """
-    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
     pool = node.pool
     if pool.pool_class == PoolClass.METAL_HOST and report.gpus:
         foreign = sorted(report.models() - {pool.gpu_model.upper()})
@@ -95,10 +81,11 @@ def node_inventory_ingest(*, node_id: str, report: InventoryReport) -> Node:
                            mig_profile=mig.profile)
             seen.add(mig.uuid)
     gone = node.devices.filter(present=True).exclude(uuid__in=seen).update(present=False)
-    node_event(node, "node.inventory.updated", node.id, "node.inventory",
-                gpus=len(report.gpus), vcpus=report.vcpus, memoryGiB=report.memory_gib,
-                devicesGone=gone)
-    return node
+    summary = {"gpus": len(report.gpus), "vcpus": report.vcpus,
+               "memoryGiB": report.memory_gib, "devicesGone": gone,
+               "generation": node.inventory_generation}
+    node_event(node, EventType.NODE_INVENTORY_UPDATED, **summary)
+    return summary
 
 
 def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, product: str,
@@ -118,23 +105,16 @@ def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, prod
     return device
 
 
-@retrying
-@transaction.atomic(durable=True)
-def node_adopted(*, node_id: str, actor_id: str, checks: list[str]) -> Node:
+def node_adopt_locked(node: Node, *, checks: list[str]) -> Node:
     """The node passed its pool's acceptance checks: the placer may now consider it."""
-    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
-    return node_adopt_locked(node, actor_id=actor_id, checks=checks)
-
-
-def node_adopt_locked(node: Node, *, actor_id: str, checks: list[str]) -> Node:
     if node.provision_state not in (ProvisionState.ADOPTING, ProvisionState.ACCEPTANCE_FAILED):
         raise InvalidState(f"node {node.id} is {node.provision_state}, not adopting",
                            provisionState=node.provision_state)
     node.provision_state = ProvisionState.ADOPTED
     node.save(update_fields=["provision_state"])
     if not node.specs.exists():
-        NodeSpec.objects.create(node=node, generation=1, spec={"allocations": []})
-    node_event(node, "node.adopted", actor_id, "node.adopt", checks=checks)
+        node_spec_change_locked(node)
+    node_event(node, EventType.NODE_ADOPTED, checks=checks)
     return node
 
 
@@ -146,20 +126,22 @@ def _set_cordon(*, tenant: Tenant, actor: Principal, node_id: str, cordoned: boo
     node.cordoned = cordoned
     node.save(update_fields=["cordoned"])
     verb = "cordon" if cordoned else "uncordon"
-    node_event(node, f"node.{verb}ed", actor.id, f"node.{verb}", reason=reason)
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action=f"node.{verb}",
+                 target=node.id, reason=reason)
+    node_event(node, EventType.NODE_CORDONED if cordoned else EventType.NODE_UNCORDONED,
+               reason=reason)
     return node
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def node_cordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str = "") -> Node:
     """Take a node out of placement; what it holds stays."""
     return _set_cordon(tenant=tenant, actor=actor, node_id=node_id, cordoned=True,
                        reason=reason)
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def node_uncordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str = "") -> Node:
+    """Let the placer use the node again."""
     return _set_cordon(tenant=tenant, actor=actor, node_id=node_id, cordoned=False,
                        reason=reason)

@@ -2,20 +2,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-
-from audit.services import audit_record
-from compute.db import retrying
+from audit.services import audit_record, audited
 from compute.errors import InvalidArgument
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Pool, PoolClass
 from fleet.selectors import access_site_by_id
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def pool_create(*, tenant: Tenant, actor: Principal, site_id: str, pool_class: str,
                 gpu_model: str = "", policy: dict[str, Any] | None = None, name: str = "",
                 idempotency_key: str | None = None) -> Pool:
@@ -39,6 +36,6 @@ def pool_create(*, tenant: Tenant, actor: Principal, site_id: str, pool_class: s
                         inputs=inputs, object_id=pool.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.create", target=pool.id,
                  data={"siteId": site.id, "class": pool_class, "gpuModel": gpu_model})
-    event_emit(tenant_id=tenant.id, type="pool.created", subject=pool.id,
+    event_emit(tenant_id=tenant.id, type=EventType.POOL_CREATED, subject=pool.id,
                payload={"siteId": site.id, "gpuModel": gpu_model})
     return pool

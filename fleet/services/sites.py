@@ -1,18 +1,15 @@
 from __future__ import annotations
 
-from django.db import transaction
-
-from audit.services import audit_record
-from compute.db import retrying
+from audit.services import audit_record, audited
 from compute.errors import PermissionDenied
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Site
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def site_create(*, tenant: Tenant, actor: Principal, kind: str, region: str, name: str = "",
                 idempotency_key: str | None = None) -> Site:
     """Create a platform site. Only the root tenant owns platform sites."""
@@ -29,6 +26,6 @@ def site_create(*, tenant: Tenant, actor: Principal, kind: str, region: str, nam
                         inputs=inputs, object_id=site.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="site.create", target=site.id,
                  data=inputs)
-    event_emit(tenant_id=tenant.id, type="site.created", subject=site.id,
+    event_emit(tenant_id=tenant.id, type=EventType.SITE_CREATED, subject=site.id,
                payload={"kind": kind, "region": region})
     return site

@@ -8,17 +8,18 @@ the public key the node joined with, and the GPU list against what the ledger bo
 from __future__ import annotations
 
 import json
-import os
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
 
-from audit.services import audit_record
+from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
-from compute.db import database_now, retrying
+from compute.db import database_now
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from fleet.models import Node
+from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.ledger import Allocation, Reservation, ReservationState
 from reservations.services.book import emit_placed, try_place
@@ -43,8 +44,7 @@ def booked_uuids(allocation: Allocation) -> list[str]:
     return sorted(allocation.bookings.values_list("device__uuid", flat=True))
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def reservation_bind(*, reservation_id: str) -> Reservation | None:
     """placed -> binding: add the hold to the node's desired state (next generation)."""
     rsv = (Reservation.objects.select_for_update(skip_locked=True)
@@ -59,9 +59,11 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
     transition(rsv, ReservationState.BINDING)
     rsv.binding_started_at = now
     rsv.save(update_fields=["state", "binding_started_at"])
-    event_emit(tenant_id=rsv.tenant_id, type="reservation.binding", subject=rsv.id,
-               payload={"nodeId": node.id, "allocationId": allocation.id,
-                        "generation": spec.generation})
+    data = {"nodeId": node.id, "allocationId": allocation.id, "generation": spec.generation}
+    audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.bind",
+                 target=rsv.id, data=data, reason="window started")
+    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_BINDING, subject=rsv.id,
+               payload=data)
     return rsv
 
 
@@ -83,12 +85,12 @@ def allocation_bound_record(*, node_id: str, body: str, signature: str) -> Reser
     try:
         return _bind(node_id, body, signature)
     except BindingRefused as refusal:
-        _audit_refusal(node_id, str(refusal))
+        node_report_refused(node_id=node_id, action="reservation.activate",
+                            reason=str(refusal))
         raise
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def _bind(node_id: str, body: str, signature: str) -> Reservation:
     node, payload = _verified(node_id, body, signature)
     allocation = (Allocation.objects.filter(pk=payload.get("allocationId"), node=node,
@@ -107,37 +109,32 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
                    "cgroupParent": payload["cgroupParent"]}
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
-    audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.bind",
+    audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
                  target=rsv.id, data={"allocationId": allocation.id}, reason="signed by node")
-    event_emit(tenant_id=rsv.tenant_id, type="reservation.active", subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_ACTIVE, subject=rsv.id,
                payload={"nodeId": node_id, "allocationId": allocation.id})
     return rsv
 
 
-@transaction.atomic(durable=True)
-def _audit_refusal(node_id: str, reason: str) -> None:
-    node = Node.objects.select_related("pool").get(pk=node_id)
-    audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="reservation.bind",
-                 allowed=False, reason=reason)
-
-
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def allocation_released_record(*, node_id: str, body: str, signature: str) -> str:
-    """The node gave an allocation's GPUs back (signed); recorded as an event."""
+    """The node gave an allocation's GPUs back (signed)."""
     node, payload = _verified(node_id, body, signature)
     node = Node.objects.select_related("pool").get(pk=node.pk)
-    event_emit(tenant_id=node.pool.tenant_id, type="allocation.released",
-               subject=str(payload.get("allocationId", "")), payload={"nodeId": node_id})
-    return str(payload.get("allocationId", ""))
+    allocation_id = str(payload.get("allocationId", ""))[:32]
+    audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="allocation.release",
+                 target=allocation_id, reason="signed by node")
+    event_emit(tenant_id=node.pool.tenant_id, type=EventType.ALLOCATION_RELEASED,
+               subject=allocation_id, payload={"nodeId": node_id})
+    return allocation_id
 
 
 MAX_PLACEMENTS = 3  # the first placement and at most two more after failed bindings
-BINDING_TIMEOUT = timedelta(seconds=int(os.environ.get("BC_BINDING_TIMEOUT_SECONDS", "300")))
+def binding_timeout() -> timedelta:
+    return timedelta(seconds=settings.BC_BINDING_TIMEOUT_SECONDS)
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     """A hold that failed on its node (or never reported): place it again elsewhere, at
     most twice; then the reservation fails and its quota is refunded. Nothing is metered
@@ -149,12 +146,15 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     now = database_now()
     allocation = rsv.allocations.get(ended_at__isnull=True)
     failed_node = allocation.node_id
-    event_emit(tenant_id=rsv.tenant_id, type="reservation.binding_failed", subject=rsv.id,
-               payload={"nodeId": failed_node, "reason": reason,
-                        "attempt": rsv.placement_attempts})
+    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_BINDING_FAILED,
+               subject=rsv.id, payload={"nodeId": failed_node, "reason": reason,
+                                        "attempt": rsv.placement_attempts})
+    audit = {"nodeId": failed_node, "attempt": rsv.placement_attempts}
     if rsv.placement_attempts >= MAX_PLACEMENTS:
-        end_reservation(rsv, to=ReservationState.FAILED, now=now, actor_id=failed_node,
+        end_reservation(rsv, to=ReservationState.FAILED, now=now,
                         reason=f"binding failed {rsv.placement_attempts} times: {reason}")
+        audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.binding_fail",
+                     target=rsv.id, data={**audit, "outcome": "failed"}, reason=reason)
         return rsv
     node = Node.objects.select_for_update().get(pk=failed_node)
     node_spec_change_locked(node, remove=allocation.id)
@@ -167,10 +167,13 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     tried = set(rsv.allocations.values_list("node_id", flat=True))  # nodes that failed it
     placed = try_place(rsv, rsv.pool, now, excluded=tried)
     if placed is None:
-        event_emit(tenant_id=rsv.tenant_id, type="reservation.pending", subject=rsv.id,
+        event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
                    payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
     else:
-        emit_placed(rsv, placed, failed_node)
+        emit_placed(rsv, placed)
+    audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.binding_fail",
+                 target=rsv.id, reason=reason,
+                 data={**audit, "outcome": "pending" if placed is None else "placed"})
     return rsv
 
 

@@ -13,10 +13,11 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from audit.services import audit_record
-from compute.db import constraint_errors, database_now, retrying
+from audit.services import audit_record, audited
+from compute.db import constraint_errors, database_now
 from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Node, Pool, PoolClass
@@ -96,10 +97,10 @@ def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, mem
     return allocation
 
 
-def emit_placed(rsv: Reservation, allocation: Allocation, actor_id: str) -> None:
+def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
     payload = {"poolId": rsv.pool_id, "nodeId": allocation.node_id, "gpus": rsv.gpu_count,
                "allocationId": allocation.id, "start": rsv.starts_at, "end": rsv.ends_at}
-    event_emit(tenant_id=rsv.tenant_id, type="reservation.placed", subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PLACED, subject=rsv.id,
                payload=payload)
 
 
@@ -118,8 +119,7 @@ def _check_request(pool: Pool, *, model: str, kubernetes: bool, topology: str) -
                               field="devices")
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int,
                        duration_ms: int, topology: str = "any", start: datetime | None = None,
                        start_in_ms: int | None = None, model: str = "", product: str = "",
@@ -163,15 +163,14 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
                  target=rsv.id, data={"poolId": pool.id, "gpus": gpus,
                                       "durationMs": duration_ms, "placed": bool(allocation)})
     if allocation is None:
-        event_emit(tenant_id=tenant.id, type="reservation.pending", subject=rsv.id,
+        event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
                    payload={"poolId": pool.id, "gpus": gpus})
     else:
-        emit_placed(rsv, allocation, actor.id)
+        emit_placed(rsv, allocation)
     return rsv
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def reservation_place_pending(*, reservation_id: str) -> Reservation | None:
     """Try to place one pending reservation; None if another worker holds it."""
     rsv = (Reservation.objects.select_for_update(skip_locked=True)
@@ -183,7 +182,7 @@ def reservation_place_pending(*, reservation_id: str) -> Reservation | None:
     if allocation is not None:
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
                      target=rsv.id, data={"nodeId": allocation.node_id}, reason="capacity freed")
-        emit_placed(rsv, allocation, "system")
+        emit_placed(rsv, allocation)
     return rsv
 
 

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_record
-from compute.db import retrying
+from audit.services import audit_record, audited
 from compute.errors import InvalidArgument, InvalidState
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id
@@ -17,8 +16,7 @@ def allowed_resources(pool_class: str) -> tuple[str, ...]:
     return HOST_RESOURCES if pool_class == PoolClass.CPU_HOST else (GPU_RESOURCE,)
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
                quota: dict[str, int]) -> Offering:
     """Offer an owned pool to another tenant with quotas, or change an offering's quotas.
@@ -52,6 +50,6 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
     data = {"poolId": pool.id, "to": to.id, "quota": quota}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.offer", target=pool.id,
                  data=data)
-    event_emit(tenant_id=tenant.id, type="pool.offered", subject=pool.id, payload=data)
-    event_emit(tenant_id=to.id, type="offering.updated", subject=offering.id, payload=data)
+    event_emit(tenant_id=tenant.id, type=EventType.POOL_OFFERED, subject=pool.id, payload=data)
+    event_emit(tenant_id=to.id, type=EventType.OFFERING_UPDATED, subject=offering.id, payload=data)
     return offering

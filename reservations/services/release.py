@@ -7,10 +7,11 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import F
 
-from audit.services import audit_record
-from compute.db import constraint_errors, database_now, retrying
+from audit.services import audit_record, audited
+from compute.db import constraint_errors, database_now
 from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
@@ -21,6 +22,11 @@ from reservations.selectors import access_reservation_by_id
 from reservations.services.book import GPU
 from reservations.services.metering import gpu_meter, usage_record
 from reservations.states import HOLDING, TERMINAL, transition
+from reservations.work import pool_replan
+
+ENDED_EVENT = {ReservationState.RELEASED: EventType.RESERVATION_RELEASED,
+               ReservationState.CANCELLED: EventType.RESERVATION_CANCELLED,
+               ReservationState.FAILED: EventType.RESERVATION_FAILED}
 
 
 def live_allocation(rsv: Reservation) -> Allocation | None:
@@ -44,11 +50,12 @@ def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool
     allocation.save(update_fields=["ended_at"])
 
 
-def end_reservation(rsv: Reservation, *, to: str, now: datetime, actor_id: str,
-                    reason: str = "") -> None:
-    """Move a reservation to released or cancelled and give back all it holds.
+def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "") -> None:
+    """Move a reservation to released, cancelled or failed and give back all it holds; the
+    pool's pending reservations are offered the freed capacity.
 
-    Inside the caller's transaction, which holds the reservation row's lock.
+    Inside the caller's service, which holds the reservation row's lock and writes the
+    audit row.
     """
     allocation = live_allocation(rsv)
     started = rsv.during is not None and rsv.during.lower <= now
@@ -66,17 +73,13 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, actor_id: str,
     rsv.ended_at = now
     rsv.failure_reason = reason if to == ReservationState.FAILED else rsv.failure_reason
     rsv.save(update_fields=["state", "ended_at", "failure_reason"])
-    verb = {ReservationState.RELEASED: "release", ReservationState.CANCELLED: "cancel",
-            ReservationState.FAILED: "fail"}[to]
-    audit_record(tenant_id=rsv.tenant_id, actor_id=actor_id, action=f"reservation.{verb}",
-                 target=rsv.id, data={"reason": reason} if reason else {})
-    event_emit(tenant_id=rsv.tenant_id, type=f"reservation.{to}", subject=rsv.id,
+    pool_replan(rsv.pool_id)
+    event_emit(tenant_id=rsv.tenant_id, type=ENDED_EVENT[to], subject=rsv.id,
                payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count,
                         "nodeId": allocation.node_id if allocation else None})
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str,
                         cancel: bool = False) -> Reservation:
     """Release a reservation: its bookings end at the database's now(), quota is refunded.
@@ -93,25 +96,27 @@ def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str
         raise InvalidState(f"reservation {rsv.id} has started; release it instead of "
                            "cancelling", state=rsv.state)
     to = ReservationState.RELEASED if started else ReservationState.CANCELLED
-    end_reservation(rsv, to=to, now=now, actor_id=actor.id)
+    end_reservation(rsv, to=to, now=now)
+    verb = "release" if started else "cancel"
+    audit_record(tenant_id=rsv.tenant_id, actor_id=actor.id, action=f"reservation.{verb}",
+                 target=rsv.id)
     return rsv
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def reservation_expire(*, reservation_id: str) -> Reservation | None:
     """Release one reservation whose window has ended (no-op otherwise)."""
     now = database_now()
     rsv = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
            .filter(pk=reservation_id, state__in=HOLDING, during__endswith__lte=now).first())
     if rsv is not None:
-        end_reservation(rsv, to=ReservationState.RELEASED, now=now, actor_id="system",
-                        reason="window ended")
+        end_reservation(rsv, to=ReservationState.RELEASED, now=now)
+        audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.expire",
+                     target=rsv.id, reason="window ended")
     return rsv
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
                        by_ms: int) -> Reservation:
     """Move the end of a reservation by `by_ms` (negative shortens it).
@@ -140,9 +145,11 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
     rsv.duration_ms = new_duration
     rsv.save(update_fields=["during", "duration_ms"])
+    if by_ms < 0:
+        pool_replan(rsv.pool_id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",
                  target=rsv.id, data={"byMs": by_ms})
-    event_emit(tenant_id=tenant.id, type="reservation.extended", subject=rsv.id,
+    event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_EXTENDED, subject=rsv.id,
                payload={"byMs": by_ms, "end": rsv.ends_at})
     return rsv
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from audit.services import audit_record
-from compute.db import database_now, retrying
+from audit.services import audit_record, audited
+from compute.db import database_now
 from compute.errors import CapacityConflict, InvalidState
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Node
@@ -17,6 +18,7 @@ from reservations.quotas import quota_consume, quota_refund
 from reservations.sandboxes import Sandbox, SandboxState
 from reservations.selectors import access_sandbox_by_id
 from reservations.services.metering import usage_record
+from reservations.work import pool_replan
 
 MAX_RACES = 8
 
@@ -44,8 +46,7 @@ def _claim_host(pool_id: str, vcpus: int, memory_gib: int) -> Node | None:
     return None
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int,
                    memory_gib: int, name: str = "", idempotency_key: str | None = None
                    ) -> Sandbox:
@@ -75,14 +76,13 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.create",
                  target=sandbox.id, data={"nodeId": node.id, "vcpus": vcpus,
                                           "memoryGiB": memory_gib})
-    event_emit(tenant_id=tenant.id, type="sandbox.created", subject=sandbox.id,
+    event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_CREATED, subject=sandbox.id,
                payload={"poolId": pool.id, "nodeId": node.id, "vcpus": vcpus,
                         "memoryGiB": memory_gib})
     return sandbox
 
 
-@retrying
-@transaction.atomic(durable=True)
+@audited
 def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> Sandbox:
     """Give back a sandbox's vCPUs and memory, and meter its vCPU hours."""
     sandbox = access_sandbox_by_id(tenant=tenant, sandbox_id=sandbox_id, lock=True)
@@ -100,8 +100,9 @@ def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> San
     sandbox.save(update_fields=["state", "released_at"])
     usage_record(tenant_id=tenant.id, subject=sandbox.id, meter="vcpu.hours",
                  units=sandbox.vcpus, start=sandbox.created_at, end=now)
+    pool_replan(sandbox.pool_id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.release",
                  target=sandbox.id)
-    event_emit(tenant_id=tenant.id, type="sandbox.released", subject=sandbox.id,
+    event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_RELEASED, subject=sandbox.id,
                payload={"poolId": sandbox.pool_id, "nodeId": sandbox.node_id})
     return sandbox

@@ -10,13 +10,22 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from django.db import connection, transaction
+from django.db import connection
 
 from audit.checkpoints import audit_prove, audit_verify, checkpoint_seal
 from audit.keys import public_key_b64
 from audit.models import AuditEvent, Checkpoint
-from audit.services import audit_record
+from audit.services import audit_record, audited
 from bcd.contract.auditproof import check_proof, event_leaf
+from tests.support.writes import assert_wrote
+
+
+@audited
+def write(*, tenant, action, then=lambda: None):
+    """One audited write that runs `then` before it commits."""
+    event = audit_record(tenant_id=tenant, actor_id="t", action=action)
+    then()
+    return event
 
 
 def sql(statement, params=()):
@@ -26,7 +35,8 @@ def sql(statement, params=()):
 
 @pytest.fixture
 def log(root):
-    """A root-tenant log of 24 events under two checkpoints, then 3 more events."""
+    """A root-tenant log of 25 events under two checkpoints (each seal's own row comes
+    after the tree it signs), then 4 more events."""
     tenant_id = root("system.whoami")["tenantId"]
     for n in range(11):
         root("sites.create", kind="shared", region=f"r-{n}")
@@ -36,14 +46,14 @@ def log(root):
     second = checkpoint_seal(tenant_id=tenant_id)
     for n in range(3):
         root("sites.create", kind="shared", region=f"t-{n}")
-    assert (first.tree_size, second.tree_size) == (12, 24)  # + the bootstrap event
+    assert (first.tree_size, second.tree_size) == (12, 25)  # + the bootstrap event
     return tenant_id
 
 
 def test_an_untouched_log_verifies(log):
     report = audit_verify(tenant_id=log)
     assert report.ok, report.problem
-    assert (report.checked, report.checkpoints) == (27, 2)
+    assert (report.checked, report.checkpoints) == (29, 2)
 
 
 def test_edited_payload_is_named(log):
@@ -103,7 +113,7 @@ def test_a_rewritten_log_fails_against_the_signed_root(log):
 
 
 def test_forged_checkpoint_signature_is_rejected(log):
-    checkpoint = Checkpoint.objects.get(tenant_id=log, tree_size=24)
+    checkpoint = Checkpoint.objects.get(tenant_id=log, tree_size=25)
     import base64
 
     from audit.checkpoints import _statement
@@ -117,7 +127,7 @@ def test_forged_checkpoint_signature_is_rejected(log):
 
 
 def test_a_broken_consistency_proof_is_rejected(log):
-    checkpoint = Checkpoint.objects.get(tenant_id=log, tree_size=24)
+    checkpoint = Checkpoint.objects.get(tenant_id=log, tree_size=25)
     checkpoint.consistency = list(reversed(checkpoint.consistency))
     checkpoint.save(update_fields=["consistency"])
     report = audit_verify(tenant_id=log)
@@ -126,10 +136,12 @@ def test_a_broken_consistency_proof_is_rejected(log):
 
 
 def test_checkpoint_continues_from_the_last_one(log):
-    third = checkpoint_seal(tenant_id=log)
-    assert third.tree_size == 27
-    assert third.previous.tree_size == 24
-    assert checkpoint_seal(tenant_id=log) is None
+    with assert_wrote(audit="audit.checkpoint"):
+        third = checkpoint_seal(tenant_id=log)
+    assert third.tree_size == 29
+    assert third.previous.tree_size == 25
+    with assert_wrote(audit=None):
+        assert checkpoint_seal(tenant_id=log) is None  # only the seal's own row is new
     assert audit_verify(tenant_id=log).checkpoints == 3
 
 
@@ -183,12 +195,12 @@ def test_positions_follow_commit_order_without_gaps_under_concurrency():
 
     def writer(n: int) -> None:
         try:
-            with transaction.atomic():
-                event = audit_record(tenant_id=tenant, actor_id="t", action="test.write",
-                                     data={"n": n})
+            def slow_then(n: int = n) -> None:
                 time.sleep(0.002 * (n % 5))
                 if n % 7 == 0:
                     raise RuntimeError("roll back")
+
+            event = write(tenant=tenant, action="test.write", then=slow_then)
             with lock:
                 results.append(event.position)
         except RuntimeError:
@@ -217,20 +229,20 @@ def test_a_writer_waits_for_the_uncommitted_one_before_it():
 
     def first() -> None:
         try:
-            with transaction.atomic():
-                audit_record(tenant_id=tenant, actor_id="t", action="test.first")
+            def hold_open() -> None:
                 first_wrote.set()
                 release_first.wait(5)
                 order.append("first commits")
+
+            write(tenant=tenant, action="test.first", then=hold_open)
         finally:
             connection.close()
 
     def second() -> None:
         try:
             first_wrote.wait(5)
-            with transaction.atomic():
-                event = audit_record(tenant_id=tenant, actor_id="t", action="test.second")
-                order.append(f"second got {event.position}")
+            event = write(tenant=tenant, action="test.second")
+            order.append(f"second got {event.position}")
         finally:
             connection.close()
 

@@ -9,6 +9,7 @@ from django.db import connection, transaction
 
 from compute.events.selectors import event_list
 from compute.events.services import event_emit
+from compute.events.types import EventType
 from compute.tenancy.models import Tenant
 
 
@@ -20,7 +21,7 @@ def test_an_event_with_a_lower_seq_committing_late_is_not_skipped():
     def slow_writer() -> None:
         try:
             with transaction.atomic():
-                event_emit(tenant_id=tenant.id, type="test.first", subject="a")
+                event_emit(tenant_id=tenant.id, type=EventType.SITE_CREATED, subject="a")
                 first_written.set()
                 let_first_commit.wait(5)
         finally:
@@ -29,11 +30,11 @@ def test_an_event_with_a_lower_seq_committing_late_is_not_skipped():
     thread = threading.Thread(target=slow_writer)
     thread.start()
     first_written.wait(5)
-    event_emit(tenant_id=tenant.id, type="test.second", subject="b")  # higher seq, commits now
-    seen = event_list(tenant=tenant, types="test.*")
+    event_emit(tenant_id=tenant.id, type=EventType.POOL_CREATED, subject="b")  # commits now
+    seen = event_list(tenant=tenant, types="site.*,pool.*")
     assert seen == []  # the second waits: an older transaction is still in flight
     let_first_commit.set()
     thread.join()
-    seen = event_list(tenant=tenant, types="test.*")
-    assert [e.type for e in seen] == ["test.first", "test.second"]
+    seen = event_list(tenant=tenant, types="site.*,pool.*")
+    assert [e.type for e in seen] == ["site.created", "pool.created"]
     assert seen[0].seq < seen[1].seq

@@ -14,7 +14,7 @@ import pytest
 from bcd.contract import ids
 from tests.e2e.conftest import start_stack, stop_stack
 
-FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "5",
+FAST = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": "1", "BETTER_COMPUTE_NODE_LEASE_SECONDS": "5",
         # Every certificate counts as near expiry, checked every 2 s: renewal in action.
         "BCD_RENEW_MARGIN_HOURS": "25", "BCD_RENEW_CHECK_SECONDS": "2"}
 

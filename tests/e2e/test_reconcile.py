@@ -13,8 +13,9 @@ import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
 
-FAST = {"BC_HEARTBEAT_SECONDS": "1", "BC_NODE_LEASE_SECONDS": "3",
-        "BC_DEV_RESTART_SECONDS": "8"}  # a dead gateway stays down for longer than a lease
+# A dead gateway stays down for longer than a lease.
+FAST = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": "1", "BETTER_COMPUTE_NODE_LEASE_SECONDS": "3",
+        "BETTER_COMPUTE_DEV_RESTART_SECONDS": "8"}
 
 
 @pytest.fixture(scope="module")

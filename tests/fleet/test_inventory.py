@@ -7,8 +7,9 @@ import pytest
 from compute.errors import InvalidArgument
 from fleet.inventory import gpu_family, parse_inventory
 from fleet.models import Device, Node
-from fleet.services.nodes import InventoryRefused, node_create, node_inventory_ingest
-from tests.factories import inventory, make_node
+from fleet.services.nodes import InventoryRefused
+from tests.factories import inventory, make_bare_node, make_node, report_inventory
+from tests.support.writes import assert_wrote
 
 
 @pytest.mark.parametrize(("product", "family"), [
@@ -31,22 +32,27 @@ def gpu_pool(root):
 
 def test_ingest_is_idempotent_and_marks_missing_devices_absent(gpu_pool):
     report = inventory()
-    node = node_create(pool=gpu_pool, actor_id="t")
-    node_inventory_ingest(node_id=node.id, report=parse_inventory(report))
-    node_inventory_ingest(node_id=node.id, report=parse_inventory(report))
+    node = make_bare_node(gpu_pool)
+    with assert_wrote(audit=["node.session.open", "node.inventory"],
+                      events=["node.connected", "node.inventory.updated",
+                              "node.acceptance.started", "node.adopted"]):
+        report_inventory(node, report)
+    with assert_wrote(audit=["node.session.open", "node.inventory"],
+                      events=["node.inventory.updated"]):
+        report_inventory(node, report)
     assert Device.objects.filter(node=node, present=True).count() == 8
     report["gpus"] = report["gpus"][:7]
-    node_inventory_ingest(node_id=node.id, report=parse_inventory(report))
+    report_inventory(node, report)
     assert Device.objects.filter(node=node, present=True).count() == 7
     assert Device.objects.filter(node=node).count() == 8
     assert Node.objects.get(pk=node.pk).inventory_generation == 3
 
 
 def test_a_node_with_another_gpu_model_is_refused_with_a_reason(gpu_pool):
-    node = node_create(pool=gpu_pool, actor_id="t")
-    with pytest.raises(InventoryRefused) as caught:
-        node_inventory_ingest(node_id=node.id,
-                              report=parse_inventory(inventory(product="A100-SXM4-80GB")))
+    node = make_bare_node(gpu_pool)
+    with pytest.raises(InventoryRefused) as caught, assert_wrote(audit="node.session.open",
+                                                                events=["node.connected"]):
+        report_inventory(node, inventory(product="A100-SXM4-80GB"))
     assert "A100" in caught.value.message
     assert not Device.objects.filter(node=node).exists()
 
@@ -54,11 +60,11 @@ def test_a_node_with_another_gpu_model_is_refused_with_a_reason(gpu_pool):
 def test_a_device_cannot_move_between_nodes(gpu_pool):
     report = inventory()
     make_node(gpu_pool, **{})
-    first = node_create(pool=gpu_pool, actor_id="t")
-    node_inventory_ingest(node_id=first.id, report=parse_inventory(report))
-    second = node_create(pool=gpu_pool, actor_id="t")
+    first = make_bare_node(gpu_pool)
+    report_inventory(first, report)
+    second = make_bare_node(gpu_pool)
     with pytest.raises(InventoryRefused):
-        node_inventory_ingest(node_id=second.id, report=parse_inventory(report))
+        report_inventory(second, report)
 
 
 @pytest.mark.parametrize(("mutate", "field"), [

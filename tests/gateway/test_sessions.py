@@ -307,9 +307,7 @@ def test_the_certificate_is_renewed_over_the_session_for_the_same_key(fleet):
 
 
 def test_a_quiet_node_becomes_unreachable_and_keeps_what_it_holds(fleet):
-    from datetime import timedelta
-
-    from fleet.services.sessions import nodes_mark_unreachable
+    from tests.factories import lapse_lease
     from tests.reservations.conftest import reserve
 
     credentials, payload, inventory = joined(fleet)
@@ -324,8 +322,7 @@ def test_a_quiet_node_becomes_unreachable_and_keeps_what_it_holds(fleet):
     asyncio.run(connect_and_adopt())
     rsv = reserve(fleet.api, fleet.pool, 4).result
     assert rsv["state"] == "placed"
-    time.sleep(2)
-    assert nodes_mark_unreachable(lease=timedelta(seconds=1)) == [payload["nodeId"]]
+    assert lapse_lease(payload["nodeId"]) is not None
     node = Node.objects.get(pk=payload["nodeId"])
     assert (node.connectivity, node.schedulable) == ("unreachable", False)
     assert fleet.api("reservations.get", reservationId=rsv["id"])["state"] == "placed"
@@ -385,9 +382,7 @@ def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet):
 
 
 def test_a_node_that_comes_back_is_reconnected(fleet):
-    from datetime import timedelta
-
-    from fleet.services.sessions import nodes_mark_unreachable
+    from tests.factories import lapse_lease
 
     credentials, payload, inventory = joined(fleet)
 
@@ -399,8 +394,7 @@ def test_a_node_that_comes_back_is_reconnected(fleet):
         return ok
 
     assert asyncio.run(connect_once())
-    time.sleep(2)  # past the (shortened) lease, after the last heartbeat was flushed
-    assert nodes_mark_unreachable(lease=timedelta(seconds=1)) == [payload["nodeId"]]
+    assert lapse_lease(payload["nodeId"]) is not None
     assert asyncio.run(connect_once())
     types = [e["type"] for e in fleet.api("nodes.events", nodeId=payload["nodeId"])["items"]]
     assert types[-3:] == ["node.connected", "node.unreachable", "node.reconnected"]

@@ -1,23 +1,9 @@
 from __future__ import annotations
 
-import pytest
+from tests.conftest import POLICY
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
-          "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}}
+__all__ = ["HOUR", "POLICY", "gpus", "reserve"]
 HOUR = 3_600_000
-
-
-@pytest.fixture
-def pool(root):
-    site = root("sites.create", kind="shared", region="eu-1")
-    return root("pools.create", siteId=site["id"], gpuModel="H100", policy=POLICY,
-                **{"class": "metal-host"})
-
-
-@pytest.fixture
-def cpu_pool(root):
-    site = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site")
-    return root("pools.create", siteId=site["id"], **{"class": "cpu-host"})
 
 
 def gpus(count, topology="any"):

@@ -17,6 +17,7 @@ from reservations.services.binding import (
 )
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
+from tests.support.writes import assert_wrote
 
 
 @pytest.fixture
@@ -26,7 +27,8 @@ def bound(root, pool):
     node = make_node(pool["id"])
     Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
     rsv = reserve(root, pool, 4).result
-    reservation_bind(reservation_id=rsv["id"])
+    with assert_wrote(audit="reservation.bind", events=["reservation.binding"]):
+        reservation_bind(reservation_id=rsv["id"])
     spec = NodeSpec.objects.filter(node=node).latest("generation").spec
     return key, node, rsv, spec["allocations"][0]
 
@@ -52,18 +54,19 @@ def test_a_forged_allocation_bound_is_rejected(root, bound):
     _, node, rsv, hold = bound
     gateway_key = ec.generate_private_key(ec.SECP256R1())  # anything but the node's key
     body, signature = report(gateway_key, node, hold)
-    with pytest.raises(BindingRefused):
+    with pytest.raises(BindingRefused), assert_wrote(audit="reservation.activate", denied=True):
         allocation_bound_record(node_id=node.id, body=body, signature=signature)
     state = root("reservations.get", reservationId=rsv["id"])
     assert (state["state"], state["binding"]) == ("binding", None)
-    refusal = AuditEvent.objects.filter(action="reservation.bind", allowed=False).latest("seq")
+    refusal = AuditEvent.objects.filter(action="reservation.activate",
+                                        allowed=False).latest("seq")
     assert "signed" in refusal.reason
 
 
 def test_a_report_of_other_gpus_is_rejected(root, bound):
     key, node, rsv, hold = bound
     body, signature = report(key, node, hold, gpus=[*hold["gpus"][:3], "GPU-not-booked"])
-    with pytest.raises(BindingRefused):
+    with pytest.raises(BindingRefused), assert_wrote(audit="reservation.activate", denied=True):
         allocation_bound_record(node_id=node.id, body=body, signature=signature)
     assert root("reservations.get", reservationId=rsv["id"])["state"] == "binding"
 
@@ -71,8 +74,10 @@ def test_a_report_of_other_gpus_is_rejected(root, bound):
 def test_the_nodes_signed_report_makes_it_active_once(root, bound):
     key, node, rsv, hold = bound
     body, signature = report(key, node, hold)
-    allocation_bound_record(node_id=node.id, body=body, signature=signature)
-    allocation_bound_record(node_id=node.id, body=body, signature=signature)  # a resend
+    with assert_wrote(audit="reservation.activate", events=["reservation.active"]):
+        allocation_bound_record(node_id=node.id, body=body, signature=signature)
+    with assert_wrote(audit=None):
+        allocation_bound_record(node_id=node.id, body=body, signature=signature)  # a resend
     state = root("reservations.get", reservationId=rsv["id"])
     assert state["state"] == "active"
     assert state["binding"]["cdiDevices"] == sorted(f"bcd.dev/gpu={g}" for g in hold["gpus"])
@@ -88,11 +93,13 @@ def test_unanswered_commands_are_redelivered_to_the_same_journal_only(pool):
     node = make_node(pool["id"])
     session_open(node_id=node.id, journal_epoch=111)
     command = NodeCommand.objects.create(node=node, kind="diag.disk", state=CommandState.SENT)
-    session_open(node_id=node.id, journal_epoch=111)  # same journal: deliver again
+    with assert_wrote(audit="node.session.open"):
+        session_open(node_id=node.id, journal_epoch=111)  # same journal: deliver again
     command.refresh_from_db()
     assert command.state == CommandState.QUEUED
     NodeCommand.objects.filter(pk=command.pk).update(state=CommandState.SENT)
-    session_open(node_id=node.id, journal_epoch=222)  # journal lost: never again
+    with assert_wrote(audit="node.session.open", events=["node.journal.lost"]):
+        session_open(node_id=node.id, journal_epoch=222)  # journal lost: never again
     command.refresh_from_db()
     assert command.state == CommandState.UNKNOWN
     assert Node.objects.get(pk=node.pk).journal_epoch == 222

@@ -1,0 +1,55 @@
+"""Every event type, in one enum: emitters name a member, `events list --types` checks its
+globs against it. A retired type is kept (commented as such), never reused."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from django.db import models
+
+from compute.errors import InvalidArgument
+
+
+class EventType(models.TextChoices):
+    TENANT_CREATED = "tenant.created"
+    TOKEN_CREATED = "token.created"
+    TOKEN_REVOKED = "token.revoked"
+    SITE_CREATED = "site.created"
+    POOL_CREATED = "pool.created"
+    POOL_OFFERED = "pool.offered"
+    OFFERING_UPDATED = "offering.updated"
+    JOIN_TOKEN_CREATED = "join_token.created"
+    JOIN_TOKEN_REVOKED = "join_token.revoked"
+    NODE_JOINED = "node.joined"
+    NODE_CONNECTED = "node.connected"
+    NODE_RECONNECTED = "node.reconnected"
+    NODE_UNREACHABLE = "node.unreachable"
+    NODE_JOURNAL_LOST = "node.journal.lost"
+    NODE_INVENTORY_UPDATED = "node.inventory.updated"
+    NODE_ACCEPTANCE_STARTED = "node.acceptance.started"
+    NODE_ACCEPTANCE_FAILED = "node.acceptance.failed"
+    NODE_ADOPTED = "node.adopted"
+    NODE_CORDONED = "node.cordoned"
+    NODE_UNCORDONED = "node.uncordoned"
+    RESERVATION_PENDING = "reservation.pending"
+    RESERVATION_PLACED = "reservation.placed"
+    RESERVATION_BINDING = "reservation.binding"
+    RESERVATION_ACTIVE = "reservation.active"
+    RESERVATION_BINDING_FAILED = "reservation.binding_failed"
+    RESERVATION_EXTENDED = "reservation.extended"
+    RESERVATION_RELEASED = "reservation.released"
+    RESERVATION_CANCELLED = "reservation.cancelled"
+    RESERVATION_FAILED = "reservation.failed"
+    ALLOCATION_RELEASED = "allocation.released"
+    SANDBOX_CREATED = "sandbox.created"
+    SANDBOX_RELEASED = "sandbox.released"
+
+
+def parse_type_globs(types: str | None) -> list[str]:
+    """`node.*,reservation.placed` as a list of globs, each matching at least one type."""
+    globs = [t.strip() for t in (types or "").split(",") if t.strip()]
+    for glob in globs:
+        if not fnmatch.filter(EventType.values, glob):
+            raise InvalidArgument(f"types: {glob!r} matches no event type (known: "
+                                  f"{', '.join(EventType.values)})", field="types")
+    return globs

@@ -1,0 +1,14 @@
+"""The ledger's kinds of work item. A service queues an item inside its own transaction,
+so the item exists exactly when the change that made it due has committed."""
+
+from __future__ import annotations
+
+from compute.queue.work import enqueue
+
+RESERVATION = "reservation"
+POOL = "pool"
+
+
+def pool_replan(pool_id: str) -> None:
+    """Capacity of the pool freed up: a worker offers it to the pending reservations."""
+    enqueue(POOL, pool_id)

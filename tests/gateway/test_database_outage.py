@@ -1,0 +1,51 @@
+"""A Postgres restart under a live session: a report that arrives while the database is down
+closes the session with a reason, the agent reconnects once it is back, and the report it
+resends is recorded (none is lost, none is doubled)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from django.db import connections
+
+from fleet.models import Node
+from tests.gateway.conftest import diag, session_for
+from tests.gateway.test_sessions import _eventually, joined
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
+                    reason="stops and starts the embedded server; DATABASE_URL names another")
+def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
+        fleet, embedded_postgres):
+    credentials, payload, inventory = joined(fleet)
+    node_id = payload["nodeId"]
+
+    def state() -> tuple[int, int]:
+        return Node.objects.values_list("inventory_generation", "session_epoch").get(pk=node_id)
+
+    async def scenario():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
+        assert await _eventually(
+            lambda: Node.objects.get(pk=node_id).provision_state == "adopted", 20)
+        before = await asyncio.to_thread(lambda: (state(), connections.close_all())[0])
+        await asyncio.to_thread(embedded_postgres.halt)
+        session.send_inventory()  # reaches the gateway while Postgres is down
+        reason = await asyncio.wait_for(task, 20)  # before the fix it hung, served by no one
+        await asyncio.to_thread(embedded_postgres.start)
+        again = session_for(fleet, credentials, inventory, await diag(inventory))
+        resent: list[str] = []
+        second = asyncio.create_task(again.run(
+            on_welcome=lambda s: resent.append(again.send_inventory())))
+        assert await _eventually(lambda: bool(resent) and resent[0] in again.state.acked, 20)
+        second.cancel()
+        return before, reason
+
+    (generation, epoch), reason = asyncio.run(scenario())
+    connections.close_all()  # this thread's connection died with the server
+    assert reason == "the control plane could not record a report; reconnect"
+    assert state() == (generation + 1, epoch + 1)  # a new session; the resent report, once
