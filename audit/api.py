@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from audit.checkpoints import audit_prove, audit_verify, checkpoint_seal
+from audit import checkpoints
 from compute.api.inputs import Input, PublicIdField
 from compute.api.registry import CallContext, endpoint
 
@@ -18,7 +18,7 @@ class CheckpointIn(Input):
 @endpoint("audit", "checkpoint", input=CheckpointIn, mutating=True)
 def audit_checkpoint(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any] | None:
     """Sign a checkpoint over the tenant's new audit events now (also done hourly)."""
-    checkpoint = checkpoint_seal(tenant_id=ctx.tenant.id, actor_id=ctx.principal.id)
+    checkpoint = checkpoints.checkpoint_seal(tenant_id=ctx.tenant.id, actor_id=ctx.principal.id)
     return checkpoint.wire() if checkpoint else None
 
 
@@ -28,9 +28,9 @@ class VerifyIn(Input):
 
 
 @endpoint("audit", "verify", input=VerifyIn, mutating=False)
-def audit_verify_(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+def audit_verify(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Recompute the tenant's audit log and checkpoints; name the first bad position."""
-    return audit_verify(tenant_id=ctx.tenant.id, **data).wire()
+    return checkpoints.audit_verify(tenant_id=ctx.tenant.id, **data).wire()
 
 
 class ProveIn(Input):
@@ -38,6 +38,6 @@ class ProveIn(Input):
 
 
 @endpoint("audit", "prove", input=ProveIn, mutating=False)
-def audit_prove_(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+def audit_prove(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """An inclusion proof of one audit event against the latest checkpoint."""
-    return audit_prove(tenant_id=ctx.tenant.id, event_id=data["event_id"])
+    return checkpoints.audit_prove(tenant_id=ctx.tenant.id, event_id=data["event_id"])

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bcd.config import Config, Paths, joined_config
-from bcd.join import JoinError, Pins
+from bcd.join.documents import JoinError, Pins
 from bcd.tokens import TokenError, read_token
 
 
@@ -18,7 +18,7 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def cmd_join(args: argparse.Namespace) -> int:
-    from bcd.joining import join
+    from bcd.join.client import join
 
     joined = joined_config(Paths(_root(args)))
     if joined is not None:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               "(a join token is never one: use BCD_JOIN_TOKEN, standard input or "
               "--token-file)", file=sys.stderr)
         return 2
-    return args.handler(args)
+    return int(args.handler(args))
 
 
 if __name__ == "__main__":

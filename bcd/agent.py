@@ -18,40 +18,40 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from bcd.config import Config, write_private
+from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
+from bcd.contract.holds import BadHold, Hold
 from bcd.holds import remove_hold, slice_stop_if_empty, write_hold
-from bcd.joining import inventory_for
+from bcd.inventory import inventory_for
 from bcd.journal import Journal
 from bcd.session import AgentSession, Credentials
 
 logger = logging.getLogger("bcd")
 BACKOFF_MAX = 30.0
-# Renew once a third of a 24 h certificate is left (both knobs exist for tests).
-RENEW_MARGIN = timedelta(hours=float(os.environ.get("BCD_RENEW_MARGIN_HOURS", "8")))
-RENEW_CHECK_SECONDS = float(os.environ.get("BCD_RENEW_CHECK_SECONDS", "300"))
 
 
 class Agent:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, tuning: Tuning | None = None) -> None:
         self.config = config
+        self.tuning = tuning or Tuning.from_env()
         self.paths = config.paths
-        self.inventory = inventory_for(config, sim=config.sim, sim_gpus=config.sim_gpus,
+        self.inventory = inventory_for(sim=config.sim, sim_gpus=config.sim_gpus,
                                        sim_variant=config.sim_variant,
                                        hostname=config.hostname or config.node_id)
         self.session: AgentSession | None = None
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
-        self.busy_slices: dict[str, dict[str, Any]] = {}  # released holds whose slice runs
-        self._key = None
+        self.busy_slices: dict[str, Hold] = {}  # released holds whose slice still runs
+        self._key: ec.EllipticCurvePrivateKey | None = None
 
     def credentials(self) -> Credentials:
-        key = serialization.load_pem_private_key(self.paths.key_file.read_bytes(), None)
-        return Credentials(key=key, certificate_pem=self.paths.cert_file.read_bytes(),
+        return Credentials(key=self.node_key(),
+                           certificate_pem=self.paths.cert_file.read_bytes(),
                            ca_pem=self.paths.ca_file.read_bytes())
 
     async def run_command(self, command_id: str, kind: str,
-                          payload: dict[str, Any]) -> tuple[str, dict]:
+                          payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Run a one-shot command at most once, whatever crashes or redeliveries happen."""
         seen = self.journal.state("command", command_id)
         if seen is not None and seen["phase"] == "done":
@@ -63,7 +63,7 @@ class Agent:
         self.journal.done("command", command_id, status=status, output=output)
         return status, output
 
-    async def _execute(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict]:
+    async def _execute(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if kind == "diag.nvml":
             healthy = self.inventory.healthy_gpus()
             expected = int(payload.get("expect", {}).get("gpuCount", 0))
@@ -75,7 +75,7 @@ class Agent:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}
 
-    async def _mark(self, payload: dict[str, Any]) -> tuple[str, dict]:
+    async def _mark(self, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A simulated one-shot side effect (appends a line), for crash tests: it can pause
         before acting and after acting, so a kill -9 can land in either gap."""
         await asyncio.sleep(float(payload.get("pauseBefore", 0)))
@@ -87,10 +87,12 @@ class Agent:
         await asyncio.sleep(float(payload.get("pauseAfter", 0)))
         return "succeeded", {"marked": payload.get("mark", "x")}
 
-    def node_key(self) -> Any:
+    def node_key(self) -> ec.EllipticCurvePrivateKey:
         if self._key is None:
-            self._key = serialization.load_pem_private_key(self.paths.key_file.read_bytes(),
-                                                           None)
+            key = serialization.load_pem_private_key(self.paths.key_file.read_bytes(), None)
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                raise ValueError(f"{self.paths.key_file} is not an EC private key")
+            self._key = key
         return self._key
 
     def _signed(self, kind: str, payload: dict[str, Any]) -> tuple[str, str, str]:
@@ -101,15 +103,18 @@ class Agent:
         """Converge the node to `spec`: write new holds, remove dropped ones, journaled.
 
         Holds are idempotent, so a step begun before a crash is simply done again; bound
-        holds are reported again too (the control plane treats a repeat as a no-op).
+        holds are reported again too (the control plane treats a repeat as a no-op). A spec
+        with any malformed hold is refused whole (BadHold): nothing of it is applied.
         """
         if generation < self.journal.applied_generation():
             return []
+        entries = spec.get("allocations", [])
+        if not isinstance(entries, list):
+            raise BadHold("allocations must be a list")
+        wanted = {hold.allocation_id: hold for hold in map(Hold.from_wire, entries)}
         self.journal.begin("spec", str(generation), generation=generation)
-        wanted = {h["allocationId"]: h for h in spec.get("allocations", [])}
-        held = self.journal.held()
         reports = []
-        for allocation, hold in held.items():
+        for allocation, hold in self.held().items():
             if allocation not in wanted:
                 self.journal.begin("unhold", allocation)
                 if not remove_hold(hold, self.paths):
@@ -123,9 +128,9 @@ class Agent:
         claimed: dict[str, str] = {}
         for allocation, hold in list(wanted.items()):
             problem = ""
-            if not set(hold["gpus"]) <= present:
+            if not set(hold.gpus) <= present:
                 problem = "device-missing"
-            elif any(claimed.get(uuid, allocation) != allocation for uuid in hold["gpus"]):
+            elif any(claimed.get(uuid, allocation) != allocation for uuid in hold.gpus):
                 problem = "overlap"
             if problem:
                 del wanted[allocation]
@@ -133,21 +138,26 @@ class Agent:
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": problem}))
             else:
-                claimed.update(dict.fromkeys(hold["gpus"], allocation))
+                claimed.update(dict.fromkeys(hold.gpus, allocation))
         for allocation, hold in wanted.items():
             self.journal.begin("hold", allocation)
             bound = write_hold(hold, self.paths)
-            self.journal.done("hold", allocation, hold=hold)
+            self.journal.done("hold", allocation, hold=hold.wire())
             reports.append(self._signed("bound", {**bound, "generation": generation,
                                                   "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
         return reports
 
+    def held(self) -> dict[str, Hold]:
+        """What the journal says this node holds (written by this agent, so well-formed)."""
+        return {allocation: Hold.from_wire(hold)
+                for allocation, hold in self.journal.held().items()}
+
     def status(self) -> dict[str, Any]:
         state = self.session.state if self.session else None
         report = self.inventory.report()
-        held_by = {uuid: allocation for allocation, hold in self.journal.held().items()
-                   for uuid in hold.get("gpus", [])}
+        held_by = {uuid: allocation for allocation, hold in self.held().items()
+                   for uuid in hold.gpus}
         readings = self.inventory.telemetry()
         return {
             "nodeId": self.config.node_id, "siteId": self.config.site_id,
@@ -200,9 +210,10 @@ class Agent:
             await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 (jitter)
             delay = min(BACKOFF_MAX, delay * 2)
 
-    async def renew_certificates(self, *, margin: timedelta = RENEW_MARGIN,
-                                 interval: float = RENEW_CHECK_SECONDS) -> None:
+    async def renew_certificates(self) -> None:
         """Ask for a fresh certificate (same key) over the session before this one expires."""
+        margin = timedelta(hours=self.tuning.renew_margin_hours)
+        interval = self.tuning.renew_check_seconds
         while True:
             await asyncio.sleep(interval)
             cert = x509.load_pem_x509_certificate(self.paths.cert_file.read_bytes())
@@ -248,7 +259,10 @@ def read_status(socket_path: Path) -> dict[str, Any]:
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
         data = await reader.read()
         writer.close()
-        return json.loads(data)
+        status = json.loads(data)
+        if not isinstance(status, dict):
+            raise ValueError("the agent's status is not a JSON object")
+        return status
 
     return asyncio.run(ask())
 

@@ -1,7 +1,8 @@
-"""Where bcd keeps things, and its config.toml.
+"""Where bcd keeps things, its config.toml, and its tuning.
 
 Every host path hangs off a root ("/" on a real server, a private directory for simulated
 agents), so many simulated agents can run side by side without touching the real /etc.
+Environment variables (all `BCD_…`) are read here, once, when the agent starts.
 """
 
 from __future__ import annotations
@@ -10,6 +11,20 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Timing knobs, from `BCD_RENEW_MARGIN_HOURS` (renew once this little of the 24 h
+    certificate is left) and `BCD_RENEW_CHECK_SECONDS` (how often to look)."""
+
+    renew_margin_hours: float = 8.0
+    renew_check_seconds: float = 300.0
+
+    @classmethod
+    def from_env(cls) -> Tuning:
+        return cls(float(os.environ.get("BCD_RENEW_MARGIN_HOURS", cls.renew_margin_hours)),
+                   float(os.environ.get("BCD_RENEW_CHECK_SECONDS", cls.renew_check_seconds)))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def run_checks(paths: Paths, *, server: str | None) -> int:
         target = server or (config.server if config else None)
         if not target:
             return "skipped (no server given and not joined)"
-        from bcd.joining import wellknown_url
+        from bcd.join.client import wellknown_url
 
         with urllib.request.urlopen(wellknown_url(target), timeout=10):  # noqa: S310
             return f"{target} answers"
@@ -44,8 +44,8 @@ def run_checks(paths: Paths, *, server: str | None) -> int:
     def pins() -> str:
         if config is None:
             return "not joined yet"
-        from bcd.join import Pins, check_wellknown
-        from bcd.joining import fetch_wellknown
+        from bcd.join.client import fetch_wellknown
+        from bcd.join.documents import Pins, check_wellknown
 
         check_wellknown(fetch_wellknown(config.server), Pins(
             config.serving_ca_pin, config.join_signing_pin, config.join_encryption_pin))

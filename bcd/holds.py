@@ -1,4 +1,5 @@
-"""Device assignments (holds) on the node: a CDI spec, an env file and a slice per allocation.
+"""Device assignments (holds) on the node: a CDI spec, an env file and a slice per allocation
+(their names come from bcd.contract.holds).
 
 `bcd.dev/gpu=<uuid>` names exactly one held GPU. When NVIDIA's own CDI spec
 (/etc/cdi/nvidia.json, from `nvidia-ctk cdi generate --device-name-strategy=uuid`) exists,
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bcd.config import Paths, write_private
+from bcd.contract.holds import CDI_KIND, Hold
 
-CDI_KIND = "bcd.dev/gpu"
 CDI_VERSION = "0.6.0"
 
 
@@ -29,43 +30,39 @@ def _vendor_edits(paths: Paths) -> dict[str, dict[str, Any]]:
             for device in spec.get("devices", [])}
 
 
-def cdi_spec(hold: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def cdi_spec(hold: Hold, paths: Paths) -> dict[str, Any]:
     vendor = _vendor_edits(paths)
     devices = []
-    for uuid in hold["gpus"]:
+    for uuid in hold.gpus:
         edits = vendor.get(uuid)
         if edits is None:
             edits = {"env": [f"NVIDIA_VISIBLE_DEVICES={uuid}"]}
         devices.append({"name": uuid, "containerEdits": edits})
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
-            "containerEdits": {"env": [f"BCD_ALLOCATION_ID={hold['allocationId']}"]}}
+            "containerEdits": {"env": [f"BCD_ALLOCATION_ID={hold.allocation_id}"]}}
 
 
-def files_of(hold: dict[str, Any], paths: Paths) -> tuple[Path, Path]:
-    allocation = hold["allocationId"]
-    return (paths.cdi_dir / f"bcd-{allocation}.json",
-            paths.root / hold["envFile"].lstrip("/"))
+def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
+    return paths.cdi_dir / hold.cdi_spec_name, paths.root / hold.env_file.lstrip("/")
 
 
-def write_hold(hold: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def write_hold(hold: Hold, paths: Paths) -> dict[str, Any]:
     """Write (or rewrite: idempotent) the hold's files; returns what the node now holds."""
     spec_file, env_file = files_of(hold, paths)
     slice_create(hold, paths)
     write_private(spec_file, json.dumps(cdi_spec(hold, paths), indent=2))
     spec_file.chmod(0o644)  # container runtimes read CDI specs
-    names = [f"{CDI_KIND}={uuid}" for uuid in hold["gpus"]]
     write_private(env_file, "".join(f"{k}={v}\n" for k, v in {
-        "BCD_ALLOCATION_ID": hold["allocationId"],
-        "BCD_RESERVATION_ID": hold.get("reservationId", ""),
-        "BCD_CGROUP_PARENT": hold["cgroupParent"],
-        "BCD_CDI_DEVICES": ",".join(names),
-        "NVIDIA_VISIBLE_DEVICES": ",".join(hold["gpus"]),
+        "BCD_ALLOCATION_ID": hold.allocation_id,
+        "BCD_RESERVATION_ID": hold.reservation_id,
+        "BCD_CGROUP_PARENT": hold.slice_name,
+        "BCD_CDI_DEVICES": ",".join(hold.cdi_devices),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(hold.gpus),
     }.items()))
-    return {"allocationId": hold["allocationId"], "cdiDevices": sorted(names),
-            "envFile": hold["envFile"], "cgroupParent": hold["cgroupParent"]}
+    return hold.binding()
 
 
-def remove_hold(hold: dict[str, Any], paths: Paths) -> bool:
+def remove_hold(hold: Hold, paths: Paths) -> bool:
     """Remove the spec and env file, and stop the slice if nothing runs in it: a release
     never kills a running workload. False when the slice is still busy (retry later)."""
     for path in files_of(hold, paths):
@@ -82,28 +79,28 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def slice_create(hold: dict[str, Any], paths: Paths) -> bool:
+def slice_create(hold: Hold, paths: Paths) -> bool:
     """Create the hold's slice through systemd where it runs (a runtime unit, gone at
     reboot); a workload manager then places workloads in it. False without systemd."""
     if not systemd_present(paths):
         return False
-    unit = paths.root / "run/systemd/system" / hold["cgroupParent"]
-    unit.write_text(f"[Unit]\nDescription=better-compute hold {hold['allocationId']}\n\n"
+    unit = paths.root / "run/systemd/system" / hold.slice_name
+    unit.write_text(f"[Unit]\nDescription=better-compute hold {hold.allocation_id}\n\n"
                     "[Slice]\n")
     _systemctl("daemon-reload")
-    _systemctl("start", hold["cgroupParent"])
+    _systemctl("start", hold.slice_name)
     return True
 
 
-def slice_stop_if_empty(hold: dict[str, Any], paths: Paths) -> bool:
+def slice_stop_if_empty(hold: Hold, paths: Paths) -> bool:
     """Stop the slice only once nothing runs in it: a release never kills a workload.
     Returns whether it was stopped (a slice still in use is stopped on a later release)."""
     if not systemd_present(paths):
         return False
-    shown = _systemctl("show", "-p", "TasksCurrent", "--value", hold["cgroupParent"])
+    shown = _systemctl("show", "-p", "TasksCurrent", "--value", hold.slice_name)
     if shown.stdout.strip() not in ("", "0", "[not set]"):
         return False
-    _systemctl("stop", hold["cgroupParent"])
-    (paths.root / "run/systemd/system" / hold["cgroupParent"]).unlink(missing_ok=True)
+    _systemctl("stop", hold.slice_name)
+    (paths.root / "run/systemd/system" / hold.slice_name).unlink(missing_ok=True)
     _systemctl("daemon-reload")
     return True

@@ -56,7 +56,8 @@ class Journal:
         """The last record of (kind, key), or None if never journaled."""
         for record in reversed(self.records):
             if record.get("kind") == kind and record.get("key") == key:
-                return record
+                found: dict[str, Any] = record
+                return found
         return None
 
     def held(self) -> dict[str, dict[str, Any]]:

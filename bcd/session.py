@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd.contract.crypto import sign_bytes
+from bcd.contract.holds import BadHold
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 
@@ -80,7 +81,7 @@ class AgentSession:
     def send_inventory(self) -> str:
         message = self._message(inventory=pb.Report(json=json.dumps(self.inventory.report())))
         self.bulk.put_nowait(message)
-        return message.report_id
+        return str(message.report_id)
 
     def request_renewal(self, key: ec.EllipticCurvePrivateKey) -> None:
         """Send a CSR for the same key; the gateway relays it and answers Renewed."""
@@ -175,9 +176,14 @@ class AgentSession:
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
                     elif kind == "spec" and self.apply_spec is not None:
-                        spec = json.loads(message.spec.json)
-                        for report, body, signature in self.apply_spec(message.spec.generation,
-                                                                       spec):
+                        try:
+                            reports = self.apply_spec(message.spec.generation,
+                                                      json.loads(message.spec.json))
+                        except (BadHold, ValueError) as refusal:
+                            logger.error("spec generation %d refused, nothing applied: %s",
+                                         message.spec.generation, refusal)
+                            continue
+                        for report, body, signature in reports:
                             field_type = {"bound": pb.AllocationBound,
                                           "released": pb.AllocationReleased,
                                           "failed": pb.AllocationFailed}[report]

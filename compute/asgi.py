@@ -8,7 +8,7 @@ django_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (after Django setup)
 from django.urls import path, re_path  # noqa: E402
 
-from compute.events.watch import events_watch  # noqa: E402
+from compute.http.watch import events_watch  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": URLRouter([

@@ -1,11 +1,13 @@
+"""Every HTTP route of the control plane (the watch stream is routed in compute.asgi)."""
+
 from django.contrib import admin
 from django.urls import path
 
-from compute.api.envelope import EnvelopeView
-from compute.api.openapi import openapi_view
-from compute.downloads import download_view
-from compute.wellknown import wellknown_view
-from fleet.views import join_view, renew_view
+from compute.http.agent import join_view, renew_view
+from compute.http.downloads import download_view
+from compute.http.envelope import EnvelopeView
+from compute.http.openapi import openapi_view
+from compute.http.wellknown import wellknown_view
 
 urlpatterns = [
     path(".well-known/better-compute", wellknown_view, name="wellknown"),

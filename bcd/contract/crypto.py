@@ -23,17 +23,19 @@ def b64url(data: bytes) -> str:
 
 
 def unb64url(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    return bytes(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
 
 
 def spki_der(public_key: PublicKey) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.DER,
-                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+    der: bytes = public_key.public_bytes(serialization.Encoding.DER,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der
 
 
 def public_pem(public_key: PublicKey) -> str:
-    return public_key.public_bytes(serialization.Encoding.PEM,
-                                   serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    pem: bytes = public_key.public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pem.decode()
 
 
 def sign_bytes(key: ec.EllipticCurvePrivateKey, data: bytes) -> str:
@@ -44,6 +46,8 @@ def verify_bytes(public_key_pem: str, data: bytes, signature: str) -> bool:
     """Does `signature` over `data` verify with this PEM public key?"""
     try:
         key = serialization.load_pem_public_key(public_key_pem.encode())
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            return False
         key.verify(unb64url(signature), data, ec.ECDSA(hashes.SHA256()))
     except (ValueError, TypeError, InvalidSignature):
         return False
@@ -76,7 +80,7 @@ def open_document(envelope: dict[str, str], *, pin: str) -> dict[str, Any]:
     """Verify `envelope` was signed by the key whose SPKI pin is `pin`; return the payload."""
     try:
         key = serialization.load_der_public_key(unb64url(envelope["key"]))
-        if spki_pin(key) != pin:
+        if not isinstance(key, ec.EllipticCurvePublicKey) or spki_pin(key) != pin:
             raise BadSignature("the response is signed by a key that does not match the pin")
         body = unb64url(envelope["payload"])
         key.verify(unb64url(envelope["signature"]), body, ec.ECDSA(hashes.SHA256()))
@@ -84,7 +88,10 @@ def open_document(envelope: dict[str, str], *, pin: str) -> dict[str, Any]:
         if isinstance(error, BadSignature):
             raise
         raise BadSignature(f"the response signature does not verify: {error}") from error
-    return json.loads(body)
+    payload = json.loads(body)
+    if not isinstance(payload, dict):
+        raise BadSignature("the signed payload is not an object")
+    return payload
 
 
 def public_jwk(key: ec.EllipticCurvePublicKey) -> dict[str, str]:

@@ -16,3 +16,17 @@ class InventorySource(Protocol):
     def telemetry(self) -> dict[str, dict[str, float]]:
         """Per GPU UUID: utilization, temperatureC, powerW, memoryUsedMiB."""
         ...
+
+
+def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str,
+                  hostname: str) -> InventorySource:
+    """The machine's inventory: simulated (`sim`, labelled as such), else nvidia-smi."""
+    if sim:
+        from bcd.inventory.fake import SimulatedInventory
+
+        if sim_variant == "cpu":
+            return SimulatedInventory.cpu(hostname)
+        return SimulatedInventory(hostname, gpus=sim_gpus)
+    from bcd.inventory.nvidia import NvidiaSmiInventory
+
+    return NvidiaSmiInventory(hostname=hostname)

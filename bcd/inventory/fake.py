@@ -43,7 +43,7 @@ class SimulatedInventory:
     def telemetry(self) -> dict[str, dict[str, float]]:
         """Simulated readings per GPU UUID: plausible, different per GPU, drifting per minute."""
         minute = int(time.time() // 60)
-        readings = {}
+        readings: dict[str, dict[str, float]] = {}
         for gpu in self.report()["gpus"]:
             seed = int(hashlib.sha256(f"{gpu['uuid']}/{minute}".encode()).hexdigest()[:8], 16)
             readings[gpu["uuid"]] = {"utilization": seed % 101, "temperatureC": 30 + seed % 45,

@@ -15,16 +15,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from bcd.contract import ids
-
-
-@dataclass(frozen=True)
-class Resource:
-    """What a call would touch: its kind, its id (None for a create) and its tenant."""
-
-    kind: str
-    tenant_id: str
-    id: str | None = None
-    attrs: dict[str, Any] = field(default_factory=dict)
+from compute.api.registry import Resource
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any
 
-from compute.iam import Decision, Resource
+from compute.api.registry import Resource
+from compute.iam import Decision
 from compute.tenancy.models import ROOT_TENANT_SLUG, Principal, Role, RoleBinding
 
 _READ = ("*.get", "*.list", "events.watch", "system.whoami", "capacity.*", "pki.show", "usage.*",

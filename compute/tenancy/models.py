@@ -9,6 +9,7 @@ from django.utils import timezone
 from compute.fields import id_field
 
 ROOT_TENANT_SLUG = "root"
+TOKEN_SCHEME = "biam"  # noqa: S105 (the API token prefix, not a secret)
 
 
 class Tenant(models.Model):

@@ -3,10 +3,38 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
-from compute.errors import InvalidArgument, NotFound
+from compute import secrets
+from compute.errors import InvalidArgument, NotFound, Unauthenticated
 from compute.guards import one_visible
-from compute.tenancy.models import ROOT_TENANT_SLUG, ApiToken, Principal, Tenant
+from compute.tenancy.models import ROOT_TENANT_SLUG, TOKEN_SCHEME, ApiToken, Principal, Tenant
+
+
+def principal_for_token(presented: str) -> Principal:
+    """Resolve `biam_<id>.<secret>`; every failure is the same 401 to the caller."""
+    parts = secrets.split(TOKEN_SCHEME, presented)
+    token = None
+    if parts is not None:
+        token = ApiToken.objects.select_related("principal__tenant").filter(pk=parts[0]).first()
+    ok = secrets.matches(parts[1] if parts else "", token.secret_sha256 if token else None)
+    if not ok or token is None:
+        raise Unauthenticated("invalid API token")
+    if token.revoked_at is not None:
+        raise Unauthenticated("API token revoked")
+    if token.expires_at is not None and token.expires_at <= timezone.now():
+        raise Unauthenticated("API token expired")
+    if token.principal.disabled_at is not None:
+        raise Unauthenticated("principal disabled")
+    return token.principal
+
+
+def principal_for_user(user: object) -> Principal:
+    """The principal of a signed-in browser session's user."""
+    principal = Principal.objects.select_related("tenant").filter(user=user).first()
+    if principal is None or principal.disabled_at is not None:
+        raise Unauthenticated("this session's user has no principal")
+    return principal
 
 
 def tenant_resolve(value: object, *, principal: Principal) -> Tenant:

@@ -9,13 +9,19 @@ from django.utils import timezone
 
 from audit.services import audit_record, audited
 from compute import secrets
-from compute.api.auth import TOKEN_SCHEME
 from compute.db import constraint_errors
 from compute.errors import AlreadyExists, InvalidState, NotFound
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
-from compute.tenancy.models import ROOT_TENANT_SLUG, ApiToken, Principal, RoleBinding, Tenant
+from compute.tenancy.models import (
+    ROOT_TENANT_SLUG,
+    TOKEN_SCHEME,
+    ApiToken,
+    Principal,
+    RoleBinding,
+    Tenant,
+)
 from compute.tenancy.selectors import access_token_by_id, root_tenant
 
 

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
+from bcd.contract.holds import Hold
 from compute.db import database_now
 from compute.events.services import event_emit
 from compute.events.types import EventType
@@ -26,18 +27,15 @@ from reservations.services.book import emit_placed, try_place
 from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
 
-CDI_KIND = "bcd.dev/gpu"
-
 
 class BindingRefused(Exception):
     """A report that does not prove what it claims; the reason goes to the audit trail."""
 
 
-def hold_spec(allocation: Allocation, rsv: Reservation, uuids: list[str]) -> dict[str, Any]:
-    return {"allocationId": allocation.id, "reservationId": rsv.id, "gpus": uuids,
-            "envFile": f"/run/bcd/allocations/{allocation.id}.env",
-            "cgroupParent": f"bcd-alloc-{allocation.id}.slice",
-            "kubernetes": rsv.kubernetes}
+def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
+    """The hold as the node's spec carries it: ids and GPU UUIDs only (the node derives
+    every path and unit name from the allocation id)."""
+    return Hold(allocation.id, rsv.id, tuple(booked_uuids(allocation)), rsv.kubernetes)
 
 
 def booked_uuids(allocation: Allocation) -> list[str]:
@@ -54,8 +52,7 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
         return None
     allocation = rsv.allocations.get(ended_at__isnull=True)
     node = Node.objects.select_for_update().get(pk=allocation.node_id)
-    spec = node_spec_change_locked(node, add=hold_spec(allocation, rsv,
-                                                       booked_uuids(allocation)))
+    spec = node_spec_change_locked(node, add=hold_of(allocation, rsv).wire())
     transition(rsv, ReservationState.BINDING)
     rsv.binding_started_at = now
     rsv.save(update_fields=["state", "binding_started_at"])
@@ -98,15 +95,16 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
     if allocation is None:
         raise BindingRefused("no live allocation of this node has that id")
     rsv = Reservation.objects.select_for_update().get(pk=allocation.reservation_id)
-    expected = [f"{CDI_KIND}={uuid}" for uuid in booked_uuids(allocation)]
-    if sorted(payload.get("cdiDevices", [])) != expected:
+    hold = hold_of(allocation, rsv)
+    if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices:
         raise BindingRefused("the node holds other GPUs than the ledger booked")
     if rsv.state == ReservationState.ACTIVE:
         return rsv
     if rsv.state != ReservationState.BINDING:
         raise BindingRefused(f"reservation {rsv.id} is {rsv.state}, not binding")
-    rsv.binding = {"nodeId": node_id, "cdiDevices": expected, "envFile": payload["envFile"],
-                   "cgroupParent": payload["cgroupParent"]}
+    binding = hold.binding()
+    rsv.binding = {"nodeId": node_id, "cdiDevices": binding["cdiDevices"],
+                   "envFile": binding["envFile"], "cgroupParent": binding["cgroupParent"]}
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
     audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",

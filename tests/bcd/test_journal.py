@@ -16,7 +16,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd.agent import Agent
 from bcd.config import Config, Paths, write_private
+from bcd.contract import ids
 from bcd.contract.crypto import public_pem, verify_bytes
+from bcd.contract.holds import BadHold
 from bcd.journal import Journal
 
 
@@ -76,10 +78,13 @@ def test_a_crash_mid_command_never_runs_it_again(root, moment):
     assert effects == ([] if moment == "before-act" else ["diag.disk"])
 
 
+A = {name: ids.new("alloc") for name in ("a", "b", "ok", "gone", "clash", "s")}
+
+
 def hold(allocation, gpus):
-    return {"allocationId": allocation, "reservationId": "rsv_x", "gpus": gpus,
-            "envFile": f"/run/bcd/allocations/{allocation}.env",
-            "cgroupParent": f"bcd-alloc-{allocation}.slice", "kubernetes": False}
+    """A NodeSpec entry as the control plane writes it: ids and GPU UUIDs only."""
+    return {"allocationId": allocation, "reservationId": ids.new("rsv"), "gpus": gpus,
+            "kubernetes": False}
 
 
 def gpus_of(root, count):
@@ -88,7 +93,7 @@ def gpus_of(root, count):
 
 def test_holds_converge_after_a_crash_and_reports_are_signed(root):
     first, second = gpus_of(root, 2)
-    spec = {"allocations": [hold("alloc_a", [first, second])]}
+    spec = {"allocations": [hold(A["a"], [first, second])]}
     crashing = agent(root, [])
     original = crashing.journal.done
 
@@ -109,20 +114,20 @@ def test_holds_converge_after_a_crash_and_reports_are_signed(root):
     assert verify_bytes(public, body.encode(), signature)
     assert json.loads(body)["cdiDevices"] == sorted([f"bcd.dev/gpu={first}",
                                                      f"bcd.dev/gpu={second}"])
-    cdi = json.loads((root / "etc/cdi/bcd-alloc_a.json").read_text())
+    cdi = json.loads((root / f"etc/cdi/bcd-{A['a']}.json").read_text())
     assert [d["name"] for d in cdi["devices"]] == [first, second]
     assert restarted.journal.applied_generation() == 1
     released = restarted.apply_spec(2, {"allocations": []})
     assert [kind for kind, _, _ in released] == ["released"]
-    assert not (root / "etc/cdi/bcd-alloc_a.json").exists()
-    assert not (root / "run/bcd/allocations/alloc_a.env").exists()
+    assert not (root / f"etc/cdi/bcd-{A['a']}.json").exists()
+    assert not (root / f"run/bcd/allocations/{A['a']}.env").exists()
 
 
 def test_an_older_generation_is_ignored(root):
     instance = agent(root, [])
-    instance.apply_spec(3, {"allocations": [hold("alloc_a", gpus_of(root, 1))]})
+    instance.apply_spec(3, {"allocations": [hold(A["a"], gpus_of(root, 1))]})
     assert instance.apply_spec(2, {"allocations": []}) == []
-    assert (root / "etc/cdi/bcd-alloc_a.json").exists()
+    assert (root / f"etc/cdi/bcd-{A['a']}.json").exists()
 
 
 def test_vendor_cdi_edits_are_copied_for_exactly_the_held_gpus(root):
@@ -132,8 +137,8 @@ def test_vendor_cdi_edits_are_copied_for_exactly_the_held_gpus(root):
         for n, uuid in enumerate(uuids)]}
     (root / "etc/cdi").mkdir(parents=True, exist_ok=True)
     (root / "etc/cdi/nvidia.json").write_text(json.dumps(vendor))
-    agent(root, []).apply_spec(1, {"allocations": [hold("alloc_b", [uuids[1], uuids[3]])]})
-    cdi = json.loads((root / "etc/cdi/bcd-alloc_b.json").read_text())
+    agent(root, []).apply_spec(1, {"allocations": [hold(A["b"], [uuids[1], uuids[3]])]})
+    cdi = json.loads((root / f"etc/cdi/bcd-{A['b']}.json").read_text())
     assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in cdi["devices"]] == [
         "/dev/nvidia1", "/dev/nvidia3"]
 
@@ -155,13 +160,13 @@ def test_a_hold_of_gpus_the_machine_lacks_is_reported_failed_not_written(root):
     instance = agent(root, [])
     gpus = [g["uuid"] for g in instance.inventory.report()["gpus"]]
     reports = instance.apply_spec(1, {"allocations": [
-        hold("alloc_ok", gpus[:2]), hold("alloc_gone", ["GPU-not-here"]),
-        hold("alloc_clash", gpus[1:3])]})
+        hold(A["ok"], gpus[:2]), hold(A["gone"], ["GPU-not-here"]),
+        hold(A["clash"], gpus[1:3])]})
     kinds = {json.loads(body)["allocationId"]: kind for kind, body, _ in reports}
-    assert kinds == {"alloc_ok": "bound", "alloc_gone": "failed", "alloc_clash": "failed"}
+    assert kinds == {A["ok"]: "bound", A["gone"]: "failed", A["clash"]: "failed"}
     reasons = {json.loads(b)["allocationId"]: json.loads(b).get("reason") for _, b, _ in reports}
-    assert (reasons["alloc_gone"], reasons["alloc_clash"]) == ("device-missing", "overlap")
-    assert not (root / "etc/cdi/bcd-alloc_gone.json").exists()
+    assert (reasons[A["gone"]], reasons[A["clash"]]) == ("device-missing", "overlap")
+    assert not (root / f"etc/cdi/bcd-{A['gone']}.json").exists()
 
 
 def test_slices_go_through_systemd_where_it_runs_and_stop_only_when_empty(root, monkeypatch,
@@ -178,13 +183,13 @@ def test_slices_go_through_systemd_where_it_runs_and_stop_only_when_empty(root, 
     (root / "run/systemd/system").mkdir(parents=True)
     instance = agent(root, [])
     gpus = gpus_of(root, 1)
-    instance.apply_spec(1, {"allocations": [hold("alloc_s", gpus)]})
-    assert (root / "run/systemd/system/bcd-alloc-alloc_s.slice").exists()
-    assert "start bcd-alloc-alloc_s.slice" in calls.read_text()
+    instance.apply_spec(1, {"allocations": [hold(A["s"], gpus)]})
+    assert (root / f"run/systemd/system/bcd-alloc-{A['s']}.slice").exists()
+    assert f"start bcd-alloc-{A['s']}.slice" in calls.read_text()
     instance.apply_spec(2, {"allocations": []})  # a workload still runs: the slice stays
     assert "stop" not in calls.read_text()
-    assert (root / "run/systemd/system/bcd-alloc-alloc_s.slice").exists()
-    assert list(instance.busy_slices) == ["alloc_s"]
+    assert (root / f"run/systemd/system/bcd-alloc-{A['s']}.slice").exists()
+    assert list(instance.busy_slices) == [A["s"]]
     tasks.write_text("0")  # the workload has gone: the agent's next check stops the slice
 
     async def one_check():
@@ -193,5 +198,33 @@ def test_slices_go_through_systemd_where_it_runs_and_stop_only_when_empty(root, 
         task.cancel()
 
     asyncio.run(one_check())
-    assert "stop bcd-alloc-alloc_s.slice" in calls.read_text()
+    assert f"stop bcd-alloc-{A['s']}.slice" in calls.read_text()
     assert instance.busy_slices == {}
+
+
+@pytest.mark.parametrize("entry", [
+    {"allocationId": "alloc_../../etc/cron.d/x"},
+    {"allocationId": "rsv_01jbx0000000000000000000zz"},
+    {"gpus": ["GPU-ok", "../../dev/mem"]},
+    {"gpus": []},
+    {"kubernetes": "yes"},
+])
+def test_a_spec_with_a_malformed_hold_is_refused_whole(root, entry):
+    instance = agent(root, [])
+    good = hold(A["ok"], gpus_of(root, 1))
+    bad = {**hold(A["b"], gpus_of(root, 2)[1:]), **entry}
+    with pytest.raises(BadHold):
+        instance.apply_spec(1, {"allocations": [good, bad]})
+    assert not (root / "etc/cdi").exists() or not list((root / "etc/cdi").iterdir())
+    assert instance.journal.applied_generation() == 0
+
+
+def test_paths_come_from_the_allocation_id_not_from_the_spec(root):
+    entry = {**hold(A["a"], gpus_of(root, 1)), "envFile": "/etc/shadow",
+             "cgroupParent": "../../../etc/systemd/system/evil.slice"}
+    reports = agent(root, []).apply_spec(1, {"allocations": [entry]})
+    bound = json.loads(reports[0][1])
+    assert bound["envFile"] == f"/run/bcd/allocations/{A['a']}.env"
+    assert bound["cgroupParent"] == f"bcd-alloc-{A['a']}.slice"
+    assert (root / f"run/bcd/allocations/{A['a']}.env").exists()
+    assert not (root / "etc/shadow").exists()

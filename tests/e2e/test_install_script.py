@@ -52,9 +52,10 @@ def make_script(stack, tmp_path, digest):
 def test_the_script_is_valid_posix_shell(stack, artifact, tmp_path):
     script = make_script(stack, tmp_path, artifact[1])
     assert subprocess.run(["sh", "-n", str(script)], check=False).returncode == 0
-    if shutil.which("shellcheck"):
-        assert subprocess.run(["shellcheck", "-s", "sh", str(script)],
-                              check=False).returncode == 0
+    assert shutil.which("shellcheck"), "shellcheck is missing: .ci/run installs it"
+    checked = subprocess.run(["shellcheck", "-s", "sh", str(script)], capture_output=True,
+                             text=True, check=False)
+    assert checked.returncode == 0, checked.stdout
     text = script.read_text()
     assert artifact[1] in text
     assert stack.ok("pki", "show", "--query", "joinSigningKeyPin") in text

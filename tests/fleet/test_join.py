@@ -13,10 +13,11 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from bcd.contract.crypto import jwe_seal, jwk_public_key
-from bcd.join import JoinError, JoinRequest, Pins, check_wellknown, prepare, verify_answer
+from bcd.join.documents import JoinError, JoinRequest, Pins, check_wellknown, prepare, verify_answer
 from compute.iam import _backend
 from fleet.models import JoinToken, Node
 from tests.support.iam import CountingIAM
+from tests.support.writes import assert_wrote
 
 HARDWARE = {"hostname": "gpu-01", "serial": "SN-7701", "productUuid": "4c4c4544-0001",
             "macs": ["aa:bb:cc:dd:ee:01"]}
@@ -118,9 +119,11 @@ def test_every_refusal_looks_the_same_and_only_audit_says_why(client, root, pool
                                                               case):
     minted = mint(root, pool)
     token = REFUSALS[case](minted, root)
-    _, status, body = join(client, token, wellknown)
-    assert (status, body) == (403, {"ok": False, "error": {"code": "join_refused",
-                                                           "message": "join refused"}})
+    with assert_wrote(audit="node.join", denied=True):
+        _, status, body = join(client, token, wellknown)
+    body.pop("requestId")
+    assert (status, body) == (403, {"ok": False, "error": {
+        "code": "join_refused", "message": "join refused", "details": {}}})
     refused = AuditEvent.objects.filter(action="node.join", allowed=False).latest("seq")
     assert refused.reason
     assert not Node.objects.exists()

@@ -16,7 +16,7 @@ import pytest
 
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.inventory.fake import SimulatedInventory
-from bcd.join import Pins, check_wellknown, prepare, verify_answer
+from bcd.join.documents import Pins, check_wellknown, prepare, verify_answer
 from bcd.session import AgentSession, Credentials
 from fleet.pki import issue_gateway_certificate, pki
 

@@ -8,6 +8,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from audit.models import AuditEvent
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
+from bcd.contract.holds import Hold
 from fleet.models import CommandState, Node, NodeCommand, NodeSpec
 from fleet.services.sessions import session_open
 from reservations.services.binding import (
@@ -34,11 +35,8 @@ def bound(root, pool):
 
 
 def report(key, node, hold, gpus=None):
-    body = canonical({"allocationId": hold["allocationId"], "generation": 2,
-                      "nodeId": node.id, "envFile": hold["envFile"],
-                      "cgroupParent": hold["cgroupParent"],
-                      "cdiDevices": [f"bcd.dev/gpu={g}" for g in (gpus or hold["gpus"])]}
-                     ).decode()
+    binding = Hold.from_wire({**hold, "gpus": gpus or hold["gpus"]}).binding()
+    body = canonical({**binding, "generation": 2, "nodeId": node.id}).decode()
     return body, sign_bytes(key, body.encode())
 
 

@@ -13,6 +13,8 @@ from fleet.models import Device, Node
 from reservations.models import Booking, Quota, Reservation
 from tests.factories import make_node, make_unreachable
 from tests.reservations.conftest import HOUR, gpus, reserve
+from tests.support.work import queued, run_due_work
+from tests.support.writes import assert_wrote
 
 
 def booked_uuids(rsv_id):
@@ -82,7 +84,12 @@ def test_pending_is_placed_after_a_release(root, pool):
     waiting = reserve(root, pool, 4).result
     assert waiting["state"] == "pending"
     assert waiting["nodeId"] is None
-    root("reservations.release", reservationId=first["id"])
+    with assert_wrote(audit="reservation.release", events=["reservation.released"]):
+        root("reservations.release", reservationId=first["id"])
+    assert root("reservations.get", reservationId=waiting["id"])["state"] == "pending"
+    assert queued("pool", pool["id"])  # in the release's own transaction
+    with assert_wrote(audit="reservation.place", events=["reservation.placed"]):
+        run_due_work()
     again = root("reservations.get", reservationId=waiting["id"])
     assert again["state"] == "placed"
     assert len(booked_uuids(waiting["id"])) == 4
@@ -96,6 +103,7 @@ def test_pending_retries_in_creation_order(root, pool):
     older = reserve(root, pool, 6).result
     younger = reserve(root, pool, 6).result
     root("reservations.release", reservationId=holder["id"])
+    run_due_work()
     states = {r["id"]: r["state"] for r in root("reservations.list")["items"]}
     assert (states[older["id"]], states[younger["id"]]) == ("placed", "pending")
 
@@ -172,7 +180,9 @@ def test_extend_shrink_frees_capacity_for_pending(root, pool):
     first = reserve(root, pool, 1, duration=3 * HOUR).result
     waiting = reserve(root, pool, 1, startIn=2 * HOUR).result
     assert waiting["state"] == "pending"
-    root("reservations.extend", reservationId=first["id"], by=-2 * HOUR)
+    with assert_wrote(audit="reservation.extend", events=["reservation.extended"]):
+        root("reservations.extend", reservationId=first["id"], by=-2 * HOUR)
+    run_due_work()
     assert root("reservations.get", reservationId=waiting["id"])["state"] == "placed"
 
 

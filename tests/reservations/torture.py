@@ -69,7 +69,8 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
             outcomes: Counter[str], unexpected: list[str]) -> None:
     from compute.errors import ComputeError
     from reservations.services.book import pending_place, reservation_create
-    from reservations.services.release import reservation_extend, reservation_release
+    from reservations.services.extend import reservation_extend
+    from reservations.services.release import reservation_release
     from reservations.services.sandboxes import sandbox_create, sandbox_release
 
     tenant, actor = ((world.acme, world.acme_actor) if rng.random() < 0.5

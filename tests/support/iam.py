@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from compute.iam import Decision, Resource
+from compute.api.registry import Resource
+from compute.iam import Decision
 from compute.iam.embedded import EmbeddedIAM
 
 

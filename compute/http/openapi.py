@@ -96,6 +96,7 @@ def build_document() -> dict[str, Any]:
             "tags": [group],
             "x-iam-action": ep.action,
             "x-mutating": ep.mutating,
+            "x-handler": ep.source,
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": input_schema(ep.input, with_tenant=True)}}},
             "responses": responses,

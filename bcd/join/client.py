@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from bcd.config import Config, Paths, write_private
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
-from bcd.inventory.fake import SimulatedInventory
-from bcd.join import JoinError, Pins, check_wellknown, prepare, verify_answer
+from bcd.inventory import inventory_for
+from bcd.join.documents import JoinError, Pins, check_wellknown, prepare, verify_answer
 
 
 def wellknown_url(server: str) -> str:
@@ -33,24 +33,16 @@ def fetch_wellknown(server: str) -> dict[str, Any]:
     url = wellknown_url(server)
     try:
         with urllib.request.urlopen(url, timeout=15) as response:  # noqa: S310 (http(s) only)
-            return json.loads(response.read())
+            document = json.loads(response.read())
     except (OSError, ValueError) as error:
         raise JoinError(f"cannot read {url}: {error}") from None
+    if not isinstance(document, dict):
+        raise JoinError(f"{url} is not a JSON object")
+    return document
 
 
 def grpc_target(url: str) -> str:
     return url.split("://", 1)[-1].rstrip("/")
-
-
-def inventory_for(config: Config | None, *, sim: bool, sim_gpus: int, sim_variant: str,
-                  hostname: str) -> Any:
-    if sim:
-        if sim_variant == "cpu":
-            return SimulatedInventory.cpu(hostname)
-        return SimulatedInventory(hostname, gpus=sim_gpus)
-    from bcd.inventory.nvidia import NvidiaSmiInventory
-
-    return NvidiaSmiInventory(hostname=hostname)
 
 
 async def _join_rpc(target: str, ca_pem: bytes, request: pb.JoinRequest) -> pb.JoinReply:
@@ -69,7 +61,7 @@ def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus
     if not join_url or not document.get("gatewayUrl"):
         raise JoinError("the control plane publishes no gateway (gatewayUrl, gatewayJoinUrl)")
     name = hostname or socket.gethostname()
-    inventory = inventory_for(None, sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
+    inventory = inventory_for(sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
                               hostname=name)
     report = inventory.report()
     request = prepare(token, document, name)

@@ -1,4 +1,4 @@
-"""API methods of fleet trust: joinTokens.*, pki.show, nodes.adopt."""
+"""API methods joinTokens.*."""
 
 from __future__ import annotations
 
@@ -7,16 +7,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.drafts import object_draft
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, endpoint
+from compute.api.registry import CallContext, Subject, endpoint
 from compute.paging import page
-from fleet import selectors
-from fleet.models import JoinToken, Node, Pool
-from fleet.pki import pki
-from fleet.serializers import present_join_token, present_node
+from fleet.selectors import access_join_token_by_id, access_pool_by_id, join_token_list
+from fleet.serializers import present_join_token
 from fleet.services.join_tokens import join_token_create, join_token_revoke
-from fleet.services.lifecycle import node_adopt_again
 
 
 class JoinTokenCreateIn(Input):
@@ -31,12 +27,8 @@ class JoinTokenCreateIn(Input):
     idempotency_key = IdempotencyKeyField()
 
 
-def _owned_pool_guard(ctx: CallContext, pool_id: str) -> Pool:
-    return selectors.access_pool_by_id(tenant=ctx.tenant, pool_id=pool_id, owned=True)
-
-
 @endpoint("joinTokens", "create", input=JoinTokenCreateIn, mutating=True,
-          draft=object_draft("pool", _owned_pool_guard, "pool_id"))
+          subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}))
 def join_tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Mint a join token `bcjt_<id>.<secret>`, shown once (bind it with expect*)."""
     data["ttl"] = timedelta(milliseconds=data["ttl"])
@@ -47,12 +39,7 @@ def join_tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]
 @endpoint("joinTokens", "list", input=ListInput, mutating=False)
 def join_tokens_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Join tokens of the tenant's pools (never their secrets)."""
-    return page(selectors.join_token_list(tenant=ctx.tenant), present=present_join_token,
-                **data)
-
-
-def _join_token_guard(ctx: CallContext, token_id: str) -> JoinToken:
-    return selectors.access_join_token_by_id(tenant=ctx.tenant, token_id=token_id)
+    return page(join_token_list(tenant=ctx.tenant), present=present_join_token, **data)
 
 
 class JoinTokenRevokeIn(Input):
@@ -60,35 +47,9 @@ class JoinTokenRevokeIn(Input):
 
 
 @endpoint("joinTokens", "revoke", input=JoinTokenRevokeIn, mutating=True,
-          draft=object_draft("join_token", _join_token_guard, "join_token_id"))
+          subject=Subject("join_token", access_join_token_by_id, "join_token_id",
+                          param="token_id"))
 def join_tokens_revoke(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Revoke a join token: no machine can join with it from now on."""
     return present_join_token(join_token_revoke(tenant=ctx.tenant, actor=ctx.principal,
-                                                token_id=data["join_token_id"]))
-
-
-class PkiShowIn(Input):
-    pass
-
-
-@endpoint("pki", "show", input=PkiShowIn, mutating=False)
-def pki_show(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
-    """The SPKI pins of the serving CA, the join-signing and the join-encryption keys."""
-    authority = pki()
-    return {"trustDomain": authority.trust_domain, **authority.pins()}
-
-
-def _node_guard(ctx: CallContext, node_id: str) -> Node:
-    return selectors.access_node_by_id(tenant=ctx.tenant, node_id=node_id)
-
-
-class NodeAdoptIn(Input):
-    node_id = PublicIdField("node")
-    reason = serializers.CharField(max_length=300)
-
-
-@endpoint("nodes", "adopt", input=NodeAdoptIn, mutating=True,
-          draft=object_draft("node", _node_guard, "node_id"))
-def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
-    """Start a new acceptance attempt for a node whose acceptance failed."""
-    return present_node(node_adopt_again(tenant=ctx.tenant, actor=ctx.principal, **data))
+                                                token_id=ctx.subject.id))

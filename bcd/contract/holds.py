@@ -1,0 +1,78 @@
+"""The hold contract: what a held allocation is called on a node.
+
+A NodeSpec names each hold by its allocation id and lists GPU UUIDs, nothing more. Every
+name with a path or a unit in it (the CDI spec file, the env file, the systemd slice) is
+derived here from the validated id, on the agent's side, so a spec (or whoever forged one)
+cannot point bcd's writes anywhere else. The control plane derives the same names to show
+them, from the same code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from bcd.contract import ids
+
+CDI_KIND = "bcd.dev/gpu"
+ENV_DIR = "/run/bcd/allocations"
+DEVICE_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9-]{0,94}$")
+
+
+class BadHold(ValueError):
+    """A spec entry that is not a well-formed hold; the agent applies none of that spec."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    allocation_id: str
+    reservation_id: str
+    gpus: tuple[str, ...]
+    kubernetes: bool = False
+
+    @classmethod
+    def from_wire(cls, entry: object) -> Hold:
+        """Validate one `allocations[]` entry of a NodeSpec."""
+        if not isinstance(entry, dict):
+            raise BadHold("a hold must be an object")
+        try:
+            allocation_id = ids.parse(entry.get("allocationId"), expect="alloc")
+            reservation_id = ids.parse(entry.get("reservationId"), expect="rsv")
+        except ids.InvalidId as error:
+            raise BadHold(str(error)) from None
+        gpus = entry.get("gpus")
+        if not isinstance(gpus, list) or not gpus or not all(
+                isinstance(g, str) and DEVICE_UUID.match(g) for g in gpus):
+            raise BadHold(f"{allocation_id}: gpus must be a list of GPU-/MIG- UUIDs")
+        if len(set(gpus)) != len(gpus):
+            raise BadHold(f"{allocation_id}: a GPU is listed twice")
+        kubernetes = entry.get("kubernetes", False)
+        if not isinstance(kubernetes, bool):
+            raise BadHold(f"{allocation_id}: kubernetes must be true or false")
+        return cls(allocation_id, reservation_id, tuple(gpus), kubernetes)
+
+    def wire(self) -> dict[str, Any]:
+        return {"allocationId": self.allocation_id, "reservationId": self.reservation_id,
+                "gpus": list(self.gpus), "kubernetes": self.kubernetes}
+
+    @property
+    def cdi_devices(self) -> list[str]:
+        return sorted(f"{CDI_KIND}={uuid}" for uuid in self.gpus)
+
+    @property
+    def cdi_spec_name(self) -> str:
+        return f"bcd-{self.allocation_id}.json"
+
+    @property
+    def env_file(self) -> str:
+        return f"{ENV_DIR}/{self.allocation_id}.env"
+
+    @property
+    def slice_name(self) -> str:
+        return f"bcd-alloc-{self.allocation_id}.slice"
+
+    def binding(self) -> dict[str, Any]:
+        """What the node reports (signed) that it holds, and what the ledger shows."""
+        return {"allocationId": self.allocation_id, "cdiDevices": self.cdi_devices,
+                "envFile": self.env_file, "cgroupParent": self.slice_name}

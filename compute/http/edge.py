@@ -1,0 +1,100 @@
+"""The one edge between HTTP and the control plane, shared by every entry point (the
+envelope, the events watch stream, the agent-facing join and renew endpoints).
+
+`caller()` authenticates and resolves the tenant, `decide_once()` asks IAM and writes the
+denied audit row of a refusal, and `error_answer()` turns any exception into the one error
+envelope: a domain error keeps its code and status, a malformed body is 400, anything else
+is a logged 500 `internal` that names the request id and nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import JsonResponse
+from rest_framework import exceptions as drf_exceptions
+
+from audit.context import CallStamp, stamped
+from audit.services import audit_denied
+from bcd.contract import ids
+from compute import iam
+from compute.api.registry import Resource
+from compute.errors import ComputeError, InvalidArgument, PermissionDenied
+from compute.http.auth import authenticate
+from compute.tenancy.models import Principal, Tenant
+from compute.tenancy.selectors import tenant_resolve
+
+logger = logging.getLogger("compute.http")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated caller acting in one tenant, under one request id."""
+
+    principal: Principal
+    tenant: Tenant
+    request_id: str
+
+
+def caller(headers: Mapping[str, str], *, tenant_ref: object, request_id: str,
+           user: Any = None) -> Caller:
+    """Who calls (bearer token, or a browser session with the CSRF header) and in which
+    tenant (`tenant_ref`, by default the caller's own)."""
+    return acting_as(authenticate(headers, user=user), tenant_ref=tenant_ref,
+                     request_id=request_id)
+
+
+def acting_as(principal: Principal, *, tenant_ref: object, request_id: str) -> Caller:
+    return Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
+
+
+def decide_once(who: Caller, action: str, resource: Resource) -> CallStamp:
+    """The request's one IAM decision. A refusal writes its denied audit row and raises
+    PermissionDenied; an allowed call gets the stamp its audit row will carry."""
+    decision = iam.decide(who.principal, action, resource,
+                          {"requestId": who.request_id, "tenantId": who.tenant.id})
+    stamp = CallStamp(request_id=who.request_id, decision_id=decision.id,
+                      decision_reason=decision.reason, origin="api")
+    if not decision.allowed:
+        with stamped(stamp):
+            audit_denied(tenant_id=who.tenant.id, actor_id=who.principal.id, action=action,
+                         target=resource.id or "", reason=decision.reason)
+        raise PermissionDenied(f"not allowed: {decision.reason}", action=action,
+                               decisionId=decision.id)
+    return stamp
+
+
+def error_answer(error: BaseException, request_id: str) -> tuple[int, dict[str, Any]]:
+    """The status and envelope body of a failed request."""
+    if isinstance(error, drf_exceptions.ParseError | drf_exceptions.UnsupportedMediaType):
+        error = InvalidArgument(f"body is not valid JSON: {error.detail}")
+    elif isinstance(error, drf_exceptions.APIException):  # e.g. 405 for another HTTP method
+        status, code = error.status_code, error.default_code
+        error = ComputeError(str(error.detail))
+        error.code, error.http_status = code, status  # type: ignore[misc]
+    if not isinstance(error, ComputeError):
+        logger.error("internal error (request %s)", request_id, exc_info=error)
+        error = ComputeError("internal error", requestId=request_id)
+    return error.http_status, {"ok": False, "requestId": request_id, "error": {
+        "code": error.code, "message": error.message, "details": error.details}}
+
+
+def ok_answer(result: Any, request_id: str) -> dict[str, Any]:
+    return {"ok": True, "result": result, "requestId": request_id}
+
+
+def respond(request_id: str, work: Callable[[], Any]) -> JsonResponse:
+    """Run `work` and answer its result, or its error, as one JSON envelope."""
+    try:
+        body, status = ok_answer(work(), request_id), 200
+    except Exception as error:
+        status, body = error_answer(error, request_id)
+    return JsonResponse(body, encoder=DjangoJSONEncoder, status=status)
+
+
+def new_request_id() -> str:
+    return ids.new("req")

@@ -1,0 +1,60 @@
+"""`POST /api/compute/<group>/<method>`: validate, draft, decide once, run, answer one envelope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from audit.context import stamped
+from compute.api.inputs import first_error
+from compute.api.registry import REGISTRY, CallContext, Endpoint
+from compute.errors import InvalidArgument, NotFound
+from compute.http.auth import authenticate
+from compute.http.edge import acting_as, decide_once, error_answer, new_request_id, respond
+
+
+class EnvelopeView(APIView):
+    authentication_classes: list[type] = []
+    permission_classes: list[type] = []
+
+    def post(self, request: Request, group: str, method: str) -> JsonResponse:
+        request_id = new_request_id()
+        return respond(request_id, lambda: self._call(request, group, method, request_id))
+
+    def perform_authentication(self, request: Request) -> None:
+        """The envelope authenticates itself (compute.http.auth); DRF's pass would replace
+        the session user on the underlying request with an anonymous one."""
+
+    def handle_exception(self, exc: Exception) -> JsonResponse:  # type: ignore[override]
+        """What DRF refuses before `post` runs (such as another HTTP method)."""
+        status, body = error_answer(exc, new_request_id())
+        return JsonResponse(body, status=status)
+
+    def _call(self, request: Request, group: str, method: str, request_id: str) -> Any:
+        django_request: HttpRequest = request._request
+        principal = authenticate(django_request.headers,
+                                 user=getattr(django_request, "user", None))
+        endpoint = REGISTRY.get((group, method))
+        if endpoint is None:
+            raise NotFound(f"unknown method {group}.{method}", method=f"{group}.{method}")
+        body = request.data
+        if not isinstance(body, dict):
+            raise InvalidArgument("body must be a JSON object")
+        body = dict(body)
+        who = acting_as(principal, tenant_ref=body.pop("tenantId", None), request_id=request_id)
+        data = validate(endpoint, body)
+        ctx = CallContext(principal=who.principal, tenant=who.tenant, request_id=request_id)
+        stamp = decide_once(who, endpoint.action, endpoint.draft(ctx, data))
+        with stamped(stamp):
+            return endpoint.handler(ctx, data)
+
+
+def validate(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+    serializer = endpoint.input(data=body)
+    if not serializer.is_valid():
+        field, message = first_error(serializer.errors)
+        raise InvalidArgument(f"{field}: {message}" if field else message, field=field or None)
+    return dict(serializer.validated_data)

@@ -1,0 +1,50 @@
+"""API methods tenants.*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import IdempotencyKeyField, Input, ListInput
+from compute.api.registry import CallContext, Resource, endpoint
+from compute.paging import page
+from compute.tenancy.selectors import root_tenant, tenant_list
+from compute.tenancy.serializers import present_tenant
+from compute.tenancy.services import tenant_create
+
+
+class TenantCreateIn(Input):
+    slug = serializers.SlugField(max_length=63)
+    name = serializers.CharField(max_length=200, required=False, default="")
+    idempotency_key = IdempotencyKeyField()
+
+
+def _in_root(ctx: CallContext, data: dict[str, Any]) -> Resource:
+    return Resource(kind="tenant", tenant_id=root_tenant().id)
+
+
+@endpoint("tenants", "create", input=TenantCreateIn, mutating=True, draft=_in_root)
+def tenants_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Create a customer tenant (root administrators only)."""
+    return present_tenant(tenant_create(actor=ctx.principal, **data))
+
+
+class TenantGetIn(Input):
+    pass
+
+
+def _the_acting_tenant(ctx: CallContext, data: dict[str, Any]) -> Resource:
+    return Resource(kind="tenant", tenant_id=ctx.tenant.id, id=ctx.tenant.id)
+
+
+@endpoint("tenants", "get", input=TenantGetIn, mutating=False, draft=_the_acting_tenant)
+def tenants_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The tenant the call acts in (`tenantId`, by default the caller's own)."""
+    return present_tenant(ctx.tenant)
+
+
+@endpoint("tenants", "list", input=ListInput, mutating=False)
+def tenants_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Tenants visible from the acting tenant (root sees all)."""
+    return page(tenant_list(tenant=ctx.tenant), present=present_tenant, **data)

@@ -1,0 +1,81 @@
+"""API methods nodes.*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import Input, ListInput, PublicIdField
+from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.selectors import event_list
+from compute.events.serializers import present_event
+from compute.paging import page
+from fleet.selectors import access_node_by_id, node_list
+from fleet.serializers import present_device, present_node
+from fleet.services.lifecycle import node_adopt_again
+from fleet.services.nodes import node_cordon, node_uncordon
+
+NODE = Subject("node", access_node_by_id, "node_id")
+
+
+class NodeListIn(ListInput):
+    pool_id = PublicIdField("pool", required=False)
+
+
+@endpoint("nodes", "list", input=NodeListIn, mutating=False)
+def nodes_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Nodes of the tenant's pools."""
+    queryset = node_list(tenant=ctx.tenant, pool_id=data.pop("pool_id", None))
+    return page(queryset, present=present_node, **data)
+
+
+class NodeIdIn(Input):
+    node_id = PublicIdField("node")
+
+
+@endpoint("nodes", "get", input=NodeIdIn, mutating=False, subject=NODE)
+def nodes_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """One node with its conditions and devices."""
+    node = ctx.subject
+    return {**present_node(node),
+            "devices": [present_device(d) for d in node.devices.filter(present=True)]}
+
+
+class NodeEventsIn(NodeIdIn):
+    since = serializers.IntegerField(required=False, min_value=0, default=0)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
+
+
+@endpoint("nodes", "events", input=NodeEventsIn, mutating=False, subject=NODE)
+def nodes_events(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Events about one node, oldest first."""
+    rows = event_list(tenant=ctx.tenant, subject=ctx.subject.id, since=data["since"],
+                      limit=data["limit"])
+    return {"items": [present_event(row) for row in rows]}
+
+
+class NodeCordonIn(NodeIdIn):
+    reason = serializers.CharField(required=False, default="", max_length=300, allow_blank=True)
+
+
+@endpoint("nodes", "cordon", input=NodeCordonIn, mutating=True, subject=NODE)
+def nodes_cordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Stop placing on a node; what it holds stays."""
+    return present_node(node_cordon(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+@endpoint("nodes", "uncordon", input=NodeCordonIn, mutating=True, subject=NODE)
+def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Let the placer use a node again."""
+    return present_node(node_uncordon(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class NodeAdoptIn(NodeIdIn):
+    reason = serializers.CharField(max_length=300)
+
+
+@endpoint("nodes", "adopt", input=NodeAdoptIn, mutating=True, subject=NODE)
+def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Start a new acceptance attempt for a node whose acceptance failed."""
+    return present_node(node_adopt_again(tenant=ctx.tenant, actor=ctx.principal, **data))

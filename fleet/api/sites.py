@@ -1,0 +1,46 @@
+"""API methods sites.*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.api.registry import CallContext, Subject, endpoint
+from compute.paging import page
+from fleet.models import Site
+from fleet.selectors import access_site_by_id, site_list
+from fleet.serializers import present_site
+from fleet.services.sites import site_create
+
+SITE = Subject("site", access_site_by_id, "site_id")
+
+
+class SiteCreateIn(Input):
+    kind = serializers.ChoiceField(choices=Site.Kind.choices)
+    region = serializers.RegexField(r"^[a-z0-9][a-z0-9-]{0,62}$", max_length=63)
+    name = serializers.CharField(max_length=200, required=False, default="")
+    idempotency_key = IdempotencyKeyField()
+
+
+@endpoint("sites", "create", input=SiteCreateIn, mutating=True)
+def sites_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Create a platform site (root tenant only)."""
+    return present_site(site_create(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class SiteGetIn(Input):
+    site_id = PublicIdField("site")
+
+
+@endpoint("sites", "get", input=SiteGetIn, mutating=False, subject=SITE)
+def sites_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """One site."""
+    return present_site(ctx.subject)
+
+
+@endpoint("sites", "list", input=ListInput, mutating=False)
+def sites_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Sites of the tenant."""
+    return page(site_list(tenant=ctx.tenant), present=present_site, **data)

@@ -1,0 +1,36 @@
+"""API methods capacity.*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compute.api.inputs import Input, PublicIdField
+from compute.api.registry import CallContext, endpoint
+from reservations.api.pools import pool_subject
+from reservations.api.reservations import RequestShapeIn, shape_kwargs
+from reservations.capacity import capacity_preview as preview
+from reservations.capacity import capacity_rollup
+from reservations.device_filter import parse_selector
+from reservations.ledger import Reservation
+
+
+class CapacityGetIn(Input):
+    pool_id = PublicIdField("pool")
+
+
+@endpoint("capacity", "get", input=CapacityGetIn, mutating=False, subject=pool_subject())
+def capacity_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """A pool's capacity per resource: total, allocatable, allocated, reserved, available."""
+    return capacity_rollup(ctx.subject)
+
+
+@endpoint("capacity", "preview", input=RequestShapeIn, mutating=False,
+          subject=pool_subject())
+def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Would this request fit now, where, with which host share? Books nothing."""
+    kwargs = shape_kwargs(data)
+    unsaved = Reservation(tenant=ctx.tenant, pool=ctx.subject, gpu_count=kwargs["gpus"],
+                          topology=kwargs["topology"], duration_ms=kwargs["duration_ms"],
+                          product=kwargs["product"], selector=kwargs["selector"])
+    parse_selector(unsaved.selector)
+    return preview(ctx.subject, unsaved)

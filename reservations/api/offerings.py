@@ -1,0 +1,17 @@
+"""API method offerings.list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compute.api.inputs import ListInput
+from compute.api.registry import CallContext, endpoint
+from compute.paging import page
+from reservations.selectors import offering_list
+from reservations.serializers import present_offering
+
+
+@endpoint("offerings", "list", input=ListInput, mutating=False)
+def offerings_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Offerings the tenant made or received, with quota use."""
+    return page(offering_list(tenant=ctx.tenant), present=present_offering, **data)

@@ -1,0 +1,75 @@
+"""API methods pools.*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.api.registry import CallContext, Subject, endpoint
+from compute.paging import page
+from compute.tenancy.selectors import tenant_by_ref
+from fleet.models import PoolClass
+from fleet.selectors import access_pool_by_id, pool_list
+from fleet.serializers import PolicyIn, present_pool
+from fleet.services.pools import pool_create
+from reservations.selectors import offering_list
+from reservations.serializers import present_offering
+from reservations.services.offerings import pool_offer
+
+
+def pool_subject(kind: str = "pool", *, owned: bool = False) -> Subject:
+    """The pool a call names by `poolId` (owned, or also offered to the tenant)."""
+    return Subject(kind, access_pool_by_id, "pool_id", options={"owned": owned})
+
+
+class PoolCreateIn(Input):
+    site_id = PublicIdField("site")
+    pool_class = serializers.ChoiceField(choices=PoolClass.choices)
+    gpu_model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$", required=False,
+                                       default="", max_length=63)
+    policy = PolicyIn(required=False)
+    name = serializers.CharField(max_length=200, required=False, default="")
+    idempotency_key = IdempotencyKeyField()
+    aliases = {"class": "pool_class"}
+
+
+@endpoint("pools", "create", input=PoolCreateIn, mutating=True)
+def pools_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Create a pool of one GPU model (or CPU only) with an acceptance policy."""
+    raw_policy = data.pop("policy", None)
+    policy = PolicyIn.wire_form(raw_policy) if raw_policy else {}
+    return present_pool(pool_create(tenant=ctx.tenant, actor=ctx.principal, policy=policy,
+                                    **data))
+
+
+class PoolIdIn(Input):
+    pool_id = PublicIdField("pool")
+
+
+@endpoint("pools", "get", input=PoolIdIn, mutating=False, subject=pool_subject())
+def pools_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """One pool (owned or offered to the tenant)."""
+    return present_pool(ctx.subject)
+
+
+@endpoint("pools", "list", input=ListInput, mutating=False)
+def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Pools the tenant owns or was offered."""
+    return page(pool_list(tenant=ctx.tenant), present=present_pool, **data)
+
+
+class PoolOfferIn(PoolIdIn):
+    to = serializers.CharField(max_length=63, help_text="Tenant id or slug.")
+    quota = serializers.DictField(child=serializers.IntegerField(min_value=0, max_value=10**9),
+                                  allow_empty=False, help_text="Such as {\"gpu\": 16}.")
+
+
+@endpoint("pools", "offer", input=PoolOfferIn, mutating=True,
+          subject=pool_subject(owned=True))
+def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU pools)."""
+    offering = pool_offer(tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id,
+                          to=tenant_by_ref(data["to"]), quota=data["quota"])
+    return present_offering(offering_list(tenant=ctx.tenant).get(pk=offering.pk))

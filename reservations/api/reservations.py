@@ -1,0 +1,121 @@
+"""API methods reservations.*, and the request shape capacity.preview shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.api.registry import CallContext, Subject, endpoint
+from compute.paging import page
+from reservations import selectors
+from reservations.api.pools import pool_subject
+from reservations.ledger import ReservationState, Topology
+from reservations.serializers import present_reservation
+from reservations.services.book import reservation_create
+from reservations.services.extend import reservation_extend
+from reservations.services.release import reservation_release
+
+MAX_DURATION_MS = 366 * 24 * 3_600_000
+RESERVATION = Subject("reservation", selectors.access_reservation_by_id, "reservation_id")
+
+
+class DeviceRequestIn(Input):
+    device_class = serializers.ChoiceField(choices=["gpu"])
+    count = serializers.IntegerField(min_value=1, max_value=64)
+    topology = serializers.ChoiceField(choices=Topology.choices, default=Topology.ANY)
+    aliases = {"class": "device_class"}
+
+
+class RequestShapeIn(Input):
+    """What a reservation asks for; shared by reservations.create and capacity.preview."""
+
+    pool_id = PublicIdField("pool")
+    devices = DeviceRequestIn(many=True, min_length=1, max_length=1)
+    duration = serializers.IntegerField(min_value=1_000, max_value=MAX_DURATION_MS,
+                                        help_text="Milliseconds (at least 1 s).")
+    model = serializers.CharField(required=False, default="", max_length=32, allow_blank=True)
+    product = serializers.CharField(required=False, default="", max_length=96, allow_blank=True)
+    selector = serializers.CharField(required=False, default="", max_length=300,
+                                     allow_blank=True, help_text="e.g. vramGiB >= 80")
+    kubernetes = serializers.BooleanField(required=False, default=False)
+
+
+def shape_kwargs(data: dict[str, Any]) -> dict[str, Any]:
+    device = data.pop("devices")[0]
+    data["duration_ms"] = data.pop("duration")
+    return {**data, "gpus": device["count"], "topology": device["topology"]}
+
+
+class ReservationCreateIn(RequestShapeIn):
+    start = serializers.DateTimeField(required=False, help_text="Absent: as soon as placed.")
+    start_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
+                                        help_text="Start this many ms after now (server clock).")
+    binding = serializers.ChoiceField(choices=["hold"], default="hold")
+    idempotency_key = IdempotencyKeyField()
+
+
+@endpoint("reservations", "create", input=ReservationCreateIn, mutating=True,
+          subject=pool_subject("reservation"))
+def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
+    data.pop("binding")
+    kwargs = shape_kwargs(data)
+    kwargs["start_in_ms"] = kwargs.pop("start_in", None)
+    return present_reservation(reservation_create(tenant=ctx.tenant, actor=ctx.principal,
+                                                  **kwargs))
+
+
+class ReservationIdIn(Input):
+    reservation_id = PublicIdField("rsv")
+
+
+@endpoint("reservations", "get", input=ReservationIdIn, mutating=False, subject=RESERVATION)
+def reservations_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """One reservation, with its window, node and (once active) binding."""
+    return present_reservation(ctx.subject)
+
+
+class ReservationListIn(ListInput):
+    pool_id = PublicIdField("pool", required=False)
+    state = serializers.ChoiceField(choices=ReservationState.choices, required=False)
+
+
+@endpoint("reservations", "list", input=ReservationListIn, mutating=False)
+def reservations_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Reservations of the tenant, oldest first."""
+    queryset = selectors.reservation_list(tenant=ctx.tenant, pool_id=data.pop("pool_id", None),
+                                          state=data.pop("state", None))
+    return page(queryset.prefetch_related("allocations"), present=present_reservation, **data)
+
+
+class ReservationReleaseIn(ReservationIdIn):
+    cancel = serializers.BooleanField(required=False, default=False,
+                                      help_text="Only withdraw one that has not started.")
+
+
+@endpoint("reservations", "release", input=ReservationReleaseIn, mutating=True,
+          subject=RESERVATION)
+def reservations_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """End a reservation now (or withdraw one that has not started); quota is refunded.
+
+    The freed capacity is offered to the pool's pending reservations by a worker.
+    """
+    return present_reservation(reservation_release(
+        tenant=ctx.tenant, actor=ctx.principal, reservation_id=ctx.subject.id,
+        cancel=data["cancel"]))
+
+
+class ReservationExtendIn(ReservationIdIn):
+    by = serializers.IntegerField(min_value=-MAX_DURATION_MS, max_value=MAX_DURATION_MS,
+                                  help_text="Milliseconds to add (negative shortens).")
+
+
+@endpoint("reservations", "extend", input=ReservationExtendIn, mutating=True,
+          subject=RESERVATION)
+def reservations_extend(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Move a reservation's end; refused with the blocking window if the GPUs are booked."""
+    return present_reservation(reservation_extend(
+        tenant=ctx.tenant, actor=ctx.principal, reservation_id=ctx.subject.id,
+        by_ms=data["by"]))

@@ -1,0 +1,24 @@
+"""API method usage.list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import ListInput
+from compute.api.registry import CallContext, endpoint
+from compute.paging import page
+from reservations import selectors
+from reservations.serializers import present_usage
+
+
+class UsageListIn(ListInput):
+    meter = serializers.CharField(required=False, max_length=64)
+
+
+@endpoint("usage", "list", input=UsageListIn, mutating=False)
+def usage_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Metered usage of the tenant, such as gpu.H100.hours, per ended window."""
+    queryset = selectors.usage_list(tenant=ctx.tenant, meter=data.pop("meter", None))
+    return page(queryset, present=present_usage, **data)

@@ -1,0 +1,89 @@
+"""Moving a reservation's end: grow it while its GPUs are free, or shorten it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+
+from audit.services import audit_record, audited
+from compute.db import constraint_errors, database_now
+from compute.errors import CapacityConflict, InvalidArgument, InvalidState
+from compute.events.services import event_emit
+from compute.events.types import EventType
+from compute.tenancy.models import Principal, Tenant
+from reservations.constraints import LEDGER_CONSTRAINTS
+from reservations.ledger import Allocation, Reservation
+from reservations.selectors import access_reservation_by_id
+from reservations.services.release import live_allocation
+from reservations.states import TERMINAL
+from reservations.work import pool_replan
+
+
+@audited
+def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
+                       by_ms: int) -> Reservation:
+    """Move the end of a reservation by `by_ms` (negative shortens it).
+
+    Growing fails with a `capacity_conflict` naming the window that blocks it; shortening
+    never ends before now (use release for that).
+    """
+    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id, lock=True)
+    if rsv.state in TERMINAL:
+        raise InvalidState(f"reservation {rsv.id} is {rsv.state}", state=rsv.state)
+    if by_ms == 0:
+        raise InvalidArgument("by: must not be zero", field="by")
+    new_duration = rsv.duration_ms + by_ms
+    if new_duration <= 0:
+        raise InvalidArgument("by: would end the reservation before it starts", field="by")
+    now = database_now()
+    if rsv.during is not None:
+        old_end = rsv.during.upper
+        new_end = old_end + timedelta(milliseconds=by_ms)
+        if new_end <= max(now, rsv.during.lower):
+            raise InvalidArgument("by: the new end is in the past; release it instead",
+                                  field="by")
+        allocation = live_allocation(rsv)
+        if allocation is not None:
+            _move_end(rsv, allocation, old_end, new_end)
+        rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
+    rsv.duration_ms = new_duration
+    rsv.save(update_fields=["during", "duration_ms"])
+    if by_ms < 0:
+        pool_replan(rsv.pool_id)
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",
+                 target=rsv.id, data={"byMs": by_ms})
+    event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_EXTENDED, subject=rsv.id,
+               payload={"byMs": by_ms, "end": rsv.ends_at})
+    return rsv
+
+
+def _move_end(rsv: Reservation, allocation: Allocation, old_end: datetime,
+              new_end: datetime) -> None:
+    try:
+        with transaction.atomic(), constraint_errors(LEDGER_CONSTRAINTS), \
+                connection.cursor() as cursor:
+            cursor.execute(
+                    "UPDATE reservations_booking SET during = tstzrange(lower(during), %s, "
+                    "'[)') WHERE allocation_id = %s", [new_end, allocation.id])
+    except CapacityConflict:
+        blocking = _blocking_window(allocation, old_end, new_end)
+        raise CapacityConflict(
+            f"cannot extend {rsv.id} to {new_end.isoformat()}: its GPUs are booked from "
+            f"{blocking[0].isoformat()} to {blocking[1].isoformat()}",
+            blockedFrom=blocking[0], blockedUntil=blocking[1]) from None
+
+
+def _blocking_window(allocation: Allocation, old_end: datetime,
+                     new_end: datetime) -> tuple[datetime, datetime]:
+    """The earliest other booking of this allocation's devices inside the extension."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT lower(other.during), upper(other.during) FROM reservations_booking other "
+            "JOIN reservations_booking mine ON mine.device_id = other.device_id "
+            "WHERE mine.allocation_id = %s AND other.allocation_id <> %s "
+            "AND other.during && tstzrange(%s, %s, '[)') "
+            "ORDER BY lower(other.during) LIMIT 1", [allocation.id, allocation.id, old_end,
+                                                     new_end])
+        row = cursor.fetchone()
+    return (row[0], row[1]) if row else (old_end, new_end)

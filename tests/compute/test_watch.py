@@ -1,0 +1,96 @@
+"""The events watch stream, in process: it keeps delivering after a quiet keep-alive, and a
+refusal is answered at the same edge as the envelope (with its denied audit row)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from django.db import connection
+
+from audit.models import AuditEvent
+from compute.http import watch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Watcher:
+    """Runs the ASGI app against an in-memory client."""
+
+    def __init__(self, token: str, query: str) -> None:
+        self.scope = {"type": "http", "query_string": query.encode(),
+                      "headers": [(b"authorization", f"Bearer {token}".encode())]}
+        self.sent: list[dict] = []
+        self.inbox: asyncio.Queue[dict] = asyncio.Queue()
+
+    async def receive(self) -> dict:
+        return await self.inbox.get()
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.body().splitlines() if line.strip()]
+
+    async def until(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+
+def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_token):
+    watcher = Watcher(root_token, "types=site.*")
+
+    def create_site(region: str) -> None:
+        try:
+            root("sites.create", kind="shared", region=region)
+        finally:
+            connection.close()  # the worker thread's own connection
+
+    async def scenario() -> None:
+        app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
+                                                     watcher.send))
+        await asyncio.to_thread(create_site, "before")
+        assert await watcher.until(lambda: len(watcher.events()) == 1, 10)
+        quiet = watch.KEEPALIVE_SECONDS + 1.5
+        await asyncio.sleep(quiet)  # nothing happens for longer than the keep-alive period
+        assert b"\n\n" in watcher.body()  # a blank keep-alive line went out
+        await asyncio.to_thread(create_site, "after")
+        arrived = await watcher.until(lambda: len(watcher.events()) == 2, 10)
+        watcher.inbox.put_nowait({"type": "http.disconnect"})
+        await asyncio.wait_for(app, 10)
+        assert arrived, "the stream stopped delivering after its first keep-alive"
+
+    asyncio.run(scenario())
+    assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]
+
+
+def test_a_refused_watch_is_answered_and_audited_at_the_edge(root, acme):
+    viewer = acme("tokens.create", name="viewer", role="viewer")["token"]
+    refused = Watcher(viewer, "tenantId=root")
+
+    async def scenario() -> None:
+        await watch.events_watch(refused.scope, refused.receive, refused.send)
+
+    asyncio.run(scenario())
+    assert refused.sent[0]["status"] == 403
+    body = json.loads(refused.body())
+    assert (body["ok"], body["error"]["code"]) == (False, "permission_denied")
+    assert body["requestId"].startswith("req_")
+    row = AuditEvent.objects.filter(action="events.watch").latest("seq")
+    assert (row.allowed, row.request_id) == (False, body["requestId"])
+
+
+def test_an_unknown_event_type_is_a_clear_400(root_token):
+    bad = Watcher(root_token, "types=nodes.*")
+    asyncio.run(watch.events_watch(bad.scope, bad.receive, bad.send))
+    assert bad.sent[0]["status"] == 400
+    assert "matches no event type" in json.loads(bad.body())["error"]["message"]
