@@ -81,18 +81,6 @@ class PreconditionFailed(ComputeError):
     grpc_status = "FAILED_PRECONDITION"
 
 
-class RateLimited(ComputeError):
-    code = "rate_limited"
-    http_status = 429
-    grpc_status = "RESOURCE_EXHAUSTED"
-
-
-class Unavailable(ComputeError):
-    code = "unavailable"
-    http_status = 503
-    grpc_status = "UNAVAILABLE"
-
-
 def all_error_classes() -> list[type[ComputeError]]:
     """Every error class, for the OpenAPI document and the contract tests."""
     found: list[type[ComputeError]] = []

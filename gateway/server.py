@@ -139,12 +139,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         tasks = [asyncio.create_task(self._read(session, request_iterator)),
                  asyncio.create_task(self._process(session))]
         try:
-            while not session.closed:
-                message = session.next_outgoing()
-                if message is None:
-                    session.wake.clear()
-                    await session.wake.wait()
-                    continue
+            while (message := await session.outgoing_message()) is not None:
                 yield message
             yield pb.GatewayMessage(lane=pb.CONTROL, refused=pb.Refused(reason=session.closed))
         finally:
@@ -169,12 +164,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         session.close("the agent closed the session")
 
     async def _process(self, session: Session) -> None:
-        while not session.closed:
-            message = session.next_incoming()
-            if message is None:
-                session.incoming.clear()
-                await session.incoming.wait()
-                continue
+        while (message := await session.incoming_message()) is not None:
             try:
                 await self._handle(session, message)
             except sessions.StaleSession:

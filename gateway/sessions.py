@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bcd.contract.proto import agent_pb2 as pb
 
@@ -75,4 +77,21 @@ class Session:
         for queue in (self.control_in, self.bulk_in):
             if not queue.empty():
                 return queue.get_nowait()
+        return None
+
+    async def outgoing_message(self) -> pb.GatewayMessage | None:
+        """The next message allowed out, waiting for one; None once the session closed."""
+        return await self._take(self.next_outgoing, self.wake)
+
+    async def incoming_message(self) -> pb.AgentMessage | None:
+        """The next message to process (control first), waiting; None once closed."""
+        return await self._take(self.next_incoming, self.incoming)
+
+    async def _take(self, take: Callable[[], Any], ready: asyncio.Event) -> Any:
+        while not self.closed:
+            message = take()
+            if message is not None:
+                return message
+            ready.clear()
+            await ready.wait()
         return None

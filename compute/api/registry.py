@@ -66,6 +66,7 @@ class Endpoint:
     subject: Subject | None = None
     resource_kind: str = ""
     custom_draft: Draft | None = None
+    emits: tuple[str, ...] = ()
 
     @property
     def action(self) -> str:
@@ -95,9 +96,12 @@ REGISTRY: dict[tuple[str, str], Endpoint] = {}
 
 def endpoint(group: str, method: str, *, input: type[Input], mutating: bool,
              subject: Subject | None = None, resource_kind: str = "",
-             draft: Draft | None = None) -> Callable[[Handler], Handler]:
+             draft: Draft | None = None, emits: tuple[str, ...] = ()
+             ) -> Callable[[Handler], Handler]:
     """Register a handler. Its docstring's first line is the method's summary. `draft`
-    replaces the subject-or-tenant draft for the rare method that acts elsewhere."""
+    replaces the subject-or-tenant draft for the rare method that acts elsewhere. A
+    mutating method names the event types a call may write (`emits`); every call that
+    changes something writes exactly one audit row besides."""
 
     def register(handler: Handler) -> Handler:
         key = (group, method)
@@ -106,6 +110,7 @@ def endpoint(group: str, method: str, *, input: type[Input], mutating: bool,
         REGISTRY[key] = Endpoint(
             group=group, method=method, handler=handler, input=input, mutating=mutating,
             subject=subject, resource_kind=resource_kind, custom_draft=draft,
+            emits=tuple(str(e) for e in emits),
             summary=(handler.__doc__ or f"{group}.{method}").strip().splitlines()[0])
         return handler
 

@@ -97,6 +97,7 @@ def build_document() -> dict[str, Any]:
             "x-iam-action": ep.action,
             "x-mutating": ep.mutating,
             "x-handler": ep.source,
+            "x-emits": list(ep.emits),
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": input_schema(ep.input, with_tenant=True)}}},
             "responses": responses,

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from fleet.selectors import access_join_token_by_id, access_pool_by_id, join_token_list
 from fleet.serializers import present_join_token
@@ -28,7 +29,8 @@ class JoinTokenCreateIn(Input):
 
 
 @endpoint("joinTokens", "create", input=JoinTokenCreateIn, mutating=True,
-          subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}))
+          subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
+          emits=(EventType.JOIN_TOKEN_CREATED,))
 def join_tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Mint a join token `bcjt_<id>.<secret>`, shown once (bind it with expect*)."""
     data["ttl"] = timedelta(milliseconds=data["ttl"])
@@ -48,7 +50,8 @@ class JoinTokenRevokeIn(Input):
 
 @endpoint("joinTokens", "revoke", input=JoinTokenRevokeIn, mutating=True,
           subject=Subject("join_token", access_join_token_by_id, "join_token_id",
-                          param="token_id"))
+                          param="token_id"),
+          emits=(EventType.JOIN_TOKEN_REVOKED,))
 def join_tokens_revoke(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Revoke a join token: no machine can join with it from now on."""
     return present_join_token(join_token_revoke(tenant=ctx.tenant, actor=ctx.principal,

@@ -10,6 +10,7 @@ from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.events.selectors import event_list
 from compute.events.serializers import present_event
+from compute.events.types import EventType
 from compute.paging import page
 from fleet.selectors import access_node_by_id, node_list
 from fleet.serializers import present_device, present_node
@@ -59,13 +60,15 @@ class NodeCordonIn(NodeIdIn):
     reason = serializers.CharField(required=False, default="", max_length=300, allow_blank=True)
 
 
-@endpoint("nodes", "cordon", input=NodeCordonIn, mutating=True, subject=NODE)
+@endpoint("nodes", "cordon", input=NodeCordonIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_CORDONED,))
 def nodes_cordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop placing on a node; what it holds stays."""
     return present_node(node_cordon(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
-@endpoint("nodes", "uncordon", input=NodeCordonIn, mutating=True, subject=NODE)
+@endpoint("nodes", "uncordon", input=NodeCordonIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_UNCORDONED,))
 def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Let the placer use a node again."""
     return present_node(node_uncordon(tenant=ctx.tenant, actor=ctx.principal, **data))
@@ -75,7 +78,8 @@ class NodeAdoptIn(NodeIdIn):
     reason = serializers.CharField(max_length=300)
 
 
-@endpoint("nodes", "adopt", input=NodeAdoptIn, mutating=True, subject=NODE)
+@endpoint("nodes", "adopt", input=NodeAdoptIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_ACCEPTANCE_STARTED, EventType.NODE_ADOPTED))
 def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Start a new acceptance attempt for a node whose acceptance failed."""
     return present_node(node_adopt_again(tenant=ctx.tenant, actor=ctx.principal, **data))

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from fleet.models import Site
 from fleet.selectors import access_site_by_id, site_list
@@ -24,7 +25,8 @@ class SiteCreateIn(Input):
     idempotency_key = IdempotencyKeyField()
 
 
-@endpoint("sites", "create", input=SiteCreateIn, mutating=True)
+@endpoint("sites", "create", input=SiteCreateIn, mutating=True,
+          emits=(EventType.SITE_CREATED,))
 def sites_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a platform site (root tenant only)."""
     return present_site(site_create(tenant=ctx.tenant, actor=ctx.principal, **data))

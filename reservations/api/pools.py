@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.selectors import tenant_by_ref
 from fleet.models import PoolClass
@@ -35,7 +36,8 @@ class PoolCreateIn(Input):
     aliases = {"class": "pool_class"}
 
 
-@endpoint("pools", "create", input=PoolCreateIn, mutating=True)
+@endpoint("pools", "create", input=PoolCreateIn, mutating=True,
+          emits=(EventType.POOL_CREATED,))
 def pools_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a pool of one GPU model (or CPU only) with an acceptance policy."""
     raw_policy = data.pop("policy", None)
@@ -67,7 +69,8 @@ class PoolOfferIn(PoolIdIn):
 
 
 @endpoint("pools", "offer", input=PoolOfferIn, mutating=True,
-          subject=pool_subject(owned=True))
+          subject=pool_subject(owned=True),
+          emits=(EventType.POOL_OFFERED, EventType.OFFERING_UPDATED))
 def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU pools)."""
     offering = pool_offer(tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id,

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from reservations import selectors
 from reservations.api.pools import pool_subject
@@ -57,7 +58,8 @@ class ReservationCreateIn(RequestShapeIn):
 
 
 @endpoint("reservations", "create", input=ReservationCreateIn, mutating=True,
-          subject=pool_subject("reservation"))
+          subject=pool_subject("reservation"),
+          emits=(EventType.RESERVATION_PLACED, EventType.RESERVATION_PENDING))
 def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
     data.pop("binding")
@@ -96,7 +98,8 @@ class ReservationReleaseIn(ReservationIdIn):
 
 
 @endpoint("reservations", "release", input=ReservationReleaseIn, mutating=True,
-          subject=RESERVATION)
+          subject=RESERVATION,
+          emits=(EventType.RESERVATION_RELEASED, EventType.RESERVATION_CANCELLED))
 def reservations_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """End a reservation now (or withdraw one that has not started); quota is refunded.
 
@@ -113,7 +116,8 @@ class ReservationExtendIn(ReservationIdIn):
 
 
 @endpoint("reservations", "extend", input=ReservationExtendIn, mutating=True,
-          subject=RESERVATION)
+          subject=RESERVATION,
+          emits=(EventType.RESERVATION_EXTENDED,))
 def reservations_extend(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Move a reservation's end; refused with the blocking window if the GPUs are booked."""
     return present_reservation(reservation_extend(

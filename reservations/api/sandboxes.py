@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from reservations import selectors
 from reservations.api.pools import pool_subject
@@ -26,7 +27,8 @@ class SandboxCreateIn(Input):
 
 
 @endpoint("sandboxes", "create", input=SandboxCreateIn, mutating=True,
-          subject=pool_subject("sandbox"))
+          subject=pool_subject("sandbox"),
+          emits=(EventType.SANDBOX_CREATED,))
 def sandboxes_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Claim vCPUs and memory on one node of a pool for a sandbox VM."""
     data["memory_gib"] = data.pop("memory_gi_b")
@@ -49,7 +51,8 @@ def sandboxes_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return page(selectors.sandbox_list(tenant=ctx.tenant), present=present_sandbox, **data)
 
 
-@endpoint("sandboxes", "release", input=SandboxIdIn, mutating=True, subject=SANDBOX)
+@endpoint("sandboxes", "release", input=SandboxIdIn, mutating=True, subject=SANDBOX,
+          emits=(EventType.SANDBOX_RELEASED,))
 def sandboxes_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Give back a sandbox's vCPUs and memory."""
     return present_sandbox(sandbox_release(tenant=ctx.tenant, actor=ctx.principal,

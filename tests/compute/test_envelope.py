@@ -12,6 +12,7 @@ from django.utils import timezone
 from compute.iam import _backend
 from compute.tenancy.models import ApiToken, Principal
 from tests.support.iam import CountingIAM
+from tests.support.writes import assert_wrote
 
 
 @pytest.fixture
@@ -126,10 +127,12 @@ def test_wrong_secret_is_401(root, root_token):
 
 
 def test_revoked_token_is_401(root):
-    minted = root("tokens.create", name="ci", role="viewer")
+    with assert_wrote(audit="token.create", events=["token.created"]):
+        minted = root("tokens.create", name="ci", role="viewer")
     client = root.as_token(minted["token"])
     assert client.call("system.whoami").status == 200
-    root("tokens.revoke", tokenId=minted["id"])
+    with assert_wrote(audit="token.revoke", events=["token.revoked"]):
+        root("tokens.revoke", tokenId=minted["id"])
     answer = client.call("system.whoami")
     assert (answer.status, answer.code) == (401, "unauthenticated")
     assert "revoked" in answer.body["error"]["message"]

@@ -15,6 +15,7 @@ from django.db import connection
 
 from compute.queue.models import ShardLease, WorkItem
 from compute.queue.work import enqueue, shard_of
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LEASE = 2.0
@@ -53,15 +54,6 @@ def overlaps() -> int:
                        "tstzrange(a.started, coalesce(a.ended, 'infinity')) && "
                        "tstzrange(b.started, coalesce(b.ended, 'infinity'))")
         return cursor.fetchone()[0]
-
-
-def wait_until(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_two_workers_share_shards_never_overlap_and_survive_kill_9(slow_log):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from django.db import connection
 
 from audit.models import AuditEvent
 from compute.http import watch
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,13 +37,6 @@ class Watcher:
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.body().splitlines() if line.strip()]
 
-    async def until(self, predicate, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            await asyncio.sleep(0.05)
-        return False
 
 
 def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_token):
@@ -59,12 +52,12 @@ def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_
         app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
                                                      watcher.send))
         await asyncio.to_thread(create_site, "before")
-        assert await watcher.until(lambda: len(watcher.events()) == 1, 10)
+        assert await eventually(lambda: len(watcher.events()) == 1, 10)
         quiet = watch.KEEPALIVE_SECONDS + 1.5
         await asyncio.sleep(quiet)  # nothing happens for longer than the keep-alive period
         assert b"\n\n" in watcher.body()  # a blank keep-alive line went out
         await asyncio.to_thread(create_site, "after")
-        arrived = await watcher.until(lambda: len(watcher.events()) == 2, 10)
+        arrived = await eventually(lambda: len(watcher.events()) == 2, 10)
         watcher.inbox.put_nowait({"type": "http.disconnect"})
         await asyncio.wait_for(app, 10)
         assert arrived, "the stream stopped delivering after its first keep-alive"

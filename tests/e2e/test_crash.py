@@ -13,6 +13,7 @@ import pytest
 
 from bcd.contract import ids
 from tests.e2e.conftest import start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 FAST = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": "1", "BETTER_COMPUTE_NODE_LEASE_SECONDS": "5",
         # Every certificate counts as near expiry, checked every 2 s: renewal in action.
@@ -37,15 +38,6 @@ def agent_pid(root) -> int | None:
         if f"--root {root} node" in line and "-m bcd" in line:
             return int(line.split()[0])
     return None
-
-
-def wait_until(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def queue_command(stack, node_id, payload) -> str:

@@ -7,11 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 # A dead gateway stays down for longer than a lease.
 FAST = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": "1", "BETTER_COMPUTE_NODE_LEASE_SECONDS": "3",
@@ -23,15 +23,6 @@ def fast_stack(tmp_path_factory):
     stack = start_stack(tmp_path_factory.mktemp("fast"), "--sim", "2", env_extra=FAST)
     yield stack
     stop_stack(stack)
-
-
-def wait_until(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def state(stack, rsv_id):

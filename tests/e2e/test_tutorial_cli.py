@@ -9,6 +9,8 @@ import stat
 import pytest
 import yaml
 
+from tests.support.waiting import wait_until
+
 POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 
 
@@ -82,7 +84,7 @@ def test_tutorial_flow(stack, tmp_path):
     assert stack.ok("release", rsv["id"], "--query", "state") == "released"
     assert stack.ok("capacity", "--pool", dev_pool, "--query", "gpu.available") == "16"
     assert stack.ok("reservations", "list", "--query", "items.0.state") == "released"
-    assert _eventually(lambda: not spec_file.exists() and not env_file.exists())
+    assert wait_until(lambda: not spec_file.exists() and not env_file.exists())
 
 
 def test_token_out_file_is_new_and_0600(stack, tmp_path):
@@ -191,17 +193,6 @@ def node_root(stack, node_id):
         if f'node_id = "{node_id}"' in (root / "etc" / "bcd" / "config.toml").read_text():
             return root
     raise AssertionError(f"no simulated agent is {node_id}")
-
-
-def _eventually(predicate, timeout=15.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_join_token_to_a_private_file_and_pki_pins(stack, tmp_path):

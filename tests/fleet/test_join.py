@@ -57,7 +57,8 @@ def test_a_machine_joins_and_gets_a_24h_spiffe_certificate(client, root, pool, w
     minted = mint(root, pool, expectSerial="SN-7701")
     assert minted["token"].startswith("bcjt_jtk_")
     check_wellknown(wellknown, pins)
-    request, status, body = join(client, minted["token"], wellknown)
+    with assert_wrote(audit="node.join", events=["node.joined"]):  # one row, not two
+        request, status, body = join(client, minted["token"], wellknown)
     assert status == 200, body
     payload = verify_answer(body["result"], request, pins, wellknown["trustDomain"])
     node = Node.objects.get(pk=payload["nodeId"])
@@ -84,8 +85,9 @@ def reseal(request, token, wellknown, csr_der=None):
 def test_a_second_join_of_the_same_machine_spends_nothing(client, root, pool, wellknown, pins):
     minted = mint(root, pool, maxUses=1)
     request, _, first = join(client, minted["token"], wellknown)
-    _, status, second = join(client, minted["token"], wellknown,
-                             request=reseal(request, minted["token"], wellknown))
+    with assert_wrote(audit="node.join"):  # the same node again: no node.joined event
+        _, status, second = join(client, minted["token"], wellknown,
+                                 request=reseal(request, minted["token"], wellknown))
     assert status == 200
     first_node = verify_answer(first["result"], request, pins, wellknown["trustDomain"])
     second_node = verify_answer(second["result"], request, pins, wellknown["trustDomain"])
@@ -187,7 +189,8 @@ def test_join_token_ttl_bounds_and_secrets_never_listed(root, pool):
         "invalid_argument"
     assert root.call("joinTokens.create", poolId=pool["id"], ttl=25 * 3_600_000).code == \
         "invalid_argument"
-    minted = mint(root, pool)
+    with assert_wrote(audit="join_token.create", events=["join_token.created"]):
+        minted = mint(root, pool)
     listed = root("joinTokens.list")["items"]
     assert [t["id"] for t in listed] == [minted["id"]]
     assert minted["token"].split(".")[1] not in json.dumps(listed)

@@ -11,6 +11,7 @@ from audit.models import AuditEvent
 from compute.events.models import Event
 from fleet.models import Pool, Site
 from reservations.models import Quota
+from tests.support.writes import assert_wrote
 
 POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
           "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}}
@@ -24,7 +25,8 @@ def make_pool(root, **overrides):
 
 
 def test_site_create_writes_row_event_and_audit(root):
-    site = root("sites.create", kind="shared", region="eu-1")
+    with assert_wrote(audit="site.create", events=["site.created"]):
+        site = root("sites.create", kind="shared", region="eu-1")
     assert Site.objects.filter(pk=site["id"]).count() == 1
     assert list(Event.objects.filter(subject=site["id"]).values_list("type", flat=True)) == [
         "site.created"]
@@ -35,14 +37,17 @@ def test_site_create_writes_row_event_and_audit(root):
 
 
 def test_only_root_creates_platform_sites(acme):
-    answer = acme.call("sites.create", kind="dedicated", region="eu-1")
+    with assert_wrote(audit="sites.create", denied=True):
+        answer = acme.call("sites.create", kind="dedicated", region="eu-1")
     assert (answer.status, answer.code) == (403, "permission_denied")
     assert not Site.objects.exists()
 
 
 def test_same_idempotency_key_returns_the_same_site_once(root):
     first = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site-eu-1")
-    second = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site-eu-1")
+    with assert_wrote(audit=None):
+        second = root("sites.create", kind="shared", region="eu-1",
+                      idempotencyKey="site-eu-1")
     assert first["id"] == second["id"]
     assert Site.objects.count() == 1
     assert Event.objects.filter(type="site.created").count() == 1
@@ -51,14 +56,18 @@ def test_same_idempotency_key_returns_the_same_site_once(root):
 
 def test_same_key_with_other_input_is_409(root):
     root("sites.create", kind="shared", region="eu-1", idempotencyKey="k1")
-    answer = root.call("sites.create", kind="shared", region="eu-2", idempotencyKey="k1")
+    with assert_wrote(audit=None):
+        answer = root.call("sites.create", kind="shared", region="eu-2", idempotencyKey="k1")
     assert (answer.status, answer.code) == (409, "idempotency_key_reused")
     assert Site.objects.count() == 1
 
 
 def test_pool_key_makes_pool_create_retry_safe(root):
-    first = make_pool(root, idempotencyKey="pool-eu-1-h100")
-    second = make_pool(root, idempotencyKey="pool-eu-1-h100")
+    with assert_wrote(audit=["site.create", "pool.create"],
+                      events=["site.created", "pool.created"]):
+        first = make_pool(root, idempotencyKey="pool-eu-1-h100")
+    with assert_wrote(audit=None):
+        second = make_pool(root, idempotencyKey="pool-eu-1-h100")
     assert first["id"] == second["id"]
     assert Pool.objects.count() == 1
     assert first["policy"] == {**POLICY, "kubernetes": False}
@@ -93,7 +102,8 @@ def test_failure_after_the_domain_row_leaves_nothing_behind(root, monkeypatch):
         raise RuntimeError("outbox unavailable")
 
     monkeypatch.setattr(sites, "event_emit", fail)
-    answer = root.call("sites.create", kind="shared", region="eu-1", idempotencyKey="k")
+    with assert_wrote(audit=None):
+        answer = root.call("sites.create", kind="shared", region="eu-1", idempotencyKey="k")
     assert (answer.status, answer.code) == (500, "internal")
     assert not Site.objects.exists()
     assert not Event.objects.filter(type="site.created").exists()
@@ -117,7 +127,8 @@ def test_pool_in_a_site_of_another_tenant_is_not_found(root, acme):
 def test_offer_gives_a_gpu_quota_and_makes_the_pool_visible(root, acme):
     pool = make_pool(root)
     assert acme.call("pools.get", poolId=pool["id"]).status == 404
-    offering = root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 16})
+    with assert_wrote(audit="pool.offer", events=["pool.offered", "offering.updated"]):
+        offering = root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 16})
     assert offering["quota"] == {"gpu": {"limit": 16, "used": 0}}
     assert acme("pools.get", poolId=pool["id"])["id"] == pool["id"]
     assert [o["id"] for o in acme("offerings.list")["items"]] == [offering["id"]]
@@ -128,7 +139,8 @@ def test_offer_gives_a_gpu_quota_and_makes_the_pool_visible(root, acme):
 
 def test_offer_refuses_a_quota_other_than_gpu_on_a_gpu_pool(root, acme):
     pool = make_pool(root)
-    answer = root.call("pools.offer", poolId=pool["id"], to="acme", quota={"gpus": 16})
+    with assert_wrote(audit=None):
+        answer = root.call("pools.offer", poolId=pool["id"], to="acme", quota={"gpus": 16})
     assert (answer.status, answer.code) == (400, "invalid_argument")
     assert "gpus" in answer.body["error"]["message"]
     assert not Quota.objects.exists()

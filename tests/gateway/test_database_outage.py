@@ -12,7 +12,8 @@ from django.db import connections
 
 from fleet.models import Node
 from tests.gateway.conftest import diag, session_for
-from tests.gateway.test_sessions import _eventually, joined
+from tests.gateway.test_sessions import joined
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +31,7 @@ def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
     async def scenario():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
-        assert await _eventually(
+        assert await eventually(
             lambda: Node.objects.get(pk=node_id).provision_state == "adopted", 20)
         before = await asyncio.to_thread(lambda: (state(), connections.close_all())[0])
         await asyncio.to_thread(embedded_postgres.halt)
@@ -41,7 +42,7 @@ def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
         resent: list[str] = []
         second = asyncio.create_task(again.run(
             on_welcome=lambda s: resent.append(again.send_inventory())))
-        assert await _eventually(lambda: bool(resent) and resent[0] in again.state.acked, 20)
+        assert await eventually(lambda: bool(resent) and resent[0] in again.state.acked, 20)
         second.cancel()
         return before, reason
 

@@ -6,22 +6,13 @@ import asyncio
 import time
 
 import pytest
-from django.db import connection
 
 from bcd.inventory.fake import SimulatedInventory
 from fleet.models import Node
 from tests.gateway.conftest import diag, join_through_gateway, session_for
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_node_joins_through_the_gateway_and_is_adopted(fleet):
@@ -34,7 +25,7 @@ def test_a_node_joins_through_the_gateway_and_is_adopted(fleet):
         task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
         for _ in range(200):
             await asyncio.sleep(0.1)
-            if await _eventually(lambda: Node.objects.get(
+            if await eventually(lambda: Node.objects.get(
                     pk=payload["nodeId"]).provision_state == "adopted", timeout=0.1):
                 break
         if task.done():
@@ -150,7 +141,7 @@ def test_an_older_session_epoch_cannot_act(fleet):
         second = session_for(fleet, credentials, inventory, await diag(inventory))
         second_task = asyncio.create_task(second.run())
         refused = await asyncio.wait_for(first_task, 10)
-        assert second.state.connected or await _eventually(lambda: second.state.connected)
+        assert second.state.connected or await eventually(lambda: second.state.connected)
         # A message stamped with the old epoch, on the new session, ends it too.
         from bcd.contract.proto import agent_pb2 as pb
 
@@ -165,22 +156,6 @@ def test_an_older_session_epoch_cannot_act(fleet):
     assert "epoch 1" in stale
 
 
-async def _eventually(predicate, timeout=5.0):
-    """Poll `predicate` (in a thread, so it may read the database) until true."""
-    def check():
-        try:
-            return predicate()
-        finally:
-            connection.close()  # worker threads must not keep test-database sessions open
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(check):
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
 def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
     from bcd.contract.proto import agent_pb2 as pb
     from fleet.models import NodeReport
@@ -190,7 +165,7 @@ def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
     async def scenario():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run())
-        await _eventually(lambda: session.state.connected)
+        await eventually(lambda: session.state.connected)
         first = pb.AgentMessage(epoch=session.state.epoch, report_id="inv-1",
                                 inventory=pb.Report(json='{"hostname":"gpu-01","vcpus":96,'
                                                     '"memoryGiB":1024,"gpus":[]}'))
@@ -198,7 +173,7 @@ def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
         session.bulk.put_nowait(pb.AgentMessage().__class__.FromString(
             first.SerializeToString()))
         session.credit_event.set()
-        await _eventually(lambda: "inv-1" in session.state.acked)
+        await eventually(lambda: "inv-1" in session.state.acked)
         await asyncio.sleep(0.5)
         task.cancel()
 
@@ -223,7 +198,7 @@ def test_join_heartbeats_inventory_and_commands_never_call_iam(fleet, settings):
             session = session_for(fleet, credentials, inventory, await diag(inventory))
             session.state.heartbeat_seconds = 1
             task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
-            adopted = await _eventually(lambda: Node.objects.filter(
+            adopted = await eventually(lambda: Node.objects.filter(
                 pk=payload["nodeId"], provision_state="adopted").exists(), timeout=20)
             task.cancel()
             return adopted
@@ -244,13 +219,13 @@ def test_a_bulk_flood_does_not_delay_control_beyond_one_heartbeat(fleet):
     async def scenario():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run())
-        await _eventually(lambda: session.state.connected)
+        await eventually(lambda: session.state.connected)
         for n in range(400):
             session.bulk.put_nowait(pb.AgentMessage(epoch=session.state.epoch,
                                                     report_id=f"flood-{n}",
                                                     inventory=pb.Report(json=report)))
         session.credit_event.set()
-        await _eventually(lambda: any(k.startswith("flood-") for k in session.state.acked))
+        await eventually(lambda: any(k.startswith("flood-") for k in session.state.acked))
         sent = time.monotonic()
         command_id = "cmd_01jbx0000000000000000000aa"
         body = "{}"
@@ -262,9 +237,9 @@ def test_a_bulk_flood_does_not_delay_control_beyond_one_heartbeat(fleet):
                                             json=body, signature=sign_bytes(
                                                 credentials.key,
                                                 f"{command_id}\nsucceeded\n{body}".encode()))))
-        await _eventually(lambda: "control-1" in session.state.acked, timeout=30)
+        await eventually(lambda: "control-1" in session.state.acked, timeout=30)
         control_latency = session.state.acked["control-1"] - sent
-        flood_done = await _eventually(lambda: "flood-399" in session.state.acked, timeout=120)
+        flood_done = await eventually(lambda: "flood-399" in session.state.acked, timeout=120)
         task.cancel()
         return control_latency, flood_done, sum(k.startswith("flood-") for k in
                                                 session.state.acked)
@@ -288,14 +263,14 @@ def test_the_certificate_is_renewed_over_the_session_for_the_same_key(fleet):
     async def scenario():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run())
-        await _eventually(lambda: session.state.connected)
+        await eventually(lambda: session.state.connected)
         csr = (x509.CertificateSigningRequestBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "renew")]))
                .sign(credentials.key, hashes.SHA256()))
         session.state.on_renewed = renewed.setdefault
         session.send_control(session._message(renew=pb.Renew(
             csr_der=csr.public_bytes(serialization.Encoding.DER))))
-        await _eventually(lambda: "pem" in renewed, timeout=10)
+        await eventually(lambda: "pem" in renewed, timeout=10)
         task.cancel()
 
     asyncio.run(scenario())
@@ -315,7 +290,7 @@ def test_a_quiet_node_becomes_unreachable_and_keeps_what_it_holds(fleet):
     async def connect_and_adopt():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
-        await _eventually(lambda: Node.objects.filter(pk=payload["nodeId"],
+        await eventually(lambda: Node.objects.filter(pk=payload["nodeId"],
                                                       provision_state="adopted").exists(), 20)
         task.cancel()
 
@@ -360,7 +335,7 @@ def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet):
     async def run_with(inventory, until):
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
-        ok = await _eventually(lambda: Node.objects.get(pk=node_id).provision_state == until, 20)
+        ok = await eventually(lambda: Node.objects.get(pk=node_id).provision_state == until, 20)
         task.cancel()
         return ok
 
@@ -389,7 +364,7 @@ def test_a_node_that_comes_back_is_reconnected(fleet):
     async def connect_once():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run())
-        ok = await _eventually(lambda: session.state.connected)
+        ok = await eventually(lambda: session.state.connected)
         task.cancel()
         return ok
 

@@ -18,7 +18,7 @@ from reservations.services.binding import (
 )
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
-from tests.support.writes import assert_wrote
+from tests.support.writes import assert_wrote, recorded
 
 
 @pytest.fixture
@@ -131,7 +131,12 @@ def test_a_failed_hold_is_placed_again_elsewhere_at_most_twice(root, pool, acme)
         nodes_tried.append(node.id)
         hold = NodeSpec.objects.filter(node=node).latest("generation").spec["allocations"][0]
         body, signature = signed_failure(keys[node.id], node, hold)
-        allocation_failed_record(node_id=node.id, body=body, signature=signature)
+        with recorded() as written:
+            allocation_failed_record(node_id=node.id, body=body, signature=signature)
+        assert written.audit == ["reservation.binding_fail"]
+        assert written.events[0] == "reservation.binding_failed"
+        assert written.events[1:] == (["reservation.placed"] if attempt < 2
+                                      else ["reservation.failed"])
         assert hold["allocationId"] not in str(
             NodeSpec.objects.filter(node=node).latest("generation").spec)
     final = Reservation.objects.get(pk=rsv["id"])

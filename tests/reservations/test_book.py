@@ -38,7 +38,8 @@ def test_four_gpus_take_a_whole_nvlink_domain(root, pool):
 
 def test_create_writes_one_audit_and_one_placed_event(root, pool):
     make_node(pool["id"])
-    rsv = reserve(root, pool, 2).result
+    with assert_wrote(audit="reservation.create", events=["reservation.placed"]):
+        rsv = reserve(root, pool, 2).result
     assert AuditEvent.objects.filter(target=rsv["id"], action="reservation.create").count() == 1
     assert list(Event.objects.filter(subject=rsv["id"]).values_list("type", flat=True)) == [
         "reservation.placed"]
@@ -114,7 +115,8 @@ def test_release_ends_bookings_at_database_now_and_refunds(root, pool, acme):
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
     rsv = reserve(acme, pool, 4).result
     assert Quota.objects.get(tenant__slug="acme").used == 4
-    released = acme("reservations.release", reservationId=rsv["id"])
+    with assert_wrote(audit="reservation.release", events=["reservation.released"]):
+        released = acme("reservations.release", reservationId=rsv["id"])
     assert released["state"] == "released"
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*), bool_and(upper(during) <= now()), "
@@ -125,7 +127,8 @@ def test_release_ends_bookings_at_database_now_and_refunds(root, pool, acme):
     assert node.vcpus_allocated == 0
     usage = acme("usage.list")["items"]
     assert [u["meter"] for u in usage] == ["gpu.H100.hours"]
-    again = acme.call("reservations.release", reservationId=rsv["id"])
+    with assert_wrote(audit=None):
+        again = acme.call("reservations.release", reservationId=rsv["id"])
     assert (again.status, again.code) == (409, "invalid_state")
 
 
@@ -133,7 +136,8 @@ def test_quota_exceeded_names_the_numbers_and_writes_nothing(root, pool, acme):
     make_node(pool["id"])
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
     assert reserve(acme, pool, 3).ok
-    answer = reserve(acme, pool, 2)
+    with assert_wrote(audit=None):
+        answer = reserve(acme, pool, 2)
     assert (answer.status, answer.code) == (409, "quota_exceeded")
     assert answer.body["error"]["details"] == {"resource": "gpu", "limit": 4, "used": 3,
                                                "requested": 2}
@@ -153,7 +157,8 @@ def test_cancel_withdraws_a_future_reservation_and_refuses_a_started_one(root, p
     assert later["state"] == "placed"
     now = reserve(root, pool, 8).result  # fits before the later one starts
     assert now["state"] == "placed"
-    cancelled = root("reservations.release", reservationId=later["id"], cancel=True)
+    with assert_wrote(audit="reservation.cancel", events=["reservation.cancelled"]):
+        cancelled = root("reservations.release", reservationId=later["id"], cancel=True)
     assert cancelled["state"] == "cancelled"
     assert booked_uuids(later["id"]) == []
     answer = root.call("reservations.release", reservationId=now["id"], cancel=True)
@@ -208,7 +213,8 @@ def test_expired_windows_are_released(root, pool):
                        "interval '2 hours', now() - interval '1 hour')")
     sweep()  # the timer: the ended window becomes a work item …
     assert WorkItem.objects.filter(kind="reservation", key=rsv["id"]).exists()
-    reconcile_reservation(rsv["id"])  # … whose handler releases it
+    with assert_wrote(audit="reservation.expire", events=["reservation.released"]):
+        reconcile_reservation(rsv["id"])  # … whose handler releases it
     assert root("reservations.get", reservationId=rsv["id"])["state"] == "released"
     usage = root("usage.list")["items"][0]
     assert usage["quantity"] == "2.000000"

@@ -8,15 +8,18 @@ from django.db import connection
 from fleet.models import Node
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
+from tests.support.writes import assert_wrote
 
 
 def test_sandbox_claims_vcpus_on_a_cpu_pool(root, cpu_pool):
     node = make_node(cpu_pool["id"], gpus=0, vcpus=32, memory_gib=128)
-    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16)
+    with assert_wrote(audit="sandbox.create", events=["sandbox.created"]):
+        sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16)
     assert (sandbox["nodeId"], sandbox["state"]) == (node.id, "running")
     node.refresh_from_db()
     assert (node.vcpus_allocated, node.memory_gib_allocated) == (8, 16)
-    answer = root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=30, memoryGiB=16)
+    with assert_wrote(audit=None):
+        answer = root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=30, memoryGiB=16)
     assert (answer.status, answer.code) == (409, "capacity_conflict")
 
 
@@ -35,7 +38,8 @@ def test_release_meters_vcpu_hours_and_gives_back(root, cpu_pool):
     sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16)
     with connection.cursor() as cursor:
         cursor.execute("UPDATE reservations_sandbox SET created_at = now() - interval '30 min'")
-    released = root("sandboxes.release", sandboxId=sandbox["id"])
+    with assert_wrote(audit="sandbox.release", events=["sandbox.released"]):
+        released = root("sandboxes.release", sandboxId=sandbox["id"])
     assert released["state"] == "released"
     assert Node.objects.get(pk=node.pk).vcpus_allocated == 0
     usage = root("usage.list", meter="vcpu.hours")["items"]

@@ -25,6 +25,21 @@ def _marks() -> tuple[int, int]:
 
 
 @contextmanager
+def recorded() -> Iterator[Written]:
+    """What the block wrote, filled in when it ends (whether or not it raised)."""
+    audit_mark, event_mark = _marks()
+    written = Written()
+    try:
+        yield written
+    finally:
+        rows = list(AuditEvent.objects.filter(seq__gt=audit_mark).order_by("seq")
+                    .values_list("action", "allowed"))
+        written.audit = [action if allowed else f"!{action}" for action, allowed in rows]
+        written.events = list(Event.objects.filter(seq__gt=event_mark).order_by("seq")
+                              .values_list("type", flat=True))
+
+
+@contextmanager
 def assert_wrote(*, audit: str | Sequence[str] | None, events: Sequence[str] = (),
                  denied: bool = False) -> Iterator[Written]:
     """Assert the block wrote exactly one audit row with this action (allowed, or denied
@@ -34,21 +49,15 @@ def assert_wrote(*, audit: str | Sequence[str] | None, events: Sequence[str] = (
     is checked too (a refused call writes its denied row, or nothing), then the exception
     propagates.
     """
-    audit_mark, event_mark = _marks()
-    written = Written()
     try:
-        yield written
+        with recorded() as written:
+            yield written
     finally:
-        _check(written, audit_mark, event_mark, audit, events, denied)
+        _check(written, audit, events, denied)
 
 
-def _check(written: Written, audit_mark: int, event_mark: int,
-           audit: str | Sequence[str] | None, events: Sequence[str], denied: bool) -> None:
-    rows = list(AuditEvent.objects.filter(seq__gt=audit_mark).order_by("seq")
-                .values_list("action", "allowed"))
-    written.audit = [action if allowed else f"!{action}" for action, allowed in rows]
-    written.events = list(Event.objects.filter(seq__gt=event_mark).order_by("seq")
-                          .values_list("type", flat=True))
+def _check(written: Written, audit: str | Sequence[str] | None, events: Sequence[str],
+           denied: bool) -> None:
     expected_audit = [] if audit is None else [audit] if isinstance(audit, str) else list(audit)
     if denied:
         expected_audit = [f"!{action}" for action in expected_audit]

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput
 from compute.api.registry import CallContext, Resource, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.selectors import root_tenant, tenant_list
 from compute.tenancy.serializers import present_tenant
@@ -24,7 +25,8 @@ def _in_root(ctx: CallContext, data: dict[str, Any]) -> Resource:
     return Resource(kind="tenant", tenant_id=root_tenant().id)
 
 
-@endpoint("tenants", "create", input=TenantCreateIn, mutating=True, draft=_in_root)
+@endpoint("tenants", "create", input=TenantCreateIn, mutating=True, draft=_in_root,
+          emits=(EventType.TENANT_CREATED,))
 def tenants_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a customer tenant (root administrators only)."""
     return present_tenant(tenant_create(actor=ctx.principal, **data))

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.models import Role
 from compute.tenancy.selectors import access_token_by_id, token_list
@@ -25,7 +26,8 @@ class TokenCreateIn(Input):
                                  help_text="Add a token to this principal instead of a new one.")
 
 
-@endpoint("tokens", "create", input=TokenCreateIn, mutating=True)
+@endpoint("tokens", "create", input=TokenCreateIn, mutating=True,
+          emits=(EventType.TOKEN_CREATED,))
 def tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Mint an API token. The `token` field is shown once and never again."""
     ttl = data.pop("ttl", None)
@@ -45,7 +47,8 @@ class TokenRevokeIn(Input):
 
 
 @endpoint("tokens", "revoke", input=TokenRevokeIn, mutating=True,
-          subject=Subject("token", access_token_by_id, "token_id"))
+          subject=Subject("token", access_token_by_id, "token_id"),
+          emits=(EventType.TOKEN_REVOKED,))
 def tokens_revoke(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Revoke an API token."""
     return present_token(token_revoke(tenant=ctx.tenant, actor=ctx.principal,

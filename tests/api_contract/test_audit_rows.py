@@ -1,0 +1,107 @@
+"""Walk the registry: every mutating method, called once with valid input, writes exactly one
+allowed audit row (for its own action) and only outbox events it declares.
+
+A new mutating method fails `test_every_mutating_method_has_a_call_here` until it gets a
+call below, and then fails the walk unless it writes its one audit row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from compute.api.registry import REGISTRY
+from fleet.models import Node
+from tests.factories import make_node
+from tests.support.writes import recorded
+
+SHAPE = {"devices": [{"class": "gpu", "count": 1}], "duration": 3_600_000}
+Call = Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]
+
+
+def failed_acceptance(world: dict[str, str]) -> str:
+    node = make_node(world["pool"], adopted=False)
+    Node.objects.filter(pk=node.pk).update(provision_state="acceptance-failed")
+    return node.id
+
+
+# name -> (the audit action it writes, (client, body) of one valid call); `world` holds
+# the objects made beforehand.
+CALLS: dict[str, tuple[str, Call]] = {
+    "sites.create": ("site.create", lambda c, w: (
+        c.root, {"kind": "shared", "region": "eu-2"})),
+    "pools.create": ("pool.create", lambda c, w: (
+        c.root, {"siteId": w["site"], "class": "metal-host", "gpuModel": "H100"})),
+    "pools.offer": ("pool.offer", lambda c, w: (
+        c.root, {"poolId": w["pool"], "to": "acme", "quota": {"gpu": 4}})),
+    "tenants.create": ("tenant.create", lambda c, w: (c.root, {"slug": "initech"})),
+    "tokens.create": ("token.create", lambda c, w: (
+        c.acme, {"name": "ci", "role": "viewer"})),
+    "tokens.revoke": ("token.revoke", lambda c, w: (c.acme, {"tokenId": w["token"]})),
+    "joinTokens.create": ("join_token.create", lambda c, w: (
+        c.root, {"poolId": w["pool"], "ttl": 3_600_000})),
+    "joinTokens.revoke": ("join_token.revoke", lambda c, w: (
+        c.root, {"joinTokenId": w["joinToken"]})),
+    "nodes.cordon": ("node.cordon", lambda c, w: (
+        c.root, {"nodeId": w["node"], "reason": "disk"})),
+    "nodes.uncordon": ("node.uncordon", lambda c, w: (c.root, {"nodeId": w["cordoned"]})),
+    "nodes.adopt": ("node.adopt", lambda c, w: (
+        c.root, {"nodeId": failed_acceptance(w), "reason": "GPU 3 reseated"})),
+    "reservations.create": ("reservation.create", lambda c, w: (
+        c.acme, {"poolId": w["pool"], **SHAPE})),
+    "reservations.release": ("reservation.release", lambda c, w: (
+        c.acme, {"reservationId": w["rsv"]})),
+    "reservations.extend": ("reservation.extend", lambda c, w: (
+        c.acme, {"reservationId": w["rsv"], "by": 60_000})),
+    "sandboxes.create": ("sandbox.create", lambda c, w: (
+        c.root, {"poolId": w["cpuPool"], "vcpus": 2, "memoryGiB": 4})),
+    "sandboxes.release": ("sandbox.release", lambda c, w: (
+        c.root, {"sandboxId": w["sandbox"]})),
+    "audit.checkpoint": ("audit.checkpoint", lambda c, w: (c.root, {})),
+}
+
+
+class Clients:
+    def __init__(self, root, acme) -> None:
+        self.root, self.acme = root, acme
+
+
+@pytest.fixture
+def world(root, acme, pool, cpu_pool) -> dict[str, str]:
+    make_node(pool["id"])
+    make_node(cpu_pool["id"], gpus=0, domains=())
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    cordoned = make_node(pool["id"])
+    root("nodes.cordon", nodeId=cordoned.id)
+    return {
+        "site": pool["siteId"], "pool": pool["id"], "cpuPool": cpu_pool["id"],
+        "node": make_node(pool["id"]).id, "cordoned": cordoned.id,
+        "token": acme("tokens.create", name="svc", role="viewer")["id"],
+        "joinToken": root("joinTokens.create", poolId=pool["id"], ttl=3_600_000)["id"],
+        "rsv": acme("reservations.create", poolId=pool["id"], **SHAPE)["id"],
+        "sandbox": root("sandboxes.create", poolId=cpu_pool["id"], vcpus=2,
+                        memoryGiB=4)["id"],
+    }
+
+
+MUTATING = sorted(f"{g}.{m}" for (g, m), e in REGISTRY.items() if e.mutating)
+
+
+def test_every_mutating_method_has_a_call_here():
+    assert sorted(CALLS) == MUTATING
+
+
+@pytest.mark.parametrize("name", MUTATING)
+def test_a_mutating_call_writes_one_audit_row_and_only_declared_events(name, world, root,
+                                                                       acme):
+    endpoint = REGISTRY[tuple(name.split(".", 1))]
+    action, call = CALLS[name]
+    client, body = call(Clients(root, acme), world)
+    with recorded() as written:
+        answer = client.call(name, body)
+    assert answer.ok, answer.body
+    assert written.audit == [action]
+    assert set(written.events) <= set(endpoint.emits), (written.events, endpoint.emits)
+    assert written.events or not endpoint.emits, f"{name} wrote none of its events"

@@ -1,0 +1,99 @@
+"""The gateway's write services, called directly: each is one transaction with one audit
+row, and a session's epoch in the database decides whether it may still act."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bcd.contract.crypto import public_pem, sign_bytes
+from fleet.models import Node, NodeCommand
+from fleet.services.sessions import (
+    StaleSession,
+    command_result_record,
+    inventory_report_record,
+    node_reconnect,
+    session_open,
+)
+from tests.factories import inventory, lapse_lease, make_bare_node, make_node
+from tests.support.writes import assert_wrote
+
+
+def signed_result(key, command_id, status="succeeded", output=None):
+    body = json.dumps(output or {"healthyGpus": 8})
+    return {"command_id": command_id, "status": status, "body": body,
+            "signature": sign_bytes(key, f"{command_id}\n{status}\n{body}".encode())}
+
+
+@pytest.fixture
+def keyed(pool):
+    """A joined node with its own key, in `adopting` (the pool asks for diag.nvml)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    node = make_bare_node(pool["id"])
+    Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+    return key, node
+
+
+def test_an_older_sessions_reports_are_refused_by_the_database(keyed):
+    key, node = keyed
+    first = session_open(node_id=node.id)
+    inventory_report_record(node_id=node.id, epoch=first, report_id="inv-1",
+                            body=json.dumps(inventory()))
+    command = NodeCommand.objects.get(node=node, kind="diag.nvml")
+    second = session_open(node_id=node.id)  # the node reconnected: epoch 1 may not act
+    assert second == first + 1
+    with pytest.raises(StaleSession), assert_wrote(audit=None):
+        inventory_report_record(node_id=node.id, epoch=first, report_id="inv-2",
+                                body=json.dumps(inventory()))
+    with pytest.raises(StaleSession), assert_wrote(audit=None):
+        command_result_record(node_id=node.id, epoch=first, report_id="res-1",
+                              **signed_result(key, command.id))
+    node.refresh_from_db()
+    assert (node.inventory_generation, node.provision_state) == (1, "adopting")
+    command.refresh_from_db()
+    assert command.state == "queued"
+    with assert_wrote(audit="node.command.result", events=["node.adopted"]):
+        assert command_result_record(node_id=node.id, epoch=second, report_id="res-2",
+                                     **signed_result(key, command.id))
+
+
+def test_a_report_is_claimed_with_its_write_and_a_resend_changes_nothing(keyed):
+    _, node = keyed
+    epoch = session_open(node_id=node.id)
+    body = json.dumps(inventory())
+    with assert_wrote(audit="node.inventory",
+                      events=["node.inventory.updated", "node.acceptance.started"]):
+        assert inventory_report_record(node_id=node.id, epoch=epoch, report_id="inv-1",
+                                       body=body) is True
+    with assert_wrote(audit=None):
+        assert inventory_report_record(node_id=node.id, epoch=epoch, report_id="inv-1",
+                                       body=body) is False
+    assert Node.objects.get(pk=node.pk).inventory_generation == 1
+
+
+def test_a_result_not_signed_by_the_node_is_refused(keyed):
+    _, node = keyed
+    epoch = session_open(node_id=node.id)
+    inventory_report_record(node_id=node.id, epoch=epoch, report_id=secrets.token_hex(4),
+                            body=json.dumps(inventory()))
+    command = NodeCommand.objects.get(node=node, kind="diag.nvml")
+    forger = ec.generate_private_key(ec.SECP256R1())
+    with pytest.raises(PermissionError), assert_wrote(audit=None):
+        command_result_record(node_id=node.id, epoch=epoch, report_id="res-1",
+                              **signed_result(forger, command.id))
+
+
+def test_liveness_turns_a_quiet_node_unreachable_and_a_heartbeat_brings_it_back(pool):
+    node = make_node(pool["id"])
+    epoch = session_open(node_id=node.id)
+    with assert_wrote(audit="node.unreachable", events=["node.unreachable"]):
+        assert lapse_lease(node.id) is not None
+    with assert_wrote(audit="node.reconnect", events=["node.reconnected"]):
+        node_reconnect(node_id=node.id, epoch=epoch)
+    with assert_wrote(audit=None):
+        node_reconnect(node_id=node.id, epoch=epoch)  # already connected: nothing to do
+    with pytest.raises(StaleSession):
+        node_reconnect(node_id=node.id, epoch=epoch - 1)
