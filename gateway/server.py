@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import httpx
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -263,6 +264,9 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 logger.exception("gateway housekeeping failed; retrying")
 
 
+SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 class CertificateFiles:
     """The gateway's key, certificate and CA in `cert_dir`, read again on the next handshake
     once a renewal replaced them (their modification times changed)."""
@@ -277,7 +281,13 @@ class CertificateFiles:
         return tuple((self.cert_dir / name).stat().st_mtime_ns for name in self.NAMES)
 
     def configuration(self) -> Any:
+        """The files as a gRPC configuration; ValueError while the key and the certificate
+        do not belong together (a renewal half written)."""
         key, cert, ca = ((self.cert_dir / name).read_bytes() for name in self.NAMES)
+        certified = x509.load_pem_x509_certificate(cert).public_key()
+        private = serialization.load_pem_private_key(key, None)
+        if certified.public_bytes(*SPKI) != private.public_key().public_bytes(*SPKI):
+            raise ValueError("key.pem and cert.pem do not match")
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
     def fetch(self) -> Any:
@@ -287,7 +297,7 @@ class CertificateFiles:
             if stamp == self.stamp:
                 return None
             configuration = self.configuration()
-        except OSError:  # a renewal half written: keep serving the old pair
+        except (OSError, ValueError):  # half written: keep the old pair, look again next time
             return None
         self.stamp = stamp
         logger.info("gateway: certificate in %s renewed; new handshakes use it", self.cert_dir)

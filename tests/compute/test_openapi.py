@@ -21,3 +21,19 @@ def test_openapi_schema_is_the_validating_schema(client, db):
     assert schema["additionalProperties"] is False
     acceptance = schema["properties"]["policy"]["properties"]["acceptance"]
     assert "diag.nvml" in acceptance["items"]["properties"]["kind"]["enum"]
+
+
+def test_each_method_names_the_file_and_function_that_handles_it(client, db):
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent.parent
+    paths = client.get("/api/compute/openapi.json").json()["paths"]
+    for url, item in paths.items():
+        path, _, function = item["post"]["x-handler"].partition(":")
+        tree = ast.parse((root / path).read_text())
+        names = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert function in names, (url, item["post"]["x-handler"])
+        group, method = url.rsplit("/", 2)[-2:]
+        expected = f"{group}_{method}".replace("joinTokens", "join_tokens")
+        assert function == expected, (url, function)

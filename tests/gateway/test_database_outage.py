@@ -50,3 +50,30 @@ def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
     connections.close_all()  # this thread's connection died with the server
     assert reason == "the control plane could not record a report; reconnect"
     assert state() == (generation + 1, epoch + 1)  # a new session; the resent report, once
+
+
+def test_the_gateway_serves_a_renewed_certificate_without_a_restart(gateway, tmp_path):
+    """A renewal that replaces key.pem and cert.pem on disk is served from the next handshake."""
+    import socket
+    import ssl
+
+    from cryptography import x509
+
+    from fleet.pki import issue_gateway_certificate
+
+    def served_serial() -> int:
+        host, port = gateway.join_target.rsplit(":", 1)
+        context = ssl.create_default_context(cafile=str(tmp_path / "gw" / "ca.pem"))
+        context.check_hostname = False
+        with socket.create_connection((host, int(port)), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="localhost") as tls:
+            der = tls.getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der).serial_number
+
+    before = served_serial()
+    key, cert = issue_gateway_certificate(["localhost", "127.0.0.1"])
+    (tmp_path / "gw" / "key.pem").write_text(key)
+    (tmp_path / "gw" / "cert.pem").write_text(cert)
+    renewed = x509.load_pem_x509_certificate(cert.encode()).serial_number
+    assert renewed != before
+    assert served_serial() == renewed
