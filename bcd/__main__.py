@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from bcd.config import Config, Paths, joined_config
+from bcd.contract.version import version
 from bcd.join.documents import JoinError, Pins
 from bcd.tokens import TokenError, read_token
 
@@ -77,8 +78,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="bcd", description="better-compute node agent")
+    top.add_argument("--version", action="version", version=f"bcd {version()}")
     top.add_argument("--root", default="/", help="host root (a private folder in simulation)")
     sub = top.add_subparsers(dest="command", required=True)
+    sub.add_parser("help", help="show this help").set_defaults(
+        handler=lambda args: (top.print_help(), 0)[1])
     join = sub.add_parser("join", help="join the control plane with a join token")
     join.add_argument("--server", required=True, help="https://compute.example.com/api/compute")
     join.add_argument("--serving-ca-pin", required=True)

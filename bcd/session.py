@@ -53,6 +53,7 @@ class SessionState:
     connected: bool = False
     bulk_credits: int = 0
     acked: dict[str, float] = field(default_factory=dict)
+    acks: list[tuple[str, bool]] = field(default_factory=list)  # (report id, duplicate)
     refused: str = ""
     on_renewed: Callable[[str, bytes], object] | None = None
 
@@ -171,6 +172,7 @@ class AgentSession:
                         self.credit_event.set()
                     elif kind == "ack":
                         self.state.acked[message.ack.report_id] = time.monotonic()
+                        self.state.acks.append((message.ack.report_id, message.ack.duplicate))
                     elif kind == "command":
                         task = asyncio.create_task(self._command(message.command))
                         tasks.add(task)

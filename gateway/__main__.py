@@ -13,9 +13,12 @@ import logging
 import os
 import signal
 
+from bcd.contract.version import version
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="better-compute gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gateway {version()}")
     parser.add_argument("--listen", default="127.0.0.1:8443", help="sessions (mTLS)")
     parser.add_argument("--join-listen", default="127.0.0.1:8444", help="joins (TLS)")
     parser.add_argument("--api-url", default=os.environ.get("BETTER_COMPUTE_API_URL",

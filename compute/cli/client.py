@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,8 +72,15 @@ class Config:
         if not token:
             raise CliError("BETTER_COMPUTE_TOKEN is not set: export a biam_… API token "
                            "(or BETTER_COMPUTE_TOKEN_FILE naming a file that holds one)")
+        if not TOKEN_SHAPE.match(token):
+            raise CliError("BETTER_COMPUTE_TOKEN is malformed: an API token looks like "
+                           "biam_tok_<id>.<secret> (the README's biam_… is a placeholder; "
+                           "`better-compute dev` writes a real one to its env file)")
         return cls(url=check_url(url), token=token,
                    tenant=os.environ.get("BETTER_COMPUTE_TENANT") or None)
+
+
+TOKEN_SHAPE = re.compile(r"^biam_[a-z]+_[0-9a-z]{26}\.[A-Za-z0-9_-]{20,200}$")
 
 
 class Client:

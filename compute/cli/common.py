@@ -13,7 +13,7 @@ import click
 from compute.cli.client import Client, Config
 from compute.cli.output import render
 
-OUTPUTS = click.Choice(["table", "json", "yaml"])
+OUTPUTS = click.Choice(["table", "wide", "json", "yaml"])
 
 
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,7 +24,8 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option("--query", "query", metavar="PATH",
                         help="Print only this dotted path of the result, e.g. id.")(func)
     return click.option("--output", "-o", "output", type=OUTPUTS,
-                        help="Output format (table on a terminal, json otherwise).")(func)
+                        help="Output format (table on a terminal, json otherwise; wide: a "
+                        "table that never cuts a value).")(func)
 
 
 def client() -> Client:

@@ -19,13 +19,25 @@ def parse_duration_ms(text: str) -> int:
 
 
 class Duration(click.ParamType):
+    """A duration in milliseconds; bounds are given, and refused, in the user's units."""
+
     name = "duration"
+
+    def __init__(self, *, minimum: str | None = None, maximum: str | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
 
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
         try:
-            return parse_duration_ms(str(value))
+            ms = parse_duration_ms(str(value))
         except ValueError as error:
             self.fail(str(error), param, ctx)
+        low = parse_duration_ms(self.minimum) if self.minimum else 0
+        high = parse_duration_ms(self.maximum) if self.maximum else None
+        if ms < low or (high is not None and ms > high):
+            bounds = f"between {self.minimum} and {self.maximum}" if self.maximum else \
+                f"at least {self.minimum}"
+            self.fail(f"{value} is not {bounds}", param, ctx)
+        return ms

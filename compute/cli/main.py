@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from bcd.contract.version import version
 from compute.cli.audit import audit
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment
@@ -14,8 +15,25 @@ from compute.cli.install_script import daemon
 from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
 from compute.cli.resources import GROUPS
 
+_process_value = click.Option.process_value
+
+
+def _refuse_an_option_as_a_value(self: click.Option, ctx: click.Context, value: object) -> object:
+    """`--pool $UNSET --vcpus 8` would take `--vcpus` as the pool and then complain that
+    --vcpus is missing; name the option that lost its value instead."""
+    if (not self.is_flag and not self.count and isinstance(value, str)
+            and value.startswith("--") and value[2:3].isalpha()):
+        raise click.BadParameter(f"needs a value, but got the option {value} (is a variable "
+                                 "in the command empty?)", ctx=ctx, param=self)
+    return _process_value(self, ctx, value)
+
+
+click.Option.process_value = _refuse_an_option_as_a_value  # type: ignore[method-assign]
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version(), "--version", prog_name="better-compute",
+                      message="%(prog)s %(version)s")
 def cli() -> None:
     """better-compute: a control plane for GPU, CPU and sandbox capacity.
 
@@ -86,16 +104,13 @@ def workers(count: int) -> None:
 def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
     """List every command, or show one: help pools offer."""
     target: click.Command = cli
-    parent = ctx.parent
-    path = [ctx.find_root().info_name or "better-compute"]
     for name in command:
         if not isinstance(target, click.Group) or name not in target.commands:
             raise CliError(f"no command {' '.join(command)!r}; see better-compute help")
         target = target.commands[name]
-        path.append(name)
     if command:
-        click.echo(target.get_help(click.Context(target, info_name=" ".join(path),
-                                                 parent=parent)))
+        click.echo(target.get_help(click.Context(target, info_name=" ".join(command),
+                                                 parent=ctx.find_root())))
         return
     click.echo(cli.get_help(ctx.parent or ctx))
     click.echo("\nAll commands:")
@@ -103,9 +118,14 @@ def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
         if isinstance(sub, click.Group):
             for child_name, child in sorted(sub.commands.items()):
                 label = f"{name} {child_name}"
-                click.echo(f"  {label:<24} {child.get_short_help_str(60)}")
+                click.echo(f"  {label:<24} {summary(child)}")
         else:
-            click.echo(f"  {name:<24} {sub.get_short_help_str(60)}")
+            click.echo(f"  {name:<24} {summary(sub)}")
+
+
+def summary(command: click.Command) -> str:
+    """A command's first docstring line, whole (never cut with an ellipsis)."""
+    return (command.help or command.short_help or "").strip().split("\n")[0]
 
 
 def main() -> None:

@@ -33,7 +33,10 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None, *,
+          wide: bool = False) -> str:
+    """Rows as aligned columns fitted to the terminal (a cut value ends in …);
+    `wide` never cuts (`--output wide`)."""
     if not rows:
         return "(none)"
     columns = columns or [k for k in rows[0] if not isinstance(rows[0][k], dict | list)][:8]
@@ -41,7 +44,8 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     budget = max(8, (width - 2 * len(columns)) // max(1, len(columns)))
-    widths = [min(w, max(budget, 12)) for w in widths]
+    if not wide:
+        widths = [min(w, max(budget, 12)) for w in widths]
 
     def line(values: list[str]) -> str:
         return "  ".join(
@@ -56,16 +60,17 @@ def render(value: Any, *, output: str | None, path: str | None,
     if path:
         value = query(value, path)
         if output is None and not isinstance(value, dict | list):
-            return "" if value is None else str(value)
+            return value if isinstance(value, str) else json.dumps(value)
     fmt = output or ("table" if sys.stdout.isatty() else "json")
+    wide = fmt == "wide"
     if fmt == "json":
         return json.dumps(value, indent=2, sort_keys=False)
     if fmt == "yaml":
         return yaml.safe_dump(value, sort_keys=False).rstrip()
     if isinstance(value, dict) and isinstance(value.get("items"), list):
-        return table(value["items"], columns)
+        return table(value["items"], columns, wide=wide)
     if isinstance(value, list) and all(isinstance(v, dict) for v in value):
-        return table(value, columns)
+        return table(value, columns, wide=wide)
     if isinstance(value, dict):
-        return table([{"field": k, "value": _cell(v)} for k, v in value.items()])
+        return table([{"field": k, "value": _cell(v)} for k, v in value.items()], wide=wide)
     return _cell(value)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -66,22 +68,40 @@ def tokens() -> None:
 def tokens_create(name: str, role: str, ttl: int | None, out: str | None, output: str | None,
                   query: str | None, tenant: str | None) -> None:
     """Mint an API token for a new service principal. The token is shown once."""
-    result = make_client().call("tokens.create", {"name": name, "role": role, "ttl": ttl},
-                                tenant=tenant)
-    if out:
-        write_secret_file(out, result.pop("token"))
-        click.echo(f"token written to {out}", err=True)
+    with secret_file(out) as write:
+        result = make_client().call("tokens.create", {"name": name, "role": role, "ttl": ttl},
+                                    tenant=tenant)
+        if out:
+            write(result.pop("token"))
+            click.echo(f"token written to {out}", err=True)
     show(result, output=output, query=query)
 
 
-def write_secret_file(path: str, secret: str) -> None:
-    """A new file with mode 0600; an existing file is never overwritten."""
+@contextmanager
+def secret_file(path: str | None) -> Iterator[Callable[[str], None]]:
+    """Claim `path` as a new 0600 file *before* anything is minted (an existing file is
+    never overwritten, and then nothing is minted); yields the writer of the secret. If
+    the block fails, the empty file is removed."""
+    if path is None:
+        yield lambda secret: None
+        return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise click.BadParameter(f"{path} exists; it is never overwritten") from None
+        raise click.BadParameter(f"{path} exists; it is never overwritten",
+                                 param_hint="--out") from None
+    written = False
     with os.fdopen(fd, "w") as handle:
-        handle.write(secret + "\n")
+        def write(secret: str) -> None:
+            nonlocal written
+            handle.write(secret + "\n")
+            written = True
+
+        try:
+            yield write
+        finally:
+            if not written:
+                os.unlink(path)
 
 
 @api_command(tokens, "list", "tokens.list",
@@ -256,7 +276,8 @@ def join_tokens() -> None:
 
 @join_tokens.command("create")
 @click.option("--pool", "pool_id", required=True)
-@click.option("--ttl", type=Duration(), required=True, help="1m to 24h, e.g. 2h.")
+@click.option("--ttl", type=Duration(minimum="1m", maximum="24h"), required=True,
+              help="1m to 24h, e.g. 2h.")
 @click.option("--max-uses", type=click.IntRange(1, 10_000), default=1, show_default=True)
 @click.option("--expect-serial", default=None, help="Bind to the machine's serial.")
 @click.option("--expect-product-uuid", default=None, help="Bind to its product UUID.")
@@ -271,17 +292,18 @@ def join_tokens_create(pool_id: str, ttl: int, max_uses: int, expect_serial: str
                        key: str | None, out: str | None, output: str | None,
                        query: str | None, tenant: str | None) -> None:
     """Mint a join token; the control plane keeps only a hash of its secret."""
-    result = make_client().call("joinTokens.create", {
-        "poolId": pool_id, "ttl": ttl, "maxUses": max_uses, "expectSerial": expect_serial,
-        "expectProductUuid": expect_product_uuid, "expectMac": expect_mac,
-        "idempotencyKey": key}, tenant=tenant)
-    if out:
-        secret = result.pop("token")
-        if secret is None:
-            raise click.UsageError("this key was used before: the token was shown then and "
-                                   "cannot be shown again")
-        write_secret_file(out, secret)
-        click.echo(f"join token written to {out}", err=True)
+    with secret_file(out) as write:
+        result = make_client().call("joinTokens.create", {
+            "poolId": pool_id, "ttl": ttl, "maxUses": max_uses, "expectSerial": expect_serial,
+            "expectProductUuid": expect_product_uuid, "expectMac": expect_mac,
+            "idempotencyKey": key}, tenant=tenant)
+        if out:
+            secret = result.pop("token")
+            if secret is None:
+                raise click.UsageError("this key was used before: the token was shown then "
+                                       "and cannot be shown again")
+            write(secret)
+            click.echo(f"join token written to {out}", err=True)
     show(result, output=output, query=query)
 
 

@@ -61,12 +61,35 @@ def test_a_forged_allocation_bound_is_rejected(root, bound):
     assert "signed" in refusal.reason
 
 
-def test_a_report_of_other_gpus_is_rejected(root, bound):
+def forged(case, key, node, hold, pool, root):
+    """(signing node, body, signature) of a report that is not exactly the booking."""
+    if case == "fewer GPUs":
+        return (node, *report(key, node, hold, gpus=hold["gpus"][:3]))
+    if case == "a superset":
+        spare = next(d.uuid for d in node.devices.all() if d.uuid not in hold["gpus"])
+        return (node, *report(key, node, hold, gpus=[*hold["gpus"], spare]))
+    if case == "a GPU not booked":
+        return (node, *report(key, node, hold, gpus=[*hold["gpus"][:3], "GPU-not-booked"]))
+    if case == "another node's key":
+        other_key = ec.generate_private_key(ec.SECP256R1())
+        other = make_node(pool["id"])
+        Node.objects.filter(pk=other.pk).update(public_key=public_pem(other_key.public_key()))
+        return (node, *report(other_key, node, hold))
+    assert case == "another allocation"
+    other_rsv = reserve(root, pool, 4).result
+    other_allocation = {**hold, "allocationId": other_rsv["allocationId"]}
+    return (node, *report(key, node, other_allocation))
+
+
+@pytest.mark.parametrize("case", ["fewer GPUs", "a superset", "a GPU not booked",
+                                  "another node's key", "another allocation"])
+def test_a_report_that_is_not_exactly_the_booking_leaves_it_unbound(root, pool, bound, case):
     key, node, rsv, hold = bound
-    body, signature = report(key, node, hold, gpus=[*hold["gpus"][:3], "GPU-not-booked"])
+    signer, body, signature = forged(case, key, node, hold, pool, root)
     with pytest.raises(BindingRefused), assert_wrote(audit="reservation.activate", denied=True):
-        allocation_bound_record(node_id=node.id, body=body, signature=signature)
-    assert root("reservations.get", reservationId=rsv["id"])["state"] == "binding"
+        allocation_bound_record(node_id=signer.id, body=body, signature=signature)
+    state = root("reservations.get", reservationId=rsv["id"])
+    assert (state["state"], state["binding"]) == ("binding", None)
 
 
 def test_the_nodes_signed_report_makes_it_active_once(root, bound):
