@@ -76,13 +76,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_checks(Paths(_root(args)), server=args.server)
 
 
+def print_help(top: argparse.ArgumentParser) -> int:
+    top.print_help()
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="bcd", description="better-compute node agent")
     top.add_argument("--version", action="version", version=f"bcd {version()}")
     top.add_argument("--root", default="/", help="host root (a private folder in simulation)")
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser("help", help="show this help").set_defaults(
-        handler=lambda args: (top.print_help(), 0)[1])
+        handler=lambda args: print_help(top))
     join = sub.add_parser("join", help="join the control plane with a join token")
     join.add_argument("--server", required=True, help="https://compute.example.com/api/compute")
     join.add_argument("--serving-ca-pin", required=True)
