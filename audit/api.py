@@ -7,7 +7,8 @@ from typing import Any
 from rest_framework import serializers
 
 from audit import checkpoints
-from compute.api.inputs import Input, PublicIdField
+from audit.selectors import audit_event_id_for, audit_event_list
+from compute.api.inputs import Input, ListInput
 from compute.api.registry import CallContext, endpoint
 
 
@@ -34,10 +35,37 @@ def audit_verify(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 class ProveIn(Input):
-    event_id = PublicIdField("aud")
+    event_id = serializers.RegexField(r"^[a-z]{2,5}_[0-9a-z]{26}$", max_length=32,
+                                      help_text="An audit event id (aud_…), or the id of "
+                                                "the object it is about (its latest event).")
 
 
 @endpoint("audit", "prove", input=ProveIn, mutating=False)
 def audit_prove(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """An inclusion proof of one audit event against the latest checkpoint."""
-    return checkpoints.audit_prove(tenant_id=ctx.tenant.id, event_id=data["event_id"])
+    event_id = audit_event_id_for(tenant_id=ctx.tenant.id, ref=data["event_id"])
+    return checkpoints.audit_prove(tenant_id=ctx.tenant.id, event_id=event_id)
+
+
+class AuditListIn(ListInput):
+    action = serializers.CharField(required=False, max_length=64,
+                                   help_text="Such as node.join, or node.* for a prefix.")
+    allowed = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                       help_text="false: only refusals.")
+    target = serializers.CharField(required=False, max_length=64)
+    since = serializers.IntegerField(required=False, min_value=0, default=0,
+                                     help_text="Rows after this position.")
+
+
+@endpoint("audit", "list", input=AuditListIn, mutating=False)
+def audit_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The tenant's audit rows, oldest first: who did (or was refused) what, and why."""
+    rows = audit_event_list(tenant_id=ctx.tenant.id, action=data.get("action"),
+                            allowed=data["allowed"], target=data.get("target"),
+                            since=data["since"])[: data["limit"]]
+    items = [{"id": row.id, "position": row.position, "action": row.action,
+              "allowed": row.allowed, "actorId": row.actor_id, "target": row.target or None,
+              "reason": row.reason or None, "requestId": row.request_id or None,
+              "origin": row.origin, "data": row.data, "createdAt": row.created_at}
+             for row in rows]
+    return {"items": items, "nextSince": items[-1]["position"] if items else data["since"]}

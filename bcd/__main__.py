@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bcd.config import Config, Paths, joined_config
 from bcd.contract.version import version
+from bcd.inventory import SIM_VARIANTS
 from bcd.join.documents import JoinError, Pins
 from bcd.tokens import TokenError, read_token
 
@@ -97,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("--hostname", default=None)
     join.add_argument("--sim", action="store_true", help="a simulated machine (tests, dev)")
     join.add_argument("--sim-gpus", type=int, default=8)
-    join.add_argument("--sim-variant", choices=["gpu", "cpu"], default="gpu")
+    join.add_argument("--sim-variant", choices=SIM_VARIANTS, default="gpu",
+                      help="gpu: 8 GPUs on one NVSwitch; gpu-2x4: two NVLink pairs of 4; cpu")
     join.set_defaults(handler=cmd_join)
     node = sub.add_parser("node", help="run the agent")
     node.add_argument("--config", default=None)

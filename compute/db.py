@@ -66,6 +66,17 @@ def constraint_errors(mapping: dict[str, Callable[[], ComputeError]]) -> Iterato
         raise factory() from error
 
 
+def conninfo() -> str:
+    """A libpq connection string for the default database, for a connection of one's own
+    (a LISTEN that must outlive Django's per-request connections)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    parts = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"],
+             "host": db["HOST"], "port": db["PORT"]}
+    return " ".join(f"{k}='{v}'" for k, v in parts.items() if v)
+
+
 def advisory_xact_lock(name: str) -> None:
     """Serialize with every other transaction that takes the same named lock."""
     with connection.cursor() as cursor:

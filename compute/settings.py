@@ -8,6 +8,7 @@ persistent embedded server is used (the entry points start it before settings lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -52,6 +53,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's, the console's) are served by the app itself.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,6 +91,11 @@ LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env("STATIC_ROOT") or pg.state_root() / "static")
+# Without `collectstatic`, files are found where they live (packages, static/); after it,
+# they are served compressed from STATIC_ROOT.
+WHITENOISE_USE_FINDERS = True
+with contextlib.suppress(OSError):  # WhiteNoise serves collectstatic's output from here
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,

@@ -7,17 +7,18 @@ index order, so a pool of hundreds of nodes costs one small result set per place
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
-from datetime import datetime, timedelta
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
 
 from django.contrib.postgres.aggregates import StringAgg
+from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Exists, OuterRef, Q
 
 from fleet.models import SCHEDULABLE, Device, DeviceClass, Health, Node, Pool
 from reservations.device_filter import parse_selector
 from reservations.ledger import Booking, Reservation
-from reservations.placement import Candidate, Group, Request
+from reservations.placement import BUSY, Candidate, Group, Request, why_not
 
 
 def window(start: datetime, duration_ms: int) -> DateTimeTZRange:
@@ -79,3 +80,23 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | N
             memory_gib_free=memory - memory_used, vcpus_per_gpu=vcpus_per_gpu,
             memory_gib_per_gpu=memory_per_gpu))
     return candidates
+
+
+def pending_reason(pool: Pool, during: DateTimeTZRange, candidates: Sequence[Candidate],
+                   request: Request) -> str:
+    """Why a request fits nowhere in `during`: no node that could ever hold it, or, when
+    some could, until when the bookings in the way last."""
+    reason = why_not(candidates, request)
+    if reason != BUSY:
+        return reason
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(upper(b.during)) FROM reservations_booking b "
+            "JOIN fleet_device d ON d.id = b.device_id JOIN fleet_node n ON n.id = d.node_id "
+            "WHERE n.pool_id = %s AND b.during && %s", [pool.id, during])
+        row = cursor.fetchone()
+    until: datetime | None = row[0] if row else None
+    if until is None:
+        return "every node that could hold it lacks the free host share (vCPUs, memory)"
+    return (f"all fitting nodes are busy; the first booking in the way ends at "
+            f"{until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}")

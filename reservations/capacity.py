@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
@@ -13,6 +14,7 @@ from fleet.models import ProvisionState as PS
 from reservations.candidates import (
     device_filter_q,
     load_candidates,
+    pending_reason,
     placement_request,
     window,
 )
@@ -70,15 +72,21 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
     }
 
 
-def capacity_preview(pool: Pool, rsv: Reservation) -> dict[str, Any]:
-    """Would `rsv` (unsaved) fit now? Books nothing and takes no locks."""
+def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = None,
+                     start_in_ms: int | None = None) -> dict[str, Any]:
+    """Would `rsv` (unsaved) fit now, or from `start` (or `start_in_ms` after now)? Books
+    nothing and takes no locks."""
     now = database_now()
-    during = window(now, rsv.duration_ms)
+    if start_in_ms is not None:
+        start = now + timedelta(milliseconds=start_in_ms)
+    during = window(max(start or now, now), rsv.duration_ms)
     candidates = load_candidates(pool, during, device_filter=device_filter_q(rsv))
-    choice = choose(candidates, placement_request(rsv))
+    request = placement_request(rsv)
+    choice = choose(candidates, request)
     if choice is None:
         return {"fits": False, "poolId": pool.id, "gpus": rsv.gpu_count,
-                "reason": "no schedulable node has the GPUs, topology and host share free now"}
+                "window": {"start": during.lower, "end": during.upper},
+                "reason": pending_reason(pool, during, candidates, request)}
     devices = Device.objects.filter(pk__in=choice.device_ids).order_by("index")
     return {"fits": True, "poolId": pool.id, "gpus": rsv.gpu_count, "nodeId": choice.node_id,
             "nodeClass": pool.pool_class, "devices": [d.uuid for d in devices],

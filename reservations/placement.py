@@ -116,3 +116,23 @@ def _pick(groups: list[Group], request: Request
         if len(chosen) == count:
             return tuple(chosen), touched, len(group.free) - len(take), 1
     return None
+
+
+BUSY = "busy"
+
+
+def why_not(candidates: Sequence[Candidate], request: Request) -> str:
+    """Why `request` fits nowhere, for a pending reservation; `BUSY` when some node could
+    hold it but its GPUs or host share are taken in that window (the caller says until
+    when)."""
+    if not candidates:
+        return "no schedulable node in the pool (adopted, reachable, not cordoned)"
+    if request.topology == "nvlink-all":
+        largest = max((g.size for c in candidates for g in c.groups if g.domain), default=0)
+        if largest < request.count:
+            return (f"no node has {request.count} GPUs in one NVLink domain (the largest "
+                    f"domain has {largest})")
+    most = max(sum(g.size for g in c.groups) for c in candidates)
+    if most < request.count:
+        return f"no node has {request.count} GPUs (the largest has {most})"
+    return BUSY

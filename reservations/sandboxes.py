@@ -29,6 +29,7 @@ class Sandbox(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        verbose_name_plural = "sandboxes"
 
     def __str__(self) -> str:
         return f"{self.id} {self.vcpus} vCPU"

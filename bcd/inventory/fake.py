@@ -1,4 +1,6 @@
-"""A simulated machine: 8 H100s in two NVLink domains by default, or CPU only."""
+"""A simulated machine, labelled as such: an 8-GPU H100 SXM (HGX) server by default, all
+eight GPUs on one NVSwitch domain; or two 4-GPU NVLink domains (PCIe cards with NVLink
+bridges, the `gpu-2x4` variant); or CPU only."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 class SimulatedInventory:
     name: str
     gpus: int = 8
-    nvlink_domain_size: int = 4
+    nvlink_domain_size: int = 8
     vcpus: int = 96
     memory_gib: int = 1024
     product: str = "H100-SXM5-80GB"

@@ -25,6 +25,24 @@ def audit_checkpoint() -> dict[str, Any]:
     return {}
 
 
+@click.command("list")
+@click.option("--action", default=None, help="Such as node.join, or node.* for a prefix.")
+@click.option("--allowed", type=click.Choice(["true", "false"]), default=None,
+              help="false: only refusals (a refused join says why here).")
+@click.option("--target", default=None, help="Only rows about this object id.")
+@click.option("--since", type=click.IntRange(0), default=0, help="Rows after this position.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@output_options
+def audit_list(action: str | None, allowed: str | None, target: str | None, since: int,
+               limit: int, output: str | None, query: str | None, tenant: str | None) -> None:
+    """Audit rows, oldest first: who did (or was refused) what, and why; ids for prove."""
+    body = {"action": action, "allowed": None if allowed is None else allowed == "true",
+            "target": target, "since": since, "limit": limit}
+    result = make_client().call("audit.list", body, tenant=tenant)
+    show(result, output=output, query=query,
+         columns=["id", "position", "action", "allowed", "actorId", "target", "reason"])
+
+
 @click.command("verify")
 @click.option("--from", "from_position", type=click.IntRange(1), default=None)
 @click.option("--to", "to_position", type=click.IntRange(1), default=None)
@@ -41,13 +59,14 @@ def audit_verify(from_position: int | None, to_position: int | None, output: str
 
 
 @click.command("prove")
-@click.argument("event_id")
+@click.argument("event_id", metavar="AUDIT_EVENT_OR_OBJECT_ID")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the proof to this file.")
 @output_options
 def audit_prove(event_id: str, out: str | None, output: str | None, query: str | None,
                 tenant: str | None) -> None:
-    """An inclusion proof of one event, verifiable offline with check-proof."""
+    """An inclusion proof of one audit event (aud_…, or the latest about an object id),
+    verifiable offline with check-proof."""
     result = make_client().call("audit.prove", {"eventId": event_id}, tenant=tenant)
     if out:
         with open(out, "w") as handle:
@@ -77,6 +96,7 @@ def audit_check_proof(proof_file: str, public_key: str | None) -> None:
     click.echo(f"proof verifies: {message}")
 
 
+audit.add_command(audit_list)
 audit.add_command(audit_verify)
 audit.add_command(audit_prove)
 audit.add_command(audit_check_proof)

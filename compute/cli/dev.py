@@ -155,8 +155,9 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--sim", "sim", type=click.IntRange(0, 256), default=0,
               help="Simulated machines (bcd agents) to join through the gateway.")
-@click.option("--sim-variant", type=click.Choice(["gpu", "cpu"]), default="gpu",
-              show_default=True, help="cpu gives machines without GPUs (and a CPU pool).")
+@click.option("--sim-variant", type=click.Choice(["gpu", "gpu-2x4", "cpu"]), default="gpu",
+              show_default=True, help="gpu: 8 GPUs on one NVSwitch domain (HGX); gpu-2x4: "
+              "two NVLink domains of 4; cpu: machines without GPUs (and a CPU pool).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the token, env file, gateway credentials and agents go.")
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
@@ -166,6 +167,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     click.echo(f"starting embedded Postgres in {server.data_dir} …", err=True)
     stack = Stack(restart_delay=float(os.environ.get("BETTER_COMPUTE_DEV_RESTART_SECONDS", "1")))
     started_here = not server.is_running()
+    env_file: Path | None = None
     try:
         server.start()
         state_dir = state_dir or pg.state_root() / "dev"
@@ -221,6 +223,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _wait_for_signal(stack)
     finally:
         stack.stop()
+        if env_file is not None:  # it names a server that is gone now
+            env_file.unlink(missing_ok=True)
         if started_here:
             server.stop()
         click.echo("stopped", err=True)

@@ -102,11 +102,15 @@ def shape_options(func: Any) -> Any:
 @click.option("--model", default=None)
 @click.option("--product", default=None)
 @click.option("--selector", default=None)
+@click.option("--start", "start", default=None,
+              help="With --preview: a later start, +2h (from now) or an ISO 8601 time.")
 @output_options
 def capacity(pool: str, preview: bool, gpus: int | None, duration: int | None, nvlink: bool,
              model: str | None, product: str | None, selector: str | None,
-             output: str | None, query: str | None, tenant: str | None) -> None:
-    """A pool's capacity, or (--preview --gpus N --for 2h) whether a request fits now."""
+             start: str | None, output: str | None, query: str | None,
+             tenant: str | None) -> None:
+    """A pool's capacity, or (--preview --gpus N --for 2h [--start +2h]) whether a request
+    would fit, and if not why."""
     api = make_client()
     if not preview:
         show(api.call("capacity.get", {"poolId": pool}, tenant=tenant), output=output,
@@ -114,9 +118,19 @@ def capacity(pool: str, preview: bool, gpus: int | None, duration: int | None, n
         return
     if gpus is None or duration is None:
         raise click.UsageError("--preview needs --gpus and --for")
-    body = request_shape(pool, gpus, duration, nvlink, model, product, selector)
+    body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector),
+            **start_fields(start)}
     body.pop("model")
     show(api.call("capacity.preview", body, tenant=tenant), output=output, query=query)
+
+
+def start_fields(start: str | None) -> dict[str, Any]:
+    """`--start +2h` (from now, on the server's clock) or an ISO 8601 time."""
+    if not start:
+        return {}
+    if start.startswith("+"):
+        return {"startIn": Duration().convert(start[1:], None, None)}
+    return {"start": start}
 
 
 @click.command("reserve")
@@ -136,12 +150,8 @@ def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None
     key = key or str(uuid.uuid4())
     click.echo(f"idempotency key: {key}", err=True)
     body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector),
-            "kubernetes": kubernetes or None, "idempotencyKey": key, "binding": "hold"}
-    if start:
-        if start.startswith("+"):
-            body["startIn"] = Duration().convert(start[1:], None, None)
-        else:
-            body["start"] = start
+            "kubernetes": kubernetes or None, "idempotencyKey": key, "binding": "hold",
+            **start_fields(start)}
     api = make_client()
     result = api.call("reservations.create", body, tenant=tenant)
     # A reservation that starts now is followed until the node holds it (active).

@@ -18,11 +18,11 @@ from urllib.parse import parse_qs
 
 import psycopg
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections
 
 from compute.api.registry import Resource
+from compute.db import conninfo
 from compute.errors import InvalidArgument
 from compute.events.selectors import event_list
 from compute.events.serializers import present_event
@@ -64,13 +64,6 @@ def _page(tenant: Tenant, types: str, since: int) -> list[dict[str, Any]]:
         close_old_connections()
 
 
-def _conninfo() -> str:
-    db = settings.DATABASES["default"]
-    parts = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"],
-             "host": db["HOST"], "port": db["PORT"]}
-    return " ".join(f"{k}='{v}'" for k, v in parts.items() if v)
-
-
 async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The ASGI app (mounted by compute.asgi through Channels' router)."""
     request_id = new_request_id()
@@ -106,7 +99,7 @@ async def _hangup(receive: Any) -> None:
 
 
 async def _stream(send: Any, tenant: Tenant, types: str, since: int) -> None:
-    async with await psycopg.AsyncConnection.connect(_conninfo(), autocommit=True) as listener:
+    async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as listener:
         await listener.execute(f"LISTEN {CHANNEL}")
         while True:
             events = await sync_to_async(_page, thread_sensitive=False)(tenant, types, since)

@@ -33,9 +33,13 @@ def shard_of(kind: str, key: str) -> int:
     return zlib.crc32(f"{kind}:{key}".encode()) % SHARDS
 
 
+WAKE_CHANNEL = "bc_work"
+
+
 def enqueue(kind: str, key: str, *, due_at: datetime | None = None) -> None:
     """Make (kind, key) due (now, or at `due_at` if that is earlier than a due already set).
-    In the caller's transaction, so an item is queued exactly when its change commits."""
+    In the caller's transaction, so an item is queued exactly when its change commits; the
+    NOTIFY that goes with it wakes idle workers at that commit."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO compute_workitem (kind, key, shard, due_at, version, attempts, "
@@ -43,6 +47,7 @@ def enqueue(kind: str, key: str, *, due_at: datetime | None = None) -> None:
             "ON CONFLICT (kind, key) DO UPDATE SET version = compute_workitem.version + 1, "
             "due_at = LEAST(compute_workitem.due_at, EXCLUDED.due_at)",
             [kind, key, shard_of(kind, key), due_at])
+        cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
 
 
 class Worker:
@@ -56,11 +61,14 @@ class Worker:
         self.owner = owner
         self.lease = lease
         self.shards: set[int] = set()
+        self._leases_exist = False
 
     @transaction.atomic
     def claim(self) -> set[int]:
-        ShardLease.objects.bulk_create([ShardLease(shard=s) for s in range(SHARDS)],
-                                       ignore_conflicts=True)
+        if not self._leases_exist:  # once per worker: the 256 lease rows, if missing
+            ShardLease.objects.bulk_create([ShardLease(shard=s) for s in range(SHARDS)],
+                                           ignore_conflicts=True)
+            self._leases_exist = True
         with connection.cursor() as cursor:
             cursor.execute("UPDATE compute_shardlease SET expires_at = now() + %s "
                            "WHERE owner = %s AND expires_at > now() RETURNING shard",
@@ -117,6 +125,16 @@ class Worker:
             WorkItem.objects.filter(pk=item_id, version=version).delete()
             done += 1
         return done
+
+    def seconds_to_next_due(self) -> float | None:
+        """How long until the next item of this worker's shards is due (None: none is)."""
+        if not self.shards:
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extract(epoch FROM min(due_at) - now()) FROM "
+                           "compute_workitem WHERE shard = ANY(%s)", [sorted(self.shards)])
+            row = cursor.fetchone()
+        return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
     def release(self) -> None:
         ShardLease.objects.filter(owner=self.owner).update(owner="", expires_at=None)

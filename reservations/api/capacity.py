@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework import serializers
+
 from compute.api.inputs import Input, PublicIdField
 from compute.api.registry import CallContext, endpoint
 from reservations.api.pools import pool_subject
-from reservations.api.reservations import RequestShapeIn, shape_kwargs
+from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_kwargs
 from reservations.capacity import capacity_preview as preview
 from reservations.capacity import capacity_rollup
 from reservations.device_filter import parse_selector
@@ -24,13 +26,21 @@ def capacity_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return capacity_rollup(ctx.subject)
 
 
-@endpoint("capacity", "preview", input=RequestShapeIn, mutating=False,
+class CapacityPreviewIn(RequestShapeIn):
+    start = serializers.DateTimeField(required=False, help_text="Absent: now.")
+    start_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
+                                        help_text="This many ms after now (server clock).")
+
+
+@endpoint("capacity", "preview", input=CapacityPreviewIn, mutating=False,
           subject=pool_subject())
 def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
-    """Would this request fit now, where, with which host share? Books nothing."""
+    """Would this request fit (now, or from a start), where, with which host share? If not,
+    why. Books nothing."""
+    start, start_in = data.pop("start", None), data.pop("start_in", None)
     kwargs = shape_kwargs(data)
     unsaved = Reservation(tenant=ctx.tenant, pool=ctx.subject, gpu_count=kwargs["gpus"],
                           topology=kwargs["topology"], duration_ms=kwargs["duration_ms"],
                           product=kwargs["product"], selector=kwargs["selector"])
     parse_selector(unsaved.selector)
-    return preview(ctx.subject, unsaved)
+    return preview(ctx.subject, unsaved, start=start, start_in_ms=start_in)

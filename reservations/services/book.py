@@ -19,12 +19,14 @@ from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
+from compute.queue.work import enqueue
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Node, Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
     device_filter_q,
     load_candidates,
+    pending_reason,
     placement_request,
     window,
 )
@@ -34,6 +36,7 @@ from reservations.ledger import Allocation, Booking, Reservation, ReservationSta
 from reservations.placement import choose
 from reservations.quotas import quota_consume
 from reservations.states import transition
+from reservations.work import RESERVATION
 
 GPU = "gpu"
 MAX_RACES = 8  # re-reads after losing a booking race, before leaving the request pending
@@ -60,6 +63,8 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         candidates = load_candidates(pool, during, device_filter=devices, excluded=excluded)
         choice = choose(candidates, request)
         if choice is None:
+            rsv.failure_reason = pending_reason(pool, during, candidates, request)[:300]
+            rsv.save(update_fields=["failure_reason"])
             return None
         try:
             with transaction.atomic():
@@ -73,8 +78,11 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         rsv.during = during
         rsv.placed_at = now
         rsv.placement_attempts += 1
+        rsv.failure_reason = ""
         transition(rsv, ReservationState.PLACED)
-        rsv.save(update_fields=["during", "placed_at", "state", "placement_attempts"])
+        rsv.save(update_fields=["during", "placed_at", "state", "placement_attempts",
+                                "failure_reason"])
+        enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
         return allocation
     return None
 

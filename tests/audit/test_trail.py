@@ -255,3 +255,24 @@ def test_a_writer_waits_for_the_uncommitted_one_before_it():
     for thread in threads:
         thread.join()
     assert order == ["first commits", "second got 2"]
+
+
+def test_audit_list_filters_and_names_the_ids_prove_takes(root, acme):
+    site = root("sites.create", kind="shared", region="eu-7")
+    refused = acme.call("sites.create", kind="shared", region="eu-8")  # only root may
+    assert refused.code == "permission_denied"
+    mine = root("audit.list", target=site["id"])["items"]
+    assert [(r["action"], r["allowed"]) for r in mine] == [("site.create", True)]
+    denials = acme("audit.list", allowed=False)["items"]
+    assert [(r["action"], r["reason"] is not None) for r in denials] == [("sites.create", True)]
+    assert acme("audit.list", action="sites.*", allowed=True)["items"] == []
+    page = root("audit.list", limit=1)
+    assert page["nextSince"] == page["items"][0]["position"]
+    after = root("audit.list", since=page["nextSince"])["items"]
+    assert after[0]["position"] == page["nextSince"] + 1
+    checkpoint_seal(tenant_id=site["tenantId"])
+    by_object = root("audit.prove", eventId=site["id"])  # the event it is about
+    assert by_object["event"]["id"] == mine[0]["id"]
+    assert check_proof(by_object, public_key_b64())[0]
+    assert root.call("audit.prove", eventId="rsv_01jbx0000000000000000000aa").code == \
+        "not_found"

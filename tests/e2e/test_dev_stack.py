@@ -31,6 +31,7 @@ def test_dev_with_eight_simulated_agents_is_ready_fast_and_stops_cleanly(tmp_pat
     assert ready_after < 15, f"dev --memory --sim 8 took {ready_after:.1f} s to be ready"
     assert processes_mentioning(data_dir) == []
     assert processes_mentioning(state) == []
+    assert not (tmp_path / "state" / "env").exists()  # it named a server that is gone
 
 
 def test_cpu_variant_gives_a_cpu_pool_of_machines_without_gpus(tmp_path):

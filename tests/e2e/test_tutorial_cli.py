@@ -121,17 +121,22 @@ def test_query_prints_a_bare_value_per_group(stack):
     assert "--query" in missing.stderr
 
 
+WRONG_TOKEN = "biam_tok_01jbx0000000000000000000aa.abcdefghijklmnopqrstuvwxyz"  # well formed
+
+
 def test_configuration_errors_are_clear(stack):
     base = {k: v for k, v in stack.env.items() if not k.startswith("BETTER_COMPUTE")}
+    url = stack.env["BETTER_COMPUTE_URL"]
     cases = {
         "BETTER_COMPUTE_URL is not set": {},
         "not a loopback address": {"BETTER_COMPUTE_URL": "http://10.1.2.3/api/compute",
-                                   "BETTER_COMPUTE_TOKEN": "biam_x.y"},
-        "BETTER_COMPUTE_TOKEN is not set": {"BETTER_COMPUTE_URL": stack.env["BETTER_COMPUTE_URL"]},
-        "unauthenticated": {"BETTER_COMPUTE_URL": stack.env["BETTER_COMPUTE_URL"],
-                            "BETTER_COMPUTE_TOKEN": "biam_tok_nothing.secret"},
+                                   "BETTER_COMPUTE_TOKEN": WRONG_TOKEN},
+        "BETTER_COMPUTE_TOKEN is not set": {"BETTER_COMPUTE_URL": url},
+        "BETTER_COMPUTE_TOKEN is malformed": {"BETTER_COMPUTE_URL": url,
+                                              "BETTER_COMPUTE_TOKEN": "biam_…"},
+        "unauthenticated": {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": WRONG_TOKEN},
         "cannot reach": {"BETTER_COMPUTE_URL": "http://127.0.0.1:9/api/compute",
-                         "BETTER_COMPUTE_TOKEN": "biam_x.y"},
+                         "BETTER_COMPUTE_TOKEN": WRONG_TOKEN},
     }
     for message, extra in cases.items():
         result = stack.cli("system", "whoami", env={**base, **extra})
@@ -258,7 +263,7 @@ def test_events_watch_streams_a_reservation_in_order_and_resumes_exactly(stack):
 
 
 def test_events_watch_needs_a_valid_token(stack):
-    env = {**stack.env, "BETTER_COMPUTE_TOKEN": "biam_tok_x.nope"}
+    env = {**stack.env, "BETTER_COMPUTE_TOKEN": WRONG_TOKEN}
     result = stack.cli("events", "watch", env=env)
     assert result.returncode == 2
     assert "unauthenticated" in result.stderr

@@ -11,13 +11,17 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
+import psycopg
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
-from compute.queue.work import Worker
+from compute.db import conninfo
+from compute.queue.work import WAKE_CHANNEL, Worker
 
 SWEEPERS = "sweep"  # an app's `<app>.reconcilers.sweep()` enqueues what timers made due
 
@@ -27,7 +31,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--loop", action="store_true")
-        parser.add_argument("--interval", type=float, default=0.5)
+        parser.add_argument("--interval", type=float, default=1.0,
+                            help="seconds between timer sweeps (window starts and ends, "
+                                 "binding timeouts, node liveness)")
         parser.add_argument("--lease", type=float, default=10.0, help="lease seconds")
         parser.add_argument("--import", dest="imports", action="append", default=[],
                             help="extra handler modules to load (tests)")
@@ -50,14 +56,33 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
         signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
         try:
-            while True:
-                close_old_connections()
-                for sweep in sweepers:
-                    sweep()
-                ran = worker.run_once()
-                if not loop or stop["now"]:
-                    return
-                if not ran:
-                    time.sleep(interval)
+            with psycopg.connect(conninfo(), autocommit=True) as listener:
+                listener.execute(f"LISTEN {WAKE_CHANNEL}")
+                self._loop(worker, sweepers, listener, loop=loop, interval=interval,
+                           lease=lease, stop=stop)
         finally:
             worker.release()
+
+    def _loop(self, worker: Worker, sweepers: list[Callable[[], object]],
+              listener: psycopg.Connection[Any], *, loop: bool, interval: float, lease: float,
+              stop: dict[str, bool]) -> None:
+        """Sweep timers every `interval`, run due items, and between them sleep until a new
+        item is queued (NOTIFY at its commit), the next one falls due, or the next sweep:
+        an idle worker costs a few queries a second, not a busy loop."""
+        next_sweep = 0.0
+        while True:
+            close_old_connections()
+            if time.monotonic() >= next_sweep:
+                for sweep in sweepers:
+                    sweep()
+                next_sweep = time.monotonic() + interval
+            ran = worker.run_once()
+            if not loop or stop["now"]:
+                return
+            if ran:
+                continue
+            due = worker.seconds_to_next_due()
+            wait = min(next_sweep - time.monotonic(), lease / 3,
+                       due if due is not None else lease)
+            for _ in listener.notifies(timeout=max(0.0, wait), stop_after=1):
+                pass

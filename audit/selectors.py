@@ -1,0 +1,36 @@
+"""Reads of the audit trail, always of one tenant."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from audit.models import AuditEvent
+from compute.errors import NotFound
+
+
+def audit_event_list(*, tenant_id: str, action: str | None = None,
+                     allowed: bool | None = None, target: str | None = None,
+                     since: int = 0) -> QuerySet[AuditEvent]:
+    """The tenant's audit rows after position `since`, oldest first. `action` may end in
+    `*` (`node.*`)."""
+    rows = AuditEvent.objects.filter(tenant_id=tenant_id, position__gt=since)
+    if action:
+        rows = (rows.filter(action__startswith=action[:-1]) if action.endswith("*")
+                else rows.filter(action=action))
+    if allowed is not None:
+        rows = rows.filter(allowed=allowed)
+    if target:
+        rows = rows.filter(target=target)
+    return rows.order_by("position")
+
+
+def audit_event_id_for(*, tenant_id: str, ref: str) -> str:
+    """The audit row a reference names: its own id (`aud_…`), or the latest row about an
+    object (a reservation, a node, a join token…)."""
+    if ref.startswith("aud_"):
+        return ref
+    found = (AuditEvent.objects.filter(tenant_id=tenant_id, target=ref)
+             .order_by("-position").values_list("id", flat=True).first())
+    if found is None:
+        raise NotFound(f"no audit event is about {ref}", eventId=ref)
+    return found
