@@ -71,9 +71,18 @@ def node_conditions(node: Node) -> list[dict[str, Any]]:
         {"type": "Reachable", "status": node.connectivity != "unreachable",
          "reason": node.connectivity},
         {"type": "Healthy", "status": node.health == "healthy", "reason": node.health},
-        {"type": "Schedulable", "status": node.schedulable,
-         "reason": "cordoned" if node.cordoned else ("ok" if node.schedulable else "see above")},
+        {"type": "Schedulable", "status": node.schedulable, "reason": unschedulable_because(node)},
     ]
+
+
+def unschedulable_because(node: Node) -> str:
+    """Every reason the placer skips the node, in words ("ok" when it does not)."""
+    reasons = [why for why, applies in (
+        (f"not adopted ({node.provision_state})", node.provision_state != "adopted"),
+        ("cordoned", node.cordoned),
+        ("unreachable", node.connectivity == "unreachable"),
+        (f"health {node.health}", node.health != "healthy")) if applies]
+    return "; ".join(reasons) or "ok"
 
 
 def present_device(device: Device) -> dict[str, Any]:

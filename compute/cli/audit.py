@@ -96,6 +96,23 @@ def audit_check_proof(proof_file: str, public_key: str | None) -> None:
     click.echo(f"proof verifies: {message}")
 
 
+@click.command("public-key")
+def audit_public_key() -> None:
+    """The audit signing key, as the control plane publishes it in its well-known document
+    (for check-proof; a verifier should get it out of band and keep it)."""
+    import httpx
+
+    from compute.cli.client import Config
+
+    base = Config.from_env().url.removesuffix("/").removesuffix("/api/compute")
+    try:
+        document = httpx.get(f"{base}/.well-known/better-compute", timeout=30).json()
+    except (httpx.HTTPError, ValueError) as error:
+        raise CliError(f"cannot read {base}/.well-known/better-compute: {error}") from error
+    click.echo(document["auditSigningKey"]["publicKey"])
+
+
+audit.add_command(audit_public_key)
 audit.add_command(audit_list)
 audit.add_command(audit_verify)
 audit.add_command(audit_prove)

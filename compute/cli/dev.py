@@ -149,6 +149,16 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     raise CliError(f"the simulated nodes were not adopted within {READY_TIMEOUT:.0f}s")
 
 
+# Also in the README's tutorial, which a test runs as written.
+JOIN_ONE_MORE = """\
+  better-compute join-tokens create --pool $POOL --ttl 1h --out ./join-token
+  bcd --root ./machine-1 join --server "$BETTER_COMPUTE_URL" --sim --token-file ./join-token \\
+    --serving-ca-pin "$(better-compute pki show --query servingCaSpkiPin)" \\
+    --join-signing-pin "$(better-compute pki show --query joinSigningKeyPin)" \\
+    --join-encryption-pin "$(better-compute pki show --query joinEncryptionKeyPin)"
+  bcd --root ./machine-1 node > ./machine-1.log 2>&1 &"""
+
+
 @click.command("dev")
 @click.option("--memory", is_flag=True, help="Use a throw-away database, deleted on exit.")
 @click.option("--port", type=int, default=3000, show_default=True)
@@ -219,6 +229,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
         click.echo(f"exports written to {env_file} (mode 0600); in another shell run:")
         click.echo(f"  . {env_file}")
+        click.echo("to join one more simulated machine to a pool ($POOL) with a join token:")
+        click.echo(JOIN_ONE_MORE)
         click.echo("Ctrl-C stops everything.")
         _wait_for_signal(stack)
     finally:

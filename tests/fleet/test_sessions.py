@@ -97,3 +97,15 @@ def test_liveness_turns_a_quiet_node_unreachable_and_a_heartbeat_brings_it_back(
         node_reconnect(node_id=node.id, epoch=epoch)  # already connected: nothing to do
     with pytest.raises(StaleSession):
         node_reconnect(node_id=node.id, epoch=epoch - 1)
+
+
+def test_a_node_says_every_reason_it_is_not_schedulable(pool, root):
+    from fleet.serializers import unschedulable_because
+    from tests.factories import make_unreachable
+
+    node = make_node(pool["id"])
+    assert unschedulable_because(node) == "ok"
+    root("nodes.cordon", nodeId=node.id)
+    make_unreachable(node)
+    node.refresh_from_db()
+    assert unschedulable_because(node) == "cordoned; unreachable"
