@@ -74,7 +74,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from bcd.doctor import run_checks
 
-    return run_checks(Paths(_root(args)), server=args.server)
+    return run_checks(Paths(_root(args)), server=args.server, sim=args.sim)
 
 
 def print_help(top: argparse.ArgumentParser) -> int:
@@ -110,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=cmd_status)
     doctor = sub.add_parser("doctor", help="check this host")
     doctor.add_argument("--server", default=None)
+    doctor.add_argument("--sim", action="store_true",
+                        help="a simulated machine: skip the hardware checks it cannot pass")
     doctor.set_defaults(handler=cmd_doctor)
     return top
 

@@ -38,6 +38,7 @@ class Agent:
         self.tuning = tuning or Tuning.from_env()
         self.paths = config.paths
         self.inventory = inventory_for(sim=config.sim, sim_gpus=config.sim_gpus,
+                                       root=str(config.paths.root.resolve()),
                                        sim_variant=config.sim_variant,
                                        hostname=config.hostname or config.node_id)
         self.session: AgentSession | None = None

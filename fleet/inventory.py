@@ -59,6 +59,7 @@ class InventoryReport:
     product_uuid: str = ""
     macs: tuple[str, ...] = ()
     gpus: tuple[GpuReport, ...] = field(default_factory=tuple)
+    simulated_root: str = ""  # a simulated machine: its agent's private root
 
     def models(self) -> set[str]:
         return {gpu.model for gpu in self.gpus}
@@ -102,7 +103,15 @@ def parse_inventory(data: dict[str, Any]) -> InventoryReport:
     bad = [m for m in macs if not _MAC.match(m)]
     if bad:
         raise InvalidArgument(f"macs: {bad[0]!r} is not a MAC address", field="macs")
+    simulated = data.get("simulated") or {}
+    if not isinstance(simulated, dict):
+        raise InvalidArgument("simulated must be an object", field="simulated")
+    root = _get(simulated, "root", str, "simulated.", "/") if simulated else ""
+    if simulated and (not root.startswith("/") or len(root) > 300):
+        raise InvalidArgument("simulated.root must be an absolute path",
+                              field="simulated.root")
     return InventoryReport(
+        simulated_root=root,
         hostname=_get(data, "hostname", str, "", ""), vcpus=_get(data, "vcpus", int, ""),
         memory_gib=_get(data, "memoryGiB", int, ""), serial=_get(data, "serial", str, "", ""),
         product_uuid=_get(data, "productUuid", str, "", ""), macs=macs, gpus=tuple(gpus))

@@ -54,6 +54,7 @@ def present_node(node: Node) -> dict[str, Any]:
         "hostname": node.hostname, "provisionState": node.provision_state,
         "connectivity": node.connectivity, "health": node.health, "cordoned": node.cordoned,
         "schedulable": node.schedulable, "labels": node.labels,
+        "simulated": bool(node.simulated_root),
         "vcpus": node.vcpus, "memoryGiB": node.memory_gib,
         "vcpusAllocated": node.vcpus_allocated, "memoryGiBAllocated": node.memory_gib_allocated,
         "serial": node.serial or None, "productUuid": node.product_uuid or None,

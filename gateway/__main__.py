@@ -6,25 +6,31 @@ reports to Postgres (DATABASE_URL) and relays joins and renewals to the API.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import signal
 
+import click
+
 from bcd.contract.version import version
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="better-compute gateway", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"gateway {version()}")
-    parser.add_argument("--listen", default="127.0.0.1:8443", help="sessions (mTLS)")
-    parser.add_argument("--join-listen", default="127.0.0.1:8444", help="joins (TLS)")
-    parser.add_argument("--api-url", default=os.environ.get("BETTER_COMPUTE_API_URL",
-                                                            "http://127.0.0.1:3000"))
-    parser.add_argument("--cert-dir", required=True)
-    args = parser.parse_args()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version(), "--version", prog_name="gateway",
+                      message="%(prog)s %(version)s")
+@click.option("--cert-dir", required=True, type=click.Path(file_okay=False),
+              help="key.pem, cert.pem and ca.pem from bc_gateway_credentials.")
+@click.option("--listen", default="127.0.0.1:8443", show_default=True,
+              help="Node sessions (mTLS: a node certificate is required).")
+@click.option("--join-listen", default="127.0.0.1:8444", show_default=True,
+              help="Joins (TLS: a joining machine has no certificate yet).")
+@click.option("--api-url", envvar="BETTER_COMPUTE_API_URL", default="http://127.0.0.1:3000",
+              show_default=True, help="The API that joins and renewals are relayed to.")
+def main(cert_dir: str, listen: str, join_listen: str, api_url: str) -> None:
+    """Run the gateway: it holds node sessions, writes their reports to Postgres and relays
+    joins and renewals to the API. It holds no CA and no signing key, and never calls IAM."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
     from compute.pg import ensure_database_url
 
@@ -32,15 +38,16 @@ def main() -> None:
     import django
 
     django.setup()
+    from compute.settings import env
     from fleet.pki import trust_domain
     from gateway.server import serve
 
-    logging.basicConfig(level=os.environ.get("BETTER_COMPUTE_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=env("LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     async def run() -> None:
-        task = asyncio.create_task(serve(listen=args.listen, join_listen=args.join_listen,
-                                         api_url=args.api_url, cert_dir=args.cert_dir,
+        task = asyncio.create_task(serve(listen=listen, join_listen=join_listen,
+                                         api_url=api_url, cert_dir=cert_dir,
                                          trust_domain=trust_domain()))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -52,4 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="better-compute gateway")

@@ -21,17 +21,17 @@ class InventorySource(Protocol):
 SIM_VARIANTS = ("gpu", "gpu-2x4", "cpu")
 
 
-def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str,
-                  hostname: str) -> InventorySource:
+def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
+                  root: str = "") -> InventorySource:
     """The machine's inventory: simulated (`sim`; variants `gpu`: one NVSwitch domain,
     `gpu-2x4`: two NVLink-bridged halves, `cpu`), else nvidia-smi."""
     if sim:
         from bcd.inventory.fake import SimulatedInventory
 
         if sim_variant == "cpu":
-            return SimulatedInventory.cpu(hostname)
+            return SimulatedInventory(hostname, gpus=0, vcpus=32, memory_gib=128, root=root)
         domain = 4 if sim_variant == "gpu-2x4" else sim_gpus
-        return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain)
+        return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain, root=root)
     from bcd.inventory.nvidia import NvidiaSmiInventory
 
     return NvidiaSmiInventory(hostname=hostname)

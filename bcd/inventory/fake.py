@@ -19,6 +19,7 @@ class SimulatedInventory:
     memory_gib: int = 1024
     product: str = "H100-SXM5-80GB"
     unhealthy: tuple[int, ...] = ()
+    root: str = ""  # the agent's private root, reported so paths can be shown where they are
 
     @classmethod
     def cpu(cls, name: str) -> SimulatedInventory:
@@ -33,6 +34,7 @@ class SimulatedInventory:
             "hostname": self.name, "vcpus": self.vcpus, "memoryGiB": self.memory_gib,
             "serial": f"SIM-{serial[:10]}", "productUuid": self._id("uuid")[:32],
             "macs": [":".join(["02", *[serial[i:i + 2] for i in range(0, 10, 2)]])],
+            "simulated": {"root": self.root or "/"},
             "gpus": [{"uuid": f"GPU-{self._id(f'gpu{i}')[:8]}-{self._id(f'gpu{i}')[8:12]}-"
                               f"{self._id(f'gpu{i}')[12:16]}-{self._id(f'gpu{i}')[16:28]}",
                       "index": i, "product": self.product, "vramGiB": 80,

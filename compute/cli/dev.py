@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from compute import pg
+from compute.cli.artifact import write_artifacts
 from compute.cli.client import Client, CliError, Config
 
 READY_TIMEOUT = 60.0
@@ -183,8 +184,12 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir = state_dir or pg.state_root() / "dev"
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         gateway_port, join_port = free_port(), free_port()
+        downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
+                         or state_dir / "downloads")
+        artifacts = write_artifacts(downloads)  # the agent alone, as install-script fetches it
         env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
                "DJANGO_SETTINGS_MODULE": "compute.settings",
+               "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
                "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
                "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}
         click.echo("migrating …", err=True)
@@ -227,6 +232,9 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _write_env_file(env_file, exports)
         click.echo(f"better-compute listening on {url}")
         click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
+        for arch, (path, digest) in artifacts.items():
+            click.echo(f"agent artifact ({arch}): http://{host}:{port}/downloads/{path.name} "
+                       f"sha256 {digest}")
         click.echo(f"exports written to {env_file} (mode 0600); in another shell run:")
         click.echo(f"  . {env_file}")
         click.echo("to join one more simulated machine to a pool ($POOL) with a join token:")

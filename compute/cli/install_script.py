@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import shlex
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
 
+from compute.cli.artifact import write_artifacts
 from compute.cli.common import client as make_client
 
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
@@ -59,12 +61,12 @@ else
 fi
 printf '%s  %s\n' "$SHA256" "$WORK/$ARTIFACT" | sha256sum -c - >/dev/null \
   || fail "$ARTIFACT does not match its pinned SHA-256"
-cp "$WORK/$ARTIFACT" "$WORK/better_compute-$BCD_VERSION-py3-none-any.whl"
+cp "$WORK/$ARTIFACT" "$WORK/better_compute_agent-$BCD_VERSION-py3-none-any.whl"
 mkdir -p "$ROOT/opt/bcd/lib" "$ROOT/usr/local/bin"
 DEPS=""
 [ -n "${{BCD_OFFLINE:-}}" ] && DEPS="--no-deps"
 python3 -m pip install --quiet --disable-pip-version-check $DEPS --upgrade \
-  --target "$ROOT/opt/bcd/lib" "$WORK/better_compute-$BCD_VERSION-py3-none-any.whl" \
+  --target "$ROOT/opt/bcd/lib" "$WORK/better_compute_agent-$BCD_VERSION-py3-none-any.whl" \
   || fail "installing bcd failed"
 cat > "$ROOT/usr/local/bin/bcd" <<LAUNCHER
 #!/bin/sh
@@ -90,7 +92,7 @@ fi
 # 4. Doctor, then join with the token from standard input.
 SIM=""
 [ -n "${{BCD_SIM:-}}" ] && SIM="--sim"
-"$BCD" --root "$ROOT/" doctor --server "$SERVER" || say "doctor found problems (see above)"
+"$BCD" --root "$ROOT/" doctor --server "$SERVER" $SIM || say "doctor found problems (see above)"
 "$BCD" --root "$ROOT/" join --server "$SERVER" --serving-ca-pin "$SERVING_CA_PIN" \
   --join-signing-pin "$JOIN_SIGNING_PIN" --join-encryption-pin "$JOIN_ENCRYPTION_PIN" $SIM \
   || fail "bcd join failed"
@@ -171,3 +173,15 @@ def install_script(pool: str, site: str, gateway_url: str, base_url: str, bcd_ve
         handle.write(text)
     click.echo(f"installer written to {out}: copy it and a join token to the server, then "
                f"run: sudo sh {out} < join-token", err=True)
+
+
+@daemon.command("artifact")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The downloads folder (BETTER_COMPUTE_DOWNLOADS_DIR of the API).")
+@click.option("--arch", "arches", type=click.Choice(sorted(ARCHES)), multiple=True,
+              default=tuple(sorted(ARCHES)), show_default=True)
+def artifact(out: Path, arches: tuple[str, ...]) -> None:
+    """Write the agent artifact (bcd alone, as a wheel) as bcd_<version>_linux_<arch>;
+    prints each file and the SHA-256 to pin with install-script --sha256."""
+    for arch, (path, digest) in write_artifacts(out, arches=arches).items():
+        click.echo(f"{arch}  {digest}  {path}")

@@ -45,6 +45,9 @@ class Node(models.Model):
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     cordoned = models.BooleanField(default=False)
     labels = models.JSONField(default=dict, blank=True)
+    simulated_root = models.CharField(
+        max_length=300, blank=True,
+        help_text="A simulated machine's private root (empty: a real machine).")
     vcpus = models.PositiveIntegerField(default=0)
     memory_gib = models.PositiveIntegerField(default=0)
     vcpus_allocated = models.PositiveIntegerField(default=0)

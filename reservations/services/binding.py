@@ -104,7 +104,9 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         raise BindingRefused(f"reservation {rsv.id} is {rsv.state}, not binding")
     binding = hold.binding()
     rsv.binding = {"nodeId": node_id, "cdiDevices": binding["cdiDevices"],
-                   "envFile": binding["envFile"], "cgroupParent": binding["cgroupParent"]}
+                   "envFile": node.simulated_root.rstrip("/") + binding["envFile"],
+                   "cgroupParent": binding["cgroupParent"],
+                   "simulated": bool(node.simulated_root)}
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
     audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
@@ -164,6 +166,9 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
                             "failure_reason"])
     tried = set(rsv.allocations.values_list("node_id", flat=True))  # nodes that failed it
     placed = try_place(rsv, rsv.pool, now, excluded=tried)
+    if placed is not None:  # placed again: the reason it had to be is still worth showing
+        rsv.failure_reason = reason
+        rsv.save(update_fields=["failure_reason"])
     if placed is None:
         event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
                    payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})

@@ -4,11 +4,13 @@ API's downloads, verifies the pinned digest, writes the config, joins and writes
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import subprocess
-import sys
+import zipfile
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
@@ -17,26 +19,22 @@ VERSION = "0.1.0"
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    """This package as a wheel, under the goreleaser-style name the script fetches."""
-    out = tmp_path_factory.mktemp("wheel")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), repo], check=True, timeout=300)
-    wheel = next(out.glob("better_compute-*.whl"))
-    downloads = tmp_path_factory.mktemp("downloads")
-    target = downloads / f"bcd_{VERSION}_linux_amd64"
-    shutil.copy(wheel, target)
-    return downloads, hashlib.sha256(target.read_bytes()).hexdigest()
+def stack(tmp_path_factory):
+    running = start_stack(tmp_path_factory.mktemp("install"))  # serves downloads by default
+    yield running
+    stop_stack(running)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, artifact):
-    downloads, _ = artifact
-    running = start_stack(tmp_path_factory.mktemp("install"),
-                          env_extra={"BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads)})
-    yield running
-    stop_stack(running)
+def artifact(stack):
+    """The agent artifact dev serves, as any client downloads it, and its SHA-256."""
+    url = stack.env["BETTER_COMPUTE_URL"].removesuffix("/api/compute")
+    response = httpx.get(f"{url}/downloads/bcd_{VERSION}_linux_amd64", timeout=30)
+    assert response.status_code == 200  # no variable to set first, no renaming by hand
+    printed = "".join(stack.output)
+    digest = hashlib.sha256(response.content).hexdigest()
+    assert f"bcd_{VERSION}_linux_amd64 sha256 {digest}" in printed
+    return response.content, digest
 
 
 def make_script(stack, tmp_path, digest):
@@ -74,6 +72,10 @@ def test_the_script_installs_verifies_and_joins_on_a_fake_root(stack, artifact, 
     assert result.returncode == 0, result.stderr
     assert "joined as node_" in result.stdout
     assert (root / "usr/local/bin/bcd").exists()
+    installed = {p.name for p in (root / "opt/bcd/lib").iterdir()}
+    assert "bcd" in installed  # the agent alone: no control plane on the node
+    assert not installed & {"compute", "fleet", "reservations", "audit", "gateway", "django"}
+    assert "pass  nvidia-smi: skipped: a simulated machine" in result.stdout
     config = (root / "etc/bcd/config.toml").read_text()
     assert 'node_id = "node_' in config
     assert "ExecStart=" in (root / "etc/systemd/system/bcd.service").read_text()
@@ -90,3 +92,10 @@ def test_a_tampered_artifact_is_refused(stack, artifact, tmp_path):
     assert result.returncode == 1
     assert "does not match its pinned SHA-256" in result.stderr
     assert not (tmp_path / "root/usr/local/bin/bcd").exists()
+
+
+def test_the_artifact_is_the_agent_alone(artifact):
+    data, _ = artifact
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert {n.split("/")[0] for n in names} == {"bcd", f"better_compute_agent-{VERSION}.dist-info"}
+    assert len(data) < 1_000_000  # tens of kB, not the whole control plane

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import yaml
@@ -64,7 +65,9 @@ def test_tutorial_flow(stack, tmp_path):
     spec_file = root / "etc" / "cdi" / f"bcd-{rsv['allocationId']}.json"
     spec = json.loads(spec_file.read_text())
     assert (spec["kind"], sorted(d["name"] for d in spec["devices"])) == ("bcd.dev/gpu", booked)
-    env_file = root / binding["envFile"].lstrip("/")
+    env_file = Path(binding["envFile"])  # a simulated machine's: where it really is
+    assert binding["simulated"] is True
+    assert env_file == root.resolve() / "run/bcd/allocations" / f"{rsv['allocationId']}.env"
     assert f"BCD_CGROUP_PARENT={binding['cgroupParent']}" in env_file.read_text()
     import subprocess
     import sys
