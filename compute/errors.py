@@ -75,6 +75,12 @@ class InvalidState(Conflict):
     code = "invalid_state"
 
 
+class PayloadTooLarge(ComputeError):
+    code = "payload_too_large"
+    http_status = 413
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
 class PreconditionFailed(ComputeError):
     code = "failed_precondition"
     http_status = 412

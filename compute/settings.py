@@ -97,6 +97,9 @@ WHITENOISE_USE_FINDERS = True
 with contextlib.suppress(OSError):  # WhiteNoise serves collectstatic's output from here
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
+# The largest request body the API reads (413 above it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_AUTHENTICATION_CLASSES": [],

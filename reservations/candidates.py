@@ -20,6 +20,8 @@ from reservations.device_filter import parse_selector
 from reservations.ledger import Booking, Reservation
 from reservations.placement import BUSY, Candidate, Group, Request, why_not
 
+MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for
+
 
 def window(start: datetime, duration_ms: int) -> DateTimeTZRange:
     return DateTimeTZRange(start, start + timedelta(milliseconds=duration_ms), "[)")

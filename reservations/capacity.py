@@ -9,9 +9,11 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from compute.db import database_now
+from compute.errors import InvalidArgument
 from fleet.models import SCHEDULABLE, Connectivity, Device, DeviceClass, Health, Node, Pool
 from fleet.models import ProvisionState as PS
 from reservations.candidates import (
+    MAX_START_AHEAD,
     device_filter_q,
     load_candidates,
     pending_reason,
@@ -79,6 +81,9 @@ def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = N
     now = database_now()
     if start_in_ms is not None:
         start = now + timedelta(milliseconds=start_in_ms)
+    if start is not None and start > now + MAX_START_AHEAD:
+        raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
+                              field="start")
     during = window(max(start or now, now), rsv.duration_ms)
     candidates = load_candidates(pool, during, device_filter=device_filter_q(rsv))
     request = placement_request(rsv)

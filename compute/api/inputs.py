@@ -75,10 +75,21 @@ class Input(serializers.Serializer):
                                       field=str(key)[:60])
             converted[name] = value
         wrong = {name: [message] for name, value in converted.items()
-                 if (message := _type_error(self.fields[name], value))}
+                 if (message := _type_error(self.fields[name], value) or _nul_error(value))}
         if wrong:
             raise ValidationError(wrong)
         return super().to_internal_value(converted)
+
+
+def _nul_error(value: Any) -> str | None:
+    """Postgres stores no NUL character in text; say so instead of failing at the insert."""
+    if isinstance(value, str):
+        return "must not contain a NUL character" if "\x00" in value else None
+    if isinstance(value, list):
+        return next((m for item in value if (m := _nul_error(item))), None)
+    if isinstance(value, Mapping):
+        return next((m for item in [*value, *value.values()] if (m := _nul_error(item))), None)
+    return None
 
 
 def _type_error(field: serializers.Field, value: Any) -> str | None:

@@ -70,18 +70,28 @@ class Stack:
     restarts them on real servers.
     """
 
-    def __init__(self, restart_delay: float = 0.0) -> None:
+    def __init__(self, restart_delay: float = 0.0, log_dir: Path | None = None) -> None:
+        self.log_dir = log_dir  # each process's output goes to <log_dir>/<name>.log
+        self.logs: dict[int, Path] = {}
         self.children: list[subprocess.Popen[bytes]] = []
         self.restartable: dict[int, tuple[list[str], dict[str, str], dict[str, Any]]] = {}
         self.restart_delay = restart_delay  # like systemd's RestartSec
         self.died: dict[int, float] = {}
 
-    def start(self, argv: list[str], env: dict[str, str], *, restart: bool = False,
-              **kwargs: Any) -> subprocess.Popen:
-        child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, **kwargs)
+    def start(self, argv: list[str], env: dict[str, str], *, name: str,
+              restart: bool = False) -> subprocess.Popen:
+        output: Any = subprocess.DEVNULL
+        log = self.log_dir / f"{name}.log" if self.log_dir else None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            output = log.open("ab")
+        child = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
+        if log is not None:
+            output.close()  # the child has its own descriptor
+            self.logs[child.pid] = log
         self.children.append(child)
         if restart:
-            self.restartable[child.pid] = (argv, env, kwargs)
+            self.restartable[child.pid] = (argv, env, {"name": name})
         return child
 
     def watch(self) -> None:
@@ -97,8 +107,10 @@ class Stack:
                 click.echo(f"{argv[2]} exited ({child.returncode}); restarting it", err=True)
                 self.start(argv, env, restart=True, **kwargs)
                 continue
+            log = self.logs.get(child.pid)
             raise CliError(f"a server process exited with status {child.returncode}: "
-                           f"{' '.join(map(str, child.args))[:120]}")
+                           f"{' '.join(map(str, child.args))[:120]}"
+                           + (f" (its output: {log})" if log else ""))
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -138,7 +150,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
         stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
                     {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, restart=True,
-                    stderr=subprocess.DEVNULL)
+                    name=f"sim-{root.name}")
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         stack.watch()
@@ -182,6 +194,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     try:
         server.start()
         state_dir = state_dir or pg.state_root() / "dev"
+        stack.log_dir = state_dir / "logs"
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         gateway_port, join_port = free_port(), free_port()
         downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
@@ -203,19 +216,19 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
                  "--host", host, "--host", "localhost"], env)
         api_process = stack.start(
             [sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
-             "compute.asgi:application"], env, stderr=subprocess.DEVNULL)
+             "compute.asgi:application"], env, name="api")
         _wait_for_port(host, port, api_process, "API server")
         url = f"http://{host}:{port}/api/compute"
         gateway = stack.start(
             [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
              "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
-             "--cert-dir", str(state_dir / "gateway")], env, restart=True,
-            stderr=subprocess.DEVNULL)
+             "--cert-dir", str(state_dir / "gateway")], env, restart=True, name="gateway")
         _wait_for_port(host, join_port, gateway, "gateway")
-        for _ in range(2):
-            stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env)
+        for n in (1, 2):
+            stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env,
+                        name=f"worker-{n}")
         stack.start([sys.executable, "-m", "django", "qcluster"],
-                    {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, stderr=subprocess.DEVNULL)
+                    {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, name="qcluster")
         click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
                    "liveness) and the django-q2 cluster (hourly audit checkpoints)")
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
@@ -232,6 +245,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _write_env_file(env_file, exports)
         click.echo(f"better-compute listening on {url}")
         click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
+        click.echo(f"each process writes its output to {stack.log_dir}/<name>.log")
         for arch, (path, digest) in artifacts.items():
             click.echo(f"agent artifact ({arch}): http://{host}:{port}/downloads/{path.name} "
                        f"sha256 {digest}")

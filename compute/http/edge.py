@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
@@ -23,12 +25,13 @@ from audit.services import audit_denied
 from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
-from compute.errors import ComputeError, InvalidArgument, PermissionDenied
+from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge, PermissionDenied
 from compute.http.auth import authenticate
 from compute.tenancy.models import Principal, Tenant
 from compute.tenancy.selectors import tenant_resolve
 
 logger = logging.getLogger("compute.http")
+MAX_BODY_BYTES = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ def error_answer(error: BaseException, request_id: str) -> tuple[int, dict[str, 
     """The status and envelope body of a failed request."""
     if isinstance(error, drf_exceptions.ParseError | drf_exceptions.UnsupportedMediaType):
         error = InvalidArgument(f"body is not valid JSON: {error.detail}")
+    elif isinstance(error, RequestDataTooBig):
+        error = PayloadTooLarge(f"the body is larger than {MAX_BODY_BYTES} bytes",
+                                limit=MAX_BODY_BYTES)
+    elif isinstance(error, RecursionError):  # json.loads of a body nested thousands deep
+        error = InvalidArgument("body: nested too deeply")
     elif isinstance(error, drf_exceptions.APIException):  # e.g. 405 for another HTTP method
         status, code = error.status_code, error.default_code
         error = ComputeError(str(error.detail))

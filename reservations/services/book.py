@@ -24,6 +24,7 @@ from compute.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Node, Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
+    MAX_START_AHEAD,
     device_filter_q,
     load_candidates,
     pending_reason,
@@ -158,6 +159,9 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     elif start is not None:
         if start < now - PAST_START_SLACK:
             raise InvalidArgument(f"start: {start.isoformat()} is in the past", field="start")
+        if start > now + MAX_START_AHEAD:
+            raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
+                                  field="start")
         requested_start = start if start > now else None
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
     rsv = Reservation.objects.create(

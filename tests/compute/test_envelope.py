@@ -201,3 +201,29 @@ def test_a_tenant_id_of_the_wrong_shape_is_400(root, tenant):
     answer = root.call("system.whoami", tenantId=tenant)
     assert (answer.status, answer.code) == (400, "invalid_argument")
     assert answer.body["error"]["details"]["field"] == "tenantId"
+
+
+@pytest.mark.parametrize(("body", "status", "code", "says"), [
+    ('{"kind": "shared", "region": "eu-1", "name": "a\\u0000b"}', 400, "invalid_argument",
+     "NUL"),
+    ("[" * 100_000 + "]" * 100_000, 400, "invalid_argument", "nested too deeply"),
+    ('{"kind": "shared", "region": "eu-1", "name": "' + "x" * 1_100_000 + '"}', 413,
+     "payload_too_large", "larger than 1048576 bytes"),
+])
+def test_hostile_bodies_get_a_4xx_naming_the_problem(root, body, status, code, says):
+    answer = root.raw("/api/compute/sites/create", body)
+    assert (answer.status, answer.code) == (status, code), answer.body
+    assert says in answer.body["error"]["message"]
+
+
+def test_a_start_beyond_the_horizon_is_400_not_an_overflow(root, pool):
+    from tests.factories import make_node
+
+    make_node(pool["id"])
+    answer = root.call("reservations.create", poolId=pool["id"], duration=3_600_000,
+                       devices=[{"class": "gpu", "count": 1}], start="9999-12-31T23:59:59Z")
+    assert (answer.status, answer.code) == (400, "invalid_argument")
+    assert answer.body["error"]["details"]["field"] == "start"
+    preview = root.call("capacity.preview", poolId=pool["id"], duration=3_600_000,
+                        devices=[{"class": "gpu", "count": 1}], start="9999-12-31T23:59:59Z")
+    assert (preview.status, preview.code) == (400, "invalid_argument")

@@ -26,6 +26,10 @@ def test_dev_with_eight_simulated_agents_is_ready_fast_and_stops_cleanly(tmp_pat
         assert processes_mentioning(data_dir)
         assert len(processes_mentioning(f"{state}/sim/")) == 8  # one bcd per machine
         assert processes_mentioning("-m gateway")
+        logs = tmp_path / "state" / "logs"  # every process's output, where dev says
+        assert f"{logs}/<name>.log" in "".join(stack.output)
+        assert {"api.log", "gateway.log", "worker-1.log", "sim-node-01.log"} <= {
+            p.name for p in logs.iterdir()}
     finally:
         assert stop_stack(stack) == 0
     assert ready_after < 15, f"dev --memory --sim 8 took {ready_after:.1f} s to be ready"
