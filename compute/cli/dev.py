@@ -65,52 +65,47 @@ def _write_env_file(path: Path, lines: dict[str, str]) -> None:
 class Stack:
     """The child processes `dev` started, stopped in reverse order.
 
-    The API and the workers are essential: if one dies, dev stops. The gateway and the
-    simulated machines are restarted when they die (after `restart_delay`), as systemd
-    restarts them on real servers.
+    Every one is restarted when it dies, as systemd restarts them on real servers: after
+    `restart_delay`, doubled for each quick death in a row (at most 30 s), so a process that
+    cannot start does not spin.
     """
 
-    def __init__(self, restart_delay: float = 0.0, log_dir: Path | None = None) -> None:
+    def __init__(self, restart_delay: float = 1.0, log_dir: Path | None = None) -> None:
         self.log_dir = log_dir  # each process's output goes to <log_dir>/<name>.log
-        self.logs: dict[int, Path] = {}
-        self.children: list[subprocess.Popen[bytes]] = []
-        self.restartable: dict[int, tuple[list[str], dict[str, str], dict[str, Any]]] = {}
         self.restart_delay = restart_delay  # like systemd's RestartSec
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.specs: dict[int, tuple[list[str], dict[str, str], str]] = {}
+        self.started: dict[int, float] = {}
         self.died: dict[int, float] = {}
+        self.quick_deaths: dict[str, int] = {}
 
-    def start(self, argv: list[str], env: dict[str, str], *, name: str,
-              restart: bool = False) -> subprocess.Popen:
-        output: Any = subprocess.DEVNULL
-        log = self.log_dir / f"{name}.log" if self.log_dir else None
-        if log is not None:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            output = log.open("ab")
+    def start(self, argv: list[str], env: dict[str, str], *, name: str) -> subprocess.Popen:
+        output: Any = None  # without a log folder: this process's own output (journald)
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            output = (self.log_dir / f"{name}.log").open("ab")
         child = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
-        if log is not None:
+        if self.log_dir is not None:
             output.close()  # the child has its own descriptor
-            self.logs[child.pid] = log
         self.children.append(child)
-        if restart:
-            self.restartable[child.pid] = (argv, env, {"name": name})
+        self.specs[child.pid] = (argv, env, name)
+        self.started[child.pid] = time.monotonic()
         return child
 
     def watch(self) -> None:
         for child in list(self.children):
             if child.poll() is None:
                 continue
-            if child.pid in self.restartable:
-                died = self.died.setdefault(child.pid, time.monotonic())
-                if time.monotonic() - died < self.restart_delay:
-                    continue
-                argv, env, kwargs = self.restartable.pop(child.pid)
-                self.children.remove(child)
-                click.echo(f"{argv[2]} exited ({child.returncode}); restarting it", err=True)
-                self.start(argv, env, restart=True, **kwargs)
+            argv, env, name = self.specs[child.pid]
+            died = self.died.setdefault(child.pid, time.monotonic())
+            quick = self.quick_deaths.get(name, 0) if died - self.started[child.pid] < 60 else 0
+            if time.monotonic() - died < min(30.0, self.restart_delay * 2 ** quick):
                 continue
-            log = self.logs.get(child.pid)
-            raise CliError(f"a server process exited with status {child.returncode}: "
-                           f"{' '.join(map(str, child.args))[:120]}"
-                           + (f" (its output: {log})" if log else ""))
+            self.children.remove(child)
+            self.quick_deaths[name] = quick + 1
+            where = f" (its output: {self.log_dir / f'{name}.log'})" if self.log_dir else ""
+            click.echo(f"{name} exited ({child.returncode}); restarting it{where}", err=True)
+            self.start(argv, env, name=name)
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -149,7 +144,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
         if process.returncode != 0:
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
         stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, restart=True,
+                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
                     name=f"sim-{root.name}")
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
@@ -222,7 +217,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         gateway = stack.start(
             [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
              "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
-             "--cert-dir", str(state_dir / "gateway")], env, restart=True, name="gateway")
+             "--cert-dir", str(state_dir / "gateway")], env, name="gateway")
         _wait_for_port(host, join_port, gateway, "gateway")
         for n in (1, 2):
             stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env,

@@ -73,29 +73,27 @@ def gateway(ctx: click.Context) -> None:
 def workers(count: int) -> None:
     """Run the reconcilers: queue workers plus the django-q2 cluster for periodic jobs."""
     import os
-    import subprocess
     import time
 
+    from compute.cli.dev import Stack
     from compute.pg import ensure_database_url
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "compute.settings",
            "DATABASE_URL": ensure_database_url()}
     argv = [sys.executable, "-m", "django"]
-    children = [subprocess.Popen([*argv, "bc_worker", "--loop"], env=env)
-                for _ in range(count)]
-    children.append(subprocess.Popen([*argv, "qcluster"], env=env))
+    stack = Stack()  # a worker that dies is restarted, with backoff
+    for n in range(1, count + 1):
+        stack.start([*argv, "bc_worker", "--loop"], env, name=f"worker-{n}")
+    stack.start([*argv, "qcluster"], env, name="qcluster")
     click.echo(f"Workers running: {count} queue workers and the django-q2 cluster", err=True)
     try:
-        while all(child.poll() is None for child in children):
+        while True:
+            stack.watch()
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            child.wait(15)
+        stack.stop()
 
 
 @cli.command("help")

@@ -120,3 +120,32 @@ def test_enqueue_moves_an_item_earlier_and_bumps_its_version():
     assert second.due_at < first.due_at
     assert second.version == first.version + 1
     assert WorkItem.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
+                    reason="stops and starts the embedded server; DATABASE_URL names another")
+def test_a_worker_outlives_a_postgres_restart(slow_log, embedded_postgres):
+    from django.db import connections
+
+    worker = start_worker()
+    try:
+        enqueue("test.slow", "before")
+        assert wait_until(lambda: not WorkItem.objects.exists(), 20)
+        connections.close_all()
+        embedded_postgres.halt()
+        try:
+            time.sleep(2)  # the worker meets a database that is gone, and must not exit
+            alive = worker.poll() is None
+        finally:
+            embedded_postgres.start()  # whatever happened, the rest of the suite needs it
+        assert alive, worker.stderr.read().decode()[-2000:]
+        enqueue("test.slow", "after")
+        assert wait_until(lambda: not WorkItem.objects.exists(), 40), "the worker gave up"
+        assert worker.poll() is None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT array_agg(key ORDER BY id) FROM test_slow_log")
+            assert cursor.fetchone()[0] == ["before", "after"]
+    finally:
+        worker.terminate()
+        worker.wait(10)

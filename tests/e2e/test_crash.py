@@ -130,3 +130,26 @@ def test_the_agent_renews_its_certificate_over_the_session_before_expiry(stack):
     assert oct(cert_file.stat().st_mode & 0o777) == "0o600"
     node_id = stack.ok("nodes", "list", "--query", "items.0.id")
     assert stack.ok("nodes", "get", node_id, "--query", "connectivity") == "connected"
+
+
+def pids_of(stack, needle: str) -> set[int]:
+    listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
+                             check=True).stdout
+    return {int(line.split()[0]) for line in listing.splitlines()[1:]
+            if needle in line and str(stack.process.pid) != line.split()[0]}
+
+
+def test_a_killed_api_and_worker_are_restarted_and_the_stack_keeps_working(stack):
+    api = pids_of(stack, "compute.asgi:application")
+    worker = sorted(pids_of(stack, "bc_worker --loop"))[0]
+    assert len(api) == 1
+    os.kill(next(iter(api)), signal.SIGKILL)
+    os.kill(worker, signal.SIGKILL)
+    assert wait_until(lambda: len(pids_of(stack, "compute.asgi:application") - api) == 1, 30)
+    assert wait_until(lambda: worker not in pids_of(stack, "bc_worker --loop") and
+                      len(pids_of(stack, "bc_worker --loop")) >= 2, 30)
+    assert stack.process.poll() is None  # dev itself is still up
+    assert wait_until(lambda: stack.cli("api", "system.whoami").returncode == 0, 30)
+    reserved = stack.cli("reserve", "--pool", stack.env["POOL"], "--gpus", "1", "--for", "5m",
+                         "--query", "state")
+    assert reserved.stdout.strip() == "active", reserved.stderr

@@ -35,9 +35,11 @@ def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
             lambda: Node.objects.get(pk=node_id).provision_state == "adopted", 20)
         before = await asyncio.to_thread(lambda: (state(), connections.close_all())[0])
         await asyncio.to_thread(embedded_postgres.halt)
-        session.send_inventory()  # reaches the gateway while Postgres is down
-        reason = await asyncio.wait_for(task, 20)  # before the fix it hung, served by no one
-        await asyncio.to_thread(embedded_postgres.start)
+        try:
+            session.send_inventory()  # reaches the gateway while Postgres is down
+            reason = await asyncio.wait_for(task, 20)  # before the fix it hung, unserved
+        finally:
+            await asyncio.to_thread(embedded_postgres.start)  # the suite goes on after this
         again = session_for(fleet, credentials, inventory, await diag(inventory))
         resent: list[str] = []
         second = asyncio.create_task(again.run(

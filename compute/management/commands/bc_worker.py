@@ -6,7 +6,9 @@ its shards are taken over when its leases expire.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import signal
 import socket
@@ -18,11 +20,12 @@ from typing import Any
 import psycopg
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 from compute.db import conninfo
 from compute.queue.work import WAKE_CHANNEL, Worker
 
+logger = logging.getLogger("compute.queue")
 SWEEPERS = "sweep"  # an app's `<app>.reconcilers.sweep()` enqueues what timers made due
 
 
@@ -55,13 +58,30 @@ class Command(BaseCommand):
         stop = {"now": False}
         signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
         signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+        backoff = 0.5
         try:
-            with psycopg.connect(conninfo(), autocommit=True) as listener:
-                listener.execute(f"LISTEN {WAKE_CHANNEL}")
-                self._loop(worker, sweepers, listener, loop=loop, interval=interval,
-                           lease=lease, stop=stop)
+            while True:
+                began = time.monotonic()
+                try:
+                    with psycopg.connect(conninfo(), autocommit=True) as listener:
+                        listener.execute(f"LISTEN {WAKE_CHANNEL}")
+                        self._loop(worker, sweepers, listener, loop=loop, interval=interval,
+                                   lease=lease, stop=stop)
+                    return
+                except (psycopg.OperationalError, OperationalError, InterfaceError) as error:
+                    # The database went away (restart, failover): reconnect, never exit.
+                    if not loop or stop["now"]:
+                        raise
+                    logger.warning("database unavailable (%s); retrying in %.1f s", error,
+                                   backoff)
+                    connections.close_all()
+                    if time.monotonic() - began > 60:  # it had been working: start over
+                        backoff = 0.5
+                    time.sleep(backoff)
+                    backoff = min(30.0, backoff * 2)
         finally:
-            worker.release()
+            with contextlib.suppress(OperationalError, InterfaceError):
+                worker.release()
 
     def _loop(self, worker: Worker, sweepers: list[Callable[[], object]],
               listener: psycopg.Connection[Any], *, loop: bool, interval: float, lease: float,
