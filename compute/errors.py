@@ -75,6 +75,12 @@ class InvalidState(Conflict):
     code = "invalid_state"
 
 
+class TooManyRequests(ComputeError):
+    code = "too_many_requests"
+    http_status = 429
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
 class PayloadTooLarge(ComputeError):
     code = "payload_too_large"
     http_status = 413

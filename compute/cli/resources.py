@@ -231,9 +231,11 @@ def events_list(types: str | None, since: int | None, subject: str | None,
 @events.command("watch")
 @click.option("--types", default=None, help="Comma-separated globs, e.g. 'node.*,reservation.*'.")
 @click.option("--since", type=int, default=0, help="Resume after this sequence.")
+@click.option("--count", type=click.IntRange(1), default=None,
+              help="Stop after this many events (for scripts); default: follow until Ctrl-C.")
 @click.option("--output", "-o", "output", type=click.Choice(["json", "table"]), default=None)
 @click.option("--tenant", default=None)
-def events_watch(types: str | None, since: int, output: str | None,
+def events_watch(types: str | None, since: int, count: int | None, output: str | None,
                  tenant: str | None) -> None:
     """Follow events live, one JSON line each; Ctrl-C stops. Resume with --since SEQ."""
     import sys
@@ -262,6 +264,10 @@ def events_watch(types: str | None, since: int, output: str | None,
                                f"{event['createdAt']}")
                 else:
                     click.echo(line)
+                if count is not None:
+                    count -= 1
+                    if count == 0:
+                        return
     except httpx.HTTPError as error:
         raise CliError(f"the watch stream broke: {error}") from error
 

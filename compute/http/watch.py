@@ -2,43 +2,53 @@
 
 One JSON line per event, in sequence order, after `since`; authenticated and decided once
 by IAM (`events.watch`) at the same edge as the envelope. New events arrive through
-Postgres LISTEN/NOTIFY (each outbox write notifies at commit), so a watcher waits without
-polling and sees an event within a second; a quiet stream sends a blank keep-alive line
-every 15 s and keeps listening. Resuming with the last sequence seen (`since`) skips
-nothing and repeats nothing.
+Postgres LISTEN/NOTIFY (each outbox write notifies at commit; one listening connection per
+process, compute.http.hub), so a watcher waits without polling and sees an event within a
+second. A stream ends when its token is revoked or expires; a quiet one sends a blank
+keep-alive line every 15 s and keeps listening. Resuming with the last sequence seen
+(`since`) skips nothing and repeats nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-import psycopg
 from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections
 
 from compute.api.registry import Resource
-from compute.db import conninfo
-from compute.errors import InvalidArgument
+from compute.errors import InvalidArgument, Unauthenticated
 from compute.events.selectors import event_list
 from compute.events.serializers import present_event
 from compute.events.types import parse_type_globs
 from compute.http.edge import caller, decide_once, error_answer, new_request_id
+from compute.http.hub import HUB
 from compute.tenancy.models import Tenant
+from compute.tenancy.selectors import principal_for_token
 
 logger = logging.getLogger("compute.http")
-CHANNEL = "bc_events"
 KEEPALIVE_SECONDS = 15.0
 PAGE = 500
 
 
-def _authorize(headers: dict[str, str], query: dict[str, str],
-               request_id: str) -> tuple[Tenant, int, str]:
-    """(tenant, since, types) for this watcher, or a ComputeError."""
+@dataclass(frozen=True)
+class Watch:
+    tenant: Tenant
+    principal_id: str
+    credential: str
+    since: int
+    types: str
+
+
+def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str) -> Watch:
+    """What this watcher may see, or a ComputeError."""
     close_old_connections()
     try:
         who = caller(headers, tenant_ref=query.get("tenantId"), request_id=request_id)
@@ -50,7 +60,20 @@ def _authorize(headers: dict[str, str], query: dict[str, str],
         types = query.get("types", "")
         parse_type_globs(types)
         decide_once(who, "events.watch", Resource(kind="events", tenant_id=who.tenant.id))
-        return who.tenant, max(0, since), types
+        credential = headers.get("authorization", "").partition(" ")[2].strip()
+        return Watch(who.tenant, who.principal.id, credential, max(0, since), types)
+    finally:
+        close_old_connections()
+
+
+def _still_allowed(credential: str) -> bool:
+    """A stream lives only as long as its token: revoked or expired, it ends."""
+    close_old_connections()
+    try:
+        principal_for_token(credential)
+        return True
+    except Unauthenticated:
+        return False
     finally:
         close_old_connections()
 
@@ -69,28 +92,31 @@ async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
     request_id = new_request_id()
     headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
     query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
-    try:
-        tenant, since, types = await sync_to_async(_authorize, thread_sensitive=False)(
-            headers, query, request_id)
-    except Exception as error:
-        status, body = error_answer(error, request_id)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body",
-                    "body": json.dumps(body, cls=DjangoJSONEncoder).encode()})
-        return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/x-ndjson"),
-                            (b"cache-control", b"no-store")]})
-    stream = asyncio.create_task(_stream(send, tenant, types, since))
-    hangup = asyncio.create_task(_hangup(receive))
-    done, _ = await asyncio.wait({stream, hangup}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (stream, hangup):
-        task.cancel()
-    if stream in done and not stream.cancelled() and stream.exception() is not None:
-        logger.error("events watch %s ended", request_id, exc_info=stream.exception())
-    if hangup not in done:  # the stream failed: end the response so the client reconnects
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    with contextlib.ExitStack() as held:
+        try:
+            watch = await sync_to_async(_authorize, thread_sensitive=False)(
+                headers, query, request_id)
+            woken = held.enter_context(HUB.subscription(tenant_id=watch.tenant.id,
+                                                        principal_id=watch.principal_id))
+        except Exception as error:
+            status, body = error_answer(error, request_id)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body",
+                        "body": json.dumps(body, cls=DjangoJSONEncoder).encode()})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-ndjson"),
+                                (b"cache-control", b"no-store")]})
+        stream = asyncio.create_task(_stream(send, watch, woken))
+        hangup = asyncio.create_task(_hangup(receive))
+        done, _ = await asyncio.wait({stream, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stream, hangup):
+            task.cancel()
+        if stream in done and not stream.cancelled() and stream.exception() is not None:
+            logger.error("events watch %s ended", request_id, exc_info=stream.exception())
+        if hangup not in done:  # the stream ended: end the response (a client reconnects)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _hangup(receive: Any) -> None:
@@ -98,29 +124,25 @@ async def _hangup(receive: Any) -> None:
         pass
 
 
-async def _stream(send: Any, tenant: Tenant, types: str, since: int) -> None:
-    async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as listener:
-        await listener.execute(f"LISTEN {CHANNEL}")
-        while True:
-            events = await sync_to_async(_page, thread_sensitive=False)(tenant, types, since)
-            for event in events:
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": json.dumps(event, cls=DjangoJSONEncoder).encode() + b"\n"})
-                since = event["seq"]
-            if len(events) == PAGE:
-                continue
-            if not await _woken(listener, tenant.id):
-                await send({"type": "http.response.body", "body": b"\n", "more_body": True})
+async def _stream(send: Any, watch: Watch, woken: asyncio.Event) -> None:
+    """Page from the cursor, then wait for the hub's wake-up or a keep-alive period.
 
-
-async def _woken(listener: psycopg.AsyncConnection[Any], tenant_id: str) -> bool:
-    """Wait for a commit in the tenant (True) or a quiet keep-alive period (False).
-
-    Each wait reads notifications through a new generator that ends by itself at the
-    timeout: cancelling one half-way through would close the connection's notification
-    stream for good, which is how a watcher once fell silent after its first keep-alive.
+    The event is cleared before each page, so a commit that lands while paging wakes the
+    next wait at once: nothing is missed between the read and the wait.
     """
-    async for note in listener.notifies(timeout=KEEPALIVE_SECONDS):
-        if note.payload == tenant_id:
-            return True
-    return False
+    since = watch.since
+    while await sync_to_async(_still_allowed, thread_sensitive=False)(watch.credential):
+        woken.clear()
+        events = await sync_to_async(_page, thread_sensitive=False)(watch.tenant, watch.types,
+                                                                    since)
+        for event in events:
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": json.dumps(event, cls=DjangoJSONEncoder).encode() + b"\n"})
+            since = event["seq"]
+        if len(events) == PAGE:
+            continue
+        try:
+            async with asyncio.timeout(KEEPALIVE_SECONDS):
+                await woken.wait()
+        except TimeoutError:
+            await send({"type": "http.response.body", "body": b"\n", "more_body": True})

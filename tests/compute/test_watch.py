@@ -87,3 +87,67 @@ def test_an_unknown_event_type_is_a_clear_400(root_token):
     asyncio.run(watch.events_watch(bad.scope, bad.receive, bad.send))
     assert bad.sent[0]["status"] == 400
     assert "matches no event type" in json.loads(bad.body())["error"]["message"]
+
+
+def test_streams_share_one_connection_and_a_caller_past_its_limit_gets_429(root, acme):
+    from compute.http.hub import HUB
+
+    viewer = acme("tokens.create", name="viewer", role="viewer")["token"]
+
+    def backends() -> int:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity "
+                               "WHERE datname = current_database()")
+                return cursor.fetchone()[0]
+        finally:
+            connection.close()
+
+    async def scenario() -> tuple[list[int], int, int]:
+        before = await asyncio.to_thread(backends)
+        watchers = [Watcher(viewer, "") for _ in range(HUB.per_principal + 5)]
+        apps = [asyncio.create_task(watch.events_watch(w.scope, w.receive, w.send))
+                for w in watchers]
+        assert await eventually(lambda: all(w.sent for w in watchers), 20)
+        await asyncio.sleep(1)  # every stream has paged and now waits
+        during = await asyncio.to_thread(backends)
+        # Another tenant is still served while this caller holds all it may.
+        other = Watcher(root.token, "types=site.*")
+        app = asyncio.create_task(watch.events_watch(other.scope, other.receive, other.send))
+        assert await eventually(lambda: bool(other.sent), 10)
+        for w in [*watchers, other]:
+            w.inbox.put_nowait({"type": "http.disconnect"})
+        await asyncio.wait_for(asyncio.gather(*apps, app), 20)
+        return [w.sent[0]["status"] for w in watchers], during - before, other.sent[0]["status"]
+
+    statuses, extra_connections, other_status = asyncio.run(scenario())
+    assert statuses.count(200) == HUB.per_principal
+    assert statuses.count(429) == 5
+    assert other_status == 200
+    # The hub's one LISTEN connection (and this test's own), not one per stream.
+    assert extra_connections <= 2, extra_connections
+
+
+def test_a_stream_ends_when_its_token_is_revoked(root, monkeypatch):
+    monkeypatch.setattr(watch, "KEEPALIVE_SECONDS", 0.5)
+    minted = root("tokens.create", name="watcher", role="viewer")
+    watcher = Watcher(minted["token"], "")
+
+    async def scenario() -> bool:
+        app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
+                                                     watcher.send))
+        assert await eventually(lambda: bool(watcher.sent), 10)
+        await asyncio.to_thread(revoke, minted["id"])
+        ended = await eventually(lambda: any(
+            m.get("more_body") is False for m in watcher.sent), 10)
+        watcher.inbox.put_nowait({"type": "http.disconnect"})
+        await asyncio.wait_for(app, 10)
+        return ended
+
+    def revoke(token_id: str) -> None:
+        try:
+            root("tokens.revoke", tokenId=token_id)
+        finally:
+            connection.close()
+
+    assert asyncio.run(scenario()), "the stream kept going after its token was revoked"

@@ -1,0 +1,86 @@
+"""One LISTEN connection per process, fanned out to every events watcher in it.
+
+A watcher subscribes for its tenant and waits on its own asyncio.Event; the hub's one
+connection to Postgres sets the events of a tenant's watchers when a commit in that tenant
+notifies. If the connection drops, the hub reconnects with backoff and wakes every watcher,
+which re-reads from its cursor, so nothing is lost. Watchers are counted per principal and
+per process: past either limit a new stream is refused (429), so no one can exhaust the
+database's connections by opening streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+
+from compute.db import conninfo
+from compute.errors import TooManyRequests
+
+logger = logging.getLogger("compute.http")
+CHANNEL = "bc_events"
+
+
+@dataclass
+class Hub:
+    per_principal: int = 8
+    per_process: int = 256
+    waiters: dict[str, set[asyncio.Event]] = field(default_factory=lambda: defaultdict(set))
+    streams: Counter[str] = field(default_factory=Counter)
+    listener: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def subscription(self, *, tenant_id: str, principal_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever the tenant's events may have changed (or the hub
+        reconnected); refuses past the limits."""
+        if self.streams[principal_id] >= self.per_principal:
+            raise TooManyRequests(f"at most {self.per_principal} event streams per caller",
+                                  limit=self.per_principal)
+        if sum(self.streams.values()) >= self.per_process:
+            raise TooManyRequests("this server has as many event streams as it takes; "
+                                  "retry later or on another server", limit=self.per_process)
+        self._ensure_listening()
+        woken = asyncio.Event()
+        self.streams[principal_id] += 1
+        self.waiters[tenant_id].add(woken)
+        try:
+            yield woken
+        finally:
+            self.waiters[tenant_id].discard(woken)
+            self.streams[principal_id] -= 1
+
+    def _ensure_listening(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.listener is None or self.listener.done() or self.listener.get_loop() is not loop:
+            self.listener = loop.create_task(self._listen())
+
+    def _wake(self, tenant_id: str | None = None) -> None:
+        groups = [self.waiters.get(tenant_id, set())] if tenant_id else self.waiters.values()
+        for group in groups:
+            for event in group:
+                event.set()
+
+    async def _listen(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        conninfo(), autocommit=True) as connection:
+                    await connection.execute(f"LISTEN {CHANNEL}")
+                    self._wake()  # anything committed while not listening is read now
+                    backoff = 0.5
+                    async for note in connection.notifies():
+                        self._wake(note.payload)
+            except (psycopg.OperationalError, OSError) as error:
+                logger.warning("events listener lost (%s); reconnecting", error)
+                self._wake()
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+
+
+HUB = Hub()
