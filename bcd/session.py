@@ -86,16 +86,9 @@ class AgentSession:
 
     def request_renewal(self, key: ec.EllipticCurvePrivateKey) -> None:
         """Send a CSR for the same key; the gateway relays it and answers Renewed."""
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.x509.oid import NameOID
+        from bcd.join.documents import csr_for
 
-        csr = (x509.CertificateSigningRequestBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                                           self.state.node_id)]))
-               .sign(key, hashes.SHA256()))
-        self.send_control(self._message(renew=pb.Renew(
-            csr_der=csr.public_bytes(serialization.Encoding.DER))))
+        self.send_control(self._message(renew=pb.Renew(csr_der=csr_for(key, self.state.node_id))))
 
     def send_control(self, message: pb.AgentMessage) -> None:
         self.control.put_nowait(message)

@@ -49,12 +49,17 @@ def check_wellknown(document: dict[str, Any], pins: Pins) -> None:
         raise JoinError("the published join-encryption key does not match its pin")
 
 
+def csr_for(key: ec.EllipticCurvePrivateKey, common_name: str) -> bytes:
+    """A DER certificate signing request for `key` (it proves the key is held)."""
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+           .sign(key, hashes.SHA256()))
+    return bytes(csr.public_bytes(serialization.Encoding.DER))
+
+
 def prepare(token: str, document: dict[str, Any], hostname: str) -> JoinRequest:
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)]))
-           .sign(key, hashes.SHA256()))
-    csr_der = csr.public_bytes(serialization.Encoding.DER)
+    csr_der = csr_for(key, hostname)
     sealed = jwe_seal(token.strip().encode(), jwk_public_key(document["joinEncryptionKey"]),
                       {"csr_sha256": hashlib.sha256(csr_der).hexdigest()})
     return JoinRequest(key=key, csr_der=csr_der, sealed_token=sealed)

@@ -227,3 +227,18 @@ def test_a_start_beyond_the_horizon_is_400_not_an_overflow(root, pool):
     preview = root.call("capacity.preview", poolId=pool["id"], duration=3_600_000,
                         devices=[{"class": "gpu", "count": 1}], start="9999-12-31T23:59:59Z")
     assert (preview.status, preview.code) == (400, "invalid_argument")
+
+
+def test_bootstrap_and_tenant_creation_write_one_row_each(db):
+    from compute.tenancy.services import root_bootstrap
+
+    with assert_wrote(audit="root.bootstrap", events=["token.created"]):
+        minted = root_bootstrap()
+    assert minted.plaintext.startswith("biam_tok_")
+
+
+def test_a_tenant_create_writes_its_row_and_a_repeat_slug_nothing(root):
+    with assert_wrote(audit="tenant.create", events=["tenant.created"]):
+        root("tenants.create", slug="initech")
+    with assert_wrote(audit=None):
+        assert root.call("tenants.create", slug="initech").code == "already_exists"

@@ -191,8 +191,13 @@ def test_join_token_ttl_bounds_and_secrets_never_listed(root, pool):
         "invalid_argument"
     with assert_wrote(audit="join_token.create", events=["join_token.created"]):
         minted = mint(root, pool)
+    spare = mint(root, pool)
+    with assert_wrote(audit="join_token.revoke", events=["join_token.revoked"]):
+        root("joinTokens.revoke", joinTokenId=spare["id"])
+    with assert_wrote(audit=None):
+        assert root.call("joinTokens.revoke", joinTokenId=spare["id"]).code == "invalid_state"
     listed = root("joinTokens.list")["items"]
-    assert [t["id"] for t in listed] == [minted["id"]]
+    assert [t["id"] for t in listed] == [minted["id"], spare["id"]]
     assert minted["token"].split(".")[1] not in json.dumps(listed)
     row = JoinToken.objects.get(pk=minted["id"])
     assert minted["token"].split(".")[1] not in row.secret_sha256
@@ -243,3 +248,28 @@ def test_concurrent_joins_on_a_single_use_token_have_one_winner(root, pool, well
     assert sorted(statuses) == [200, 403, 403, 403, 403, 403]
     assert JoinToken.objects.get(pk=minted["id"]).uses == 1
     assert Node.objects.count() == 1
+
+
+def test_renewal_is_for_the_same_key_only_and_each_answer_is_audited(client, root, pool,
+                                                                     wellknown, pins):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from bcd.join.documents import csr_for
+
+    minted = mint(root, pool)
+    request, _, body = join(client, minted["token"], wellknown)
+    node_id = verify_answer(body["result"], request, pins, wellknown["trustDomain"])["nodeId"]
+
+    def renew(key):
+        csr = base64.b64encode(csr_for(key, node_id)).decode()
+        response = client.post("/api/agent/renew", content_type="application/json",
+                               data=json.dumps({"nodeId": node_id, "csr": csr}))
+        return response.status_code, response.json()
+
+    with assert_wrote(audit="node.renew"):
+        status, answer = renew(request.key)
+    assert status == 200
+    assert answer["result"]["certificatePem"].startswith("-----BEGIN CERTIFICATE-----")
+    with assert_wrote(audit=None):  # another key: refused, and nothing about the node moves
+        status, answer = renew(ec.generate_private_key(ec.SECP256R1()))
+    assert (status, answer["error"]["code"]) == (403, "renew_refused")

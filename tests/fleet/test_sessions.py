@@ -105,7 +105,23 @@ def test_a_node_says_every_reason_it_is_not_schedulable(pool, root):
 
     node = make_node(pool["id"])
     assert unschedulable_because(node) == "ok"
-    root("nodes.cordon", nodeId=node.id)
+    with assert_wrote(audit="node.cordon", events=["node.cordoned"]):
+        root("nodes.cordon", nodeId=node.id)
+    with assert_wrote(audit=None):  # already cordoned: nothing changes, nothing is written
+        root("nodes.cordon", nodeId=node.id)
     make_unreachable(node)
     node.refresh_from_db()
     assert unschedulable_because(node) == "cordoned; unreachable"
+
+
+def test_uncordon_and_adopt_again_write_one_row_each(pool, root):
+    node = make_node(pool["id"])
+    root("nodes.cordon", nodeId=node.id)
+    with assert_wrote(audit="node.uncordon", events=["node.uncordoned"]):
+        root("nodes.uncordon", nodeId=node.id)
+    Node.objects.filter(pk=node.pk).update(provision_state="acceptance-failed")
+    with assert_wrote(audit="node.adopt", events=["node.acceptance.started"]):
+        root("nodes.adopt", nodeId=node.id, reason="GPU 3 reseated")
+    with assert_wrote(audit=None):  # not failed any more: refused, nothing written
+        assert root.call("nodes.adopt", nodeId=node.id, reason="again").code == \
+            "invalid_state"

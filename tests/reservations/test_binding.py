@@ -14,6 +14,7 @@ from fleet.services.sessions import session_open
 from reservations.services.binding import (
     BindingRefused,
     allocation_bound_record,
+    allocation_released_record,
     reservation_bind,
 )
 from tests.factories import make_node
@@ -106,6 +107,11 @@ def test_the_nodes_signed_report_makes_it_active_once(root, bound):
     assert types == ["reservation.placed", "reservation.binding", "reservation.active"]
     released = root("reservations.release", reservationId=rsv["id"])
     assert released["state"] == "released"
+    body = canonical({"allocationId": hold["allocationId"], "generation": 3,
+                      "nodeId": node.id}).decode()
+    with assert_wrote(audit="allocation.release", events=["allocation.released"]):
+        allocation_released_record(node_id=node.id, body=body,
+                                   signature=sign_bytes(key, body.encode()))
     latest = NodeSpec.objects.filter(node=node).latest("generation")
     assert (latest.generation, latest.spec) == (3, {"allocations": []})
 
