@@ -28,7 +28,7 @@ from compute.api.registry import Resource
 from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge, PermissionDenied
 from compute.http.auth import authenticate
 from compute.tenancy.models import Principal, Tenant
-from compute.tenancy.selectors import tenant_resolve
+from compute.tenancy.selectors import TenantOutOfReach, tenant_resolve
 
 logger = logging.getLogger("compute.http")
 MAX_BODY_BYTES = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -43,16 +43,25 @@ class Caller:
     request_id: str
 
 
-def caller(headers: Mapping[str, str], *, tenant_ref: object, request_id: str,
+def caller(headers: Mapping[str, str], *, tenant_ref: object, request_id: str, action: str,
            user: Any = None) -> Caller:
     """Who calls (bearer token, or a browser session with the CSRF header) and in which
     tenant (`tenant_ref`, by default the caller's own)."""
     return acting_as(authenticate(headers, user=user), tenant_ref=tenant_ref,
-                     request_id=request_id)
+                     request_id=request_id, action=action)
 
 
-def acting_as(principal: Principal, *, tenant_ref: object, request_id: str) -> Caller:
-    return Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
+def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,
+              action: str) -> Caller:
+    """The caller in the tenant it names. A tenant outside its reach answers as a missing
+    one, and the attempt is audited in the caller's own tenant, not in the one it probed."""
+    try:
+        return Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
+    except TenantOutOfReach:
+        with stamped(CallStamp(request_id=request_id, origin="api")):
+            audit_denied(tenant_id=principal.tenant_id, actor_id=principal.id, action=action,
+                         reason="a tenant outside the caller's reach")
+        raise
 
 
 def decide_once(who: Caller, action: str, resource: Resource) -> CallStamp:

@@ -44,7 +44,8 @@ class EnvelopeView(APIView):
         if not isinstance(body, dict):
             raise InvalidArgument("body must be a JSON object")
         body = dict(body)
-        who = acting_as(principal, tenant_ref=body.pop("tenantId", None), request_id=request_id)
+        who = acting_as(principal, tenant_ref=body.pop("tenantId", None), request_id=request_id,
+                        action=endpoint.action)
         data = validate(endpoint, body)
         ctx = CallContext(principal=who.principal, tenant=who.tenant, request_id=request_id)
         stamp = decide_once(who, endpoint.action, endpoint.draft(ctx, data))

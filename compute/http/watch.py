@@ -51,7 +51,8 @@ def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str) 
     """What this watcher may see, or a ComputeError."""
     close_old_connections()
     try:
-        who = caller(headers, tenant_ref=query.get("tenantId"), request_id=request_id)
+        who = caller(headers, tenant_ref=query.get("tenantId"), request_id=request_id,
+                     action="events.watch")
         try:
             since = int(query.get("since") or 0)
         except ValueError:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from compute import secrets
 from compute.errors import InvalidArgument, NotFound, Unauthenticated
 from compute.guards import one_visible
-from compute.tenancy.models import ROOT_TENANT_SLUG, TOKEN_SCHEME, ApiToken, Principal, Tenant
+from compute.tenancy.models import (
+    ROOT_TENANT_SLUG,
+    TOKEN_SCHEME,
+    ApiToken,
+    Principal,
+    RoleBinding,
+    Tenant,
+)
 
 
 def principal_for_token(presented: str) -> Principal:
@@ -37,11 +44,23 @@ def principal_for_user(user: object) -> Principal:
     return principal
 
 
+class TenantOutOfReach(NotFound):
+    """A tenant that exists but that the caller has no standing in: answered exactly as a
+    tenant that does not exist, so existence never leaks."""
+
+
 def tenant_resolve(value: object, *, principal: Principal) -> Tenant:
-    """The tenant a call acts in: `tenantId` (an id or a slug), else the principal's own."""
+    """The tenant a call acts in: `tenantId` (an id or a slug), else the principal's own.
+
+    One the principal has no role in (and no root role) is TenantOutOfReach.
+    """
     if value is None or value == "":
         return principal.tenant
-    return tenant_by_ref(value)
+    tenant = tenant_by_ref(value)
+    if tenant.pk != principal.tenant_id and not RoleBinding.objects.filter(
+            Q(tenant=tenant) | Q(tenant__slug=ROOT_TENANT_SLUG), principal=principal).exists():
+        raise TenantOutOfReach(f"tenant {value!r} not found", tenantId=value)
+    return tenant
 
 
 def tenant_by_ref(value: object) -> Tenant:

@@ -119,3 +119,29 @@ def test_wrong_id_prefix_is_invalid_argument(name, root):
     wrong = ("pool_" if prefix == "node" else "node_") + "01jbx0000000000000000000aa"
     answer = root.call(name, {field: wrong, **EXTRA.get(name, {})})
     assert (answer.status, answer.code) == (400, "invalid_argument"), answer.body
+
+
+def test_existence_never_leaks_across_tenants(world, globex, acme):
+    """Another tenant's object, a random id, a tenant that exists and one that does not:
+    the same answers, and the probes are audited in the prober's own log."""
+    from audit.models import AuditEvent
+
+    random_rsv = "rsv_01jbx0000000000000000000aa"
+
+    def answer(body, **extra):
+        reply = globex.call("reservations.get", body, **extra)
+        message = reply.body["error"]["message"].replace(body["reservationId"], "X")
+        if "tenantId" in extra:
+            message = message.replace(extra["tenantId"], "T")
+        return reply.status, reply.code, message
+
+    own_tenant = {answer({"reservationId": world["rsv"]}),
+                  answer({"reservationId": random_rsv})}
+    assert own_tenant == {(404, "not_found", "reservation X not found")}
+    named = {answer({"reservationId": rid}, tenantId=ref)
+             for rid in (world["rsv"], random_rsv) for ref in ("acme", "no-such-tenant")}
+    assert named == {(404, "not_found", "tenant 'T' not found")}
+    acme_denials = AuditEvent.objects.filter(tenant_id=acme.tenant_id, allowed=False).count()
+    assert acme_denials == 0  # nothing written into the probed tenant's log
+    assert AuditEvent.objects.filter(tenant_id=globex.tenant_id, allowed=False,
+                                     action="reservations.get").count() == 2

@@ -66,20 +66,22 @@ def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_
     assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]
 
 
-def test_a_refused_watch_is_answered_and_audited_at_the_edge(root, acme):
+def test_watching_another_tenant_is_answered_as_a_missing_one_and_audited_at_home(root, acme):
     viewer = acme("tokens.create", name="viewer", role="viewer")["token"]
-    refused = Watcher(viewer, "tenantId=root")
+    probes = {ref: Watcher(viewer, f"tenantId={ref}") for ref in ("root", "nobody")}
 
     async def scenario() -> None:
-        await watch.events_watch(refused.scope, refused.receive, refused.send)
+        for probe in probes.values():
+            await watch.events_watch(probe.scope, probe.receive, probe.send)
 
     asyncio.run(scenario())
-    assert refused.sent[0]["status"] == 403
-    body = json.loads(refused.body())
-    assert (body["ok"], body["error"]["code"]) == (False, "permission_denied")
-    assert body["requestId"].startswith("req_")
+    answers = {ref: (p.sent[0]["status"], json.loads(p.body())) for ref, p in probes.items()}
+    for ref, (status, body) in answers.items():
+        assert (status, body["ok"], body["error"]["code"]) == (404, False, "not_found")
+        assert body["error"]["message"] == f"tenant {ref!r} not found"
     row = AuditEvent.objects.filter(action="events.watch").latest("seq")
-    assert (row.allowed, row.request_id) == (False, body["requestId"])
+    assert (row.allowed, row.tenant_id) == (False, acme.tenant_id)  # the caller's own log
+    assert row.request_id == answers["root"][1]["requestId"]
 
 
 def test_an_unknown_event_type_is_a_clear_400(root_token):
