@@ -97,6 +97,11 @@ WHITENOISE_USE_FINDERS = True
 with contextlib.suppress(OSError):  # WhiteNoise serves collectstatic's output from here
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
+# The console's session cookie: never readable by scripts, never sent cross-site; Secure
+# when served over TLS (BETTER_COMPUTE_SECURE_COOKIES=1).
+SESSION_COOKIE_SAMESITE = "Strict"
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES", False)
+
 # The largest request body the API reads (413 above it).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 

@@ -239,6 +239,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         env_file = state_dir / "env"
         _write_env_file(env_file, exports)
         click.echo(f"better-compute listening on {url}")
+        click.echo(f"console on http://{host}:{port}/console/ (sign in with the API token in "
+                   "the env file)")
         click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
         click.echo(f"each process writes its output to {stack.log_dir}/<name>.log")
         for arch, (path, digest) in artifacts.items():
