@@ -21,10 +21,6 @@ class SimulatedInventory:
     unhealthy: tuple[int, ...] = ()
     root: str = ""  # the agent's private root, reported so paths can be shown where they are
 
-    @classmethod
-    def cpu(cls, name: str) -> SimulatedInventory:
-        return cls(name=name, gpus=0, vcpus=32, memory_gib=128)
-
     def _id(self, what: str) -> str:
         return hashlib.sha256(f"{self.name}/{what}".encode()).hexdigest()
 

@@ -100,14 +100,10 @@ def error_answer(error: BaseException, request_id: str) -> tuple[int, dict[str, 
         "code": error.code, "message": error.message, "details": error.details}}
 
 
-def ok_answer(result: Any, request_id: str) -> dict[str, Any]:
-    return {"ok": True, "result": result, "requestId": request_id}
-
-
 def respond(request_id: str, work: Callable[[], Any]) -> JsonResponse:
     """Run `work` and answer its result, or its error, as one JSON envelope."""
     try:
-        body, status = ok_answer(work(), request_id), 200
+        body, status = {"ok": True, "result": work(), "requestId": request_id}, 200
     except Exception as error:
         status, body = error_answer(error, request_id)
     return JsonResponse(body, encoder=DjangoJSONEncoder, status=status)

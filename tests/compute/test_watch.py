@@ -153,3 +153,39 @@ def test_a_stream_ends_when_its_token_is_revoked(root, monkeypatch):
             connection.close()
 
     assert asyncio.run(scenario()), "the stream kept going after its token was revoked"
+
+
+def test_a_stream_loses_nothing_when_the_hubs_connection_is_cut(root, root_token):
+    """The one LISTEN connection dies (a failover, a killed backend): the hub reconnects and
+    wakes every watcher, which re-reads from its cursor."""
+    watcher = Watcher(root_token, "types=site.*")
+
+    def create_site(region: str) -> None:
+        try:
+            root("sites.create", kind="shared", region=region)
+        finally:
+            connection.close()
+
+    def cut_the_listener() -> int:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE query ILIKE 'LISTEN bc_events%%' AND pid <> pg_backend_pid()")
+                return cursor.rowcount
+        finally:
+            connection.close()
+
+    async def scenario() -> None:
+        app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
+                                                     watcher.send))
+        await asyncio.to_thread(create_site, "before")
+        assert await eventually(lambda: len(watcher.events()) == 1, 10)
+        assert await asyncio.to_thread(cut_the_listener) == 1
+        await asyncio.to_thread(create_site, "after")
+        arrived = await eventually(lambda: len(watcher.events()) == 2, 10)
+        watcher.inbox.put_nowait({"type": "http.disconnect"})
+        await asyncio.wait_for(app, 10)
+        assert arrived, "an event committed while the hub reconnected was lost"
+
+    asyncio.run(scenario())
+    assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]
