@@ -97,10 +97,18 @@ WHITENOISE_USE_FINDERS = True
 with contextlib.suppress(OSError):  # WhiteNoise serves collectstatic's output from here
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
-# The console's session cookie: never readable by scripts, never sent cross-site; Secure
-# when served over TLS (BETTER_COMPUTE_SECURE_COOKIES=1).
+# The console's session cookie: never readable by scripts, never sent cross-site. Served over
+# TLS (BETTER_COMPUTE_TLS=1, usually behind a proxy that sets X-Forwarded-Proto), cookies are
+# Secure, plain HTTP is redirected and browsers are told to keep to HTTPS (HSTS).
 SESSION_COOKIE_SAMESITE = "Strict"
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES", False)
+SESSION_COOKIE_HTTPONLY = True
+BC_TLS = _env_bool("TLS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = BC_TLS
+SECURE_SSL_REDIRECT = BC_TLS
+SECURE_HSTS_SECONDS = int(env("HSTS_SECONDS", "31536000" if BC_TLS else "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("HSTS_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = _env_bool("HSTS_PRELOAD", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BC_TLS else None
 
 # The largest request body the API reads (413 above it).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024

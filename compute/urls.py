@@ -1,9 +1,8 @@
 """Every HTTP route of the control plane (the watch stream is routed in compute.asgi)."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-from compute.http import console
 from compute.http.agent import join_view, renew_view
 from compute.http.downloads import download_view
 from compute.http.envelope import EnvelopeView
@@ -17,8 +16,6 @@ urlpatterns = [
     path("downloads/<str:name>", download_view, name="download"),
     path("api/compute/openapi.json", openapi_view, name="openapi"),
     path("api/compute/<str:group>/<str:method>", EnvelopeView.as_view(), name="envelope"),
-    path("console/", console.board, name="console"),
-    path("console/sign-in", console.sign_in, name="console-sign-in"),
-    path("console/sign-out", console.sign_out, name="console-sign-out"),
+    path("console/", include("compute.http.console.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -1,6 +1,8 @@
 from django.contrib import admin
 
-from audit.admin import ReadOnlyAdmin
+from audit.admin import ReadOnlyAdmin, ReadOnlyInline
+from compute.admin import ADMIN_REASON, audited_action
+from compute.tenancy.models import Tenant
 from fleet.models import (
     Device,
     JoinToken,
@@ -12,41 +14,57 @@ from fleet.models import (
     Site,
     SpentSeal,
 )
+from fleet.services.join_tokens import join_token_revoke
+from fleet.services.lifecycle import node_adopt_again
+from fleet.services.nodes import node_cordon, node_uncordon
+
+
+def _pool_tenant(row: Node | JoinToken) -> Tenant:
+    return row.pool.tenant
 
 
 @admin.register(Site)
-class SiteAdmin(admin.ModelAdmin):
+class SiteAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "kind", "region", "tenant", "created_at")
     list_filter = ("kind", "region")
     search_fields = ("id", "name", "region")
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "pool_class", "gpu_model", "site", "tenant")
     list_filter = ("pool_class", "gpu_model", "site")
     search_fields = ("id", "name", "gpu_model")
 
 
-class DeviceInline(admin.TabularInline):
+class DeviceInline(ReadOnlyInline):
     model = Device
-    extra = 0
     fields = ("uuid", "index", "product", "nvlink_domain", "health", "present")
     readonly_fields = fields
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin):
     list_display = ("id", "hostname", "pool", "provision_state", "connectivity", "health",
                     "cordoned", "vcpus_allocated", "vcpus")
     list_filter = ("provision_state", "connectivity", "health", "cordoned", "pool")
     search_fields = ("id", "hostname", "serial", "product_uuid")
-    readonly_fields = ("vcpus_allocated", "memory_gib_allocated")
     inlines = [DeviceInline]
+    actions = [
+        audited_action("nodes.cordon", "Cordon the selected nodes", tenant_of=_pool_tenant,
+                       service=lambda tenant, actor, node: node_cordon(
+                           tenant=tenant, actor=actor, node_id=node.pk, reason=ADMIN_REASON)),
+        audited_action("nodes.uncordon", "Uncordon the selected nodes", tenant_of=_pool_tenant,
+                       service=lambda tenant, actor, node: node_uncordon(
+                           tenant=tenant, actor=actor, node_id=node.pk, reason=ADMIN_REASON)),
+        audited_action("nodes.adopt", "Adopt the selected nodes again", tenant_of=_pool_tenant,
+                       service=lambda tenant, actor, node: node_adopt_again(
+                           tenant=tenant, actor=actor, node_id=node.pk, reason=ADMIN_REASON)),
+    ]
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(ReadOnlyAdmin):
     list_display = ("id", "uuid", "node", "index", "product", "nvlink_domain", "health",
                     "present")
     list_filter = ("model", "health", "present", "device_class")
@@ -54,12 +72,15 @@ class DeviceAdmin(admin.ModelAdmin):
 
 
 @admin.register(JoinToken)
-class JoinTokenAdmin(admin.ModelAdmin):
+class JoinTokenAdmin(ReadOnlyAdmin):
     list_display = ("id", "pool", "uses", "max_uses", "expires_at", "revoked_at")
     list_filter = ("pool",)
     search_fields = ("id", "expect_serial", "expect_product_uuid", "expect_mac")
     exclude = ("secret_sha256",)
-    readonly_fields = ("uses", "nodes")
+    actions = [audited_action(
+        "joinTokens.revoke", "Revoke the selected join tokens", tenant_of=_pool_tenant,
+        service=lambda tenant, actor, token: join_token_revoke(tenant=tenant, actor=actor,
+                                                               token_id=token.pk))]
 
 
 @admin.register(NodeCommand)

@@ -60,6 +60,7 @@ def present_node(node: Node) -> dict[str, Any]:
         "serial": node.serial or None, "productUuid": node.product_uuid or None,
         "macs": node.macs, "createdAt": node.created_at,
         "lastHeartbeatAt": node.last_heartbeat_at,
+        "sessionEpoch": node.session_epoch, "journalEpoch": node.journal_epoch,
         "conditions": node_conditions(node),
     }
 

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from audit.admin import ReadOnlyAdmin
+from audit.admin import ReadOnlyAdmin, ReadOnlyInline
+from compute.admin import audited_action
 from reservations.models import (
     Allocation,
     Booking,
@@ -10,16 +11,17 @@ from reservations.models import (
     Sandbox,
     UsageRecord,
 )
+from reservations.services.release import reservation_release
 
 
-class QuotaInline(admin.TabularInline):
+class QuotaInline(ReadOnlyInline):
     model = Quota
-    extra = 0
-    readonly_fields = ("used",)
+    fields = ("resource", "limit", "used")
+    readonly_fields = fields
 
 
 @admin.register(Offering)
-class OfferingAdmin(admin.ModelAdmin):
+class OfferingAdmin(ReadOnlyAdmin):
     list_display = ("id", "pool", "tenant", "updated_at")
     list_filter = ("tenant",)
     search_fields = ("id", "pool__id", "tenant__slug")
@@ -27,7 +29,7 @@ class OfferingAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(ReadOnlyAdmin):
     list_display = ("tenant", "pool", "resource", "used", "limit")
     list_filter = ("resource", "tenant")
     search_fields = ("tenant__slug", "pool__id")
@@ -42,6 +44,11 @@ class ReservationAdmin(LedgerReadOnly):
     list_display = ("id", "tenant", "pool", "state", "gpu_count", "during", "created_at")
     list_filter = ("state", "pool", "tenant")
     search_fields = ("id", "tenant__slug")
+    actions = [audited_action(
+        "reservations.release", "Release the selected reservations",
+        tenant_of=lambda rsv: rsv.tenant,
+        service=lambda tenant, actor, rsv: reservation_release(tenant=tenant, actor=actor,
+                                                               reservation_id=rsv.pk))]
 
 
 @admin.register(Allocation)

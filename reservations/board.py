@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Count, Q
 
 from compute.tenancy.models import Tenant
 from fleet.models import DeviceClass, Node
@@ -15,16 +14,27 @@ from reservations.ledger import Reservation, ReservationState
 
 
 @dataclass(frozen=True)
+class Gpu:
+    index: int
+    product: str
+    nvlink_domain: str
+    health: str
+    reservation_id: str  # the reservation holding it now, or ""
+
+
+@dataclass(frozen=True)
 class Tile:
     node_id: str
     hostname: str
     pool_id: str
+    pool_name: str
     state: str  # adopted, cordoned, unreachable, provisioning, failed
     simulated: bool
     gpus_held: int
     gpus_total: int
     vcpus_held: int
     vcpus_total: int
+    gpus: tuple[Gpu, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,19 +67,15 @@ def ledger_overlaps() -> int:
 
 
 def fleet_board(*, tenant: Tenant) -> Board:
-    """The board of the tenant's own nodes (three queries, whatever the fleet's size)."""
-    nodes = list(node_list(tenant=tenant).annotate(
-        gpus_total=Count("devices", filter=Q(devices__present=True,
-                                             devices__device_class=DeviceClass.GPU),
-                         distinct=True)).order_by("pool_id", "hostname"))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT d.node_id, count(*) FROM reservations_booking b JOIN fleet_device d "
-                       "ON d.id = b.device_id WHERE b.during @> now() AND d.node_id = ANY(%s) "
-                       "GROUP BY d.node_id", [[n.id for n in nodes]])
-        held = dict(cursor.fetchall())
-    tiles = [Tile(node_id=n.id, hostname=n.hostname or n.id, pool_id=n.pool_id, state=_state(n),
-                  simulated=bool(n.simulated_root), gpus_held=held.get(n.id, 0),
-                  gpus_total=n.gpus_total, vcpus_held=n.vcpus_allocated, vcpus_total=n.vcpus)
+    """The board of the tenant's own nodes (four queries, whatever the fleet's size)."""
+    nodes = list(node_list(tenant=tenant).select_related("pool").order_by("pool__name",
+                                                                          "hostname"))
+    gpus = _gpus_now([n.id for n in nodes])
+    tiles = [Tile(node_id=n.id, hostname=n.hostname or n.id, pool_id=n.pool_id,
+                  pool_name=n.pool.name, state=_state(n), simulated=bool(n.simulated_root),
+                  gpus_held=sum(1 for g in gpus.get(n.id, ()) if g.reservation_id),
+                  gpus_total=len(gpus.get(n.id, ())), vcpus_held=n.vcpus_allocated,
+                  vcpus_total=n.vcpus, gpus=tuple(gpus.get(n.id, ())))
              for n in nodes]
     pending = Reservation.objects.filter(pool__tenant=tenant,
                                          state=ReservationState.PENDING).count()
@@ -78,3 +84,20 @@ def fleet_board(*, tenant: Tenant) -> Board:
                  vcpus_held=sum(t.vcpus_held for t in tiles),
                  vcpus_total=sum(t.vcpus_total for t in tiles), pending=pending,
                  overlaps=ledger_overlaps())
+
+
+def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
+    """Each node's present GPUs, with the reservation whose booking holds each one now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT d.node_id, d.index, d.product, d.nvlink_domain, d.health, "
+            "       coalesce(a.reservation_id, '') "
+            "FROM fleet_device d "
+            "LEFT JOIN reservations_booking b ON b.device_id = d.id AND b.during @> now() "
+            "LEFT JOIN reservations_allocation a ON a.id = b.allocation_id "
+            "WHERE d.node_id = ANY(%s) AND d.present AND d.device_class = %s "
+            "ORDER BY d.node_id, d.index", [node_ids, DeviceClass.GPU])
+        by_node: dict[str, list[Gpu]] = {}
+        for node_id, *fields in cursor.fetchall():
+            by_node.setdefault(node_id, []).append(Gpu(*fields))
+    return by_node

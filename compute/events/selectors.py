@@ -21,6 +21,11 @@ def type_filter(types: str | None) -> Q:
     return Q(type__in=sorted({t for g in globs for t in fnmatch.filter(EventType.values, g)}))
 
 
+def latest_events(*, tenant: Tenant, count: int) -> list[Event]:
+    """The tenant's `count` newest settled events, newest first."""
+    return list(Event.objects.filter(tenant=tenant).filter(settled()).order_by("-seq")[:count])
+
+
 def event_list(*, tenant: Tenant, types: str | None = None, since: int = 0,
                subject: str | None = None, limit: int = 100) -> list[Event]:
     queryset = (Event.objects.filter(tenant=tenant, seq__gt=since).filter(type_filter(types))

@@ -14,6 +14,7 @@ class EventType(models.TextChoices):
     TENANT_CREATED = "tenant.created"
     TOKEN_CREATED = "token.created"
     TOKEN_REVOKED = "token.revoked"
+    USER_CREATED = "user.created"
     SITE_CREATED = "site.created"
     POOL_CREATED = "pool.created"
     POOL_OFFERED = "pool.offered"

@@ -1,20 +1,47 @@
-"""Who is calling: a bearer API token, or a browser session that sent the CSRF header."""
+"""Who is calling: a bearer API token, or a console session that sent the CSRF header.
+
+A console session stands for a principal in one of two ways: it keeps the *id* of the API
+token it was signed in with (never its secret), or it is a signed-in Django user with a
+principal. Either is re-checked on every request, so revoking the token, or disabling the
+principal, signs the browser out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from compute.errors import CsrfHeaderMissing, Unauthenticated
 from compute.tenancy.models import Principal
-from compute.tenancy.selectors import principal_for_token, principal_for_user
+from compute.tenancy.selectors import (
+    principal_for_token,
+    principal_for_token_id,
+    principal_for_user,
+)
 
 CSRF_HEADER = "X-Better-Compute"
+SESSION_TOKEN_KEY = "console_token_id"  # noqa: S105  (a session key name, no secret)
 
 
-def authenticate(headers: Mapping[str, str], *, user: Any = None) -> Principal:
-    """The caller named by `Authorization: Bearer biam_…`, else by a signed-in session
-    (`user`) whose request carries the CSRF header. `headers` match case-insensitively."""
+def session_principal(session: MutableMapping[str, Any] | None, user: Any = None) -> Principal:
+    """The principal a console session stands for; a session whose token has been revoked
+    or has expired forgets it."""
+    token_id = session.get(SESSION_TOKEN_KEY) if session is not None else None
+    if token_id:
+        try:
+            return principal_for_token_id(token_id)
+        except Unauthenticated:
+            session.pop(SESSION_TOKEN_KEY, None)  # type: ignore[union-attr]
+            raise
+    if user is not None and user.is_authenticated:
+        return principal_for_user(user)
+    raise Unauthenticated("not signed in")
+
+
+def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any] | None = None,
+                 user: Any = None) -> Principal:
+    """The caller named by `Authorization: Bearer biam_…`, else by a console session whose
+    request carries the CSRF header. `headers` match case-insensitively."""
     lowered = {key.lower(): value for key, value in headers.items()}
     header = lowered.get("authorization", "")
     if header:
@@ -22,8 +49,10 @@ def authenticate(headers: Mapping[str, str], *, user: Any = None) -> Principal:
         if scheme.lower() != "bearer" or not credential.strip():
             raise Unauthenticated("Authorization must be 'Bearer biam_…'")
         return principal_for_token(credential.strip())
-    if user is not None and user.is_authenticated:
+    signed_in = bool(session and session.get(SESSION_TOKEN_KEY)) or bool(
+        user is not None and user.is_authenticated)
+    if signed_in:
         if CSRF_HEADER.lower() not in lowered:
             raise CsrfHeaderMissing(f"browser sessions must send the {CSRF_HEADER} header")
-        return principal_for_user(user)
+        return session_principal(session, user)
     raise Unauthenticated("missing credentials: send Authorization: Bearer biam_…")

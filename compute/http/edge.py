@@ -10,7 +10,7 @@ is a logged 500 `internal` that names the request id and nothing more.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +44,10 @@ class Caller:
 
 
 def caller(headers: Mapping[str, str], *, tenant_ref: object, request_id: str, action: str,
-           user: Any = None) -> Caller:
-    """Who calls (bearer token, or a browser session with the CSRF header) and in which
+           session: MutableMapping[str, Any] | None = None, user: Any = None) -> Caller:
+    """Who calls (bearer token, or a console session with the CSRF header) and in which
     tenant (`tenant_ref`, by default the caller's own)."""
-    return acting_as(authenticate(headers, user=user), tenant_ref=tenant_ref,
+    return acting_as(authenticate(headers, session=session, user=user), tenant_ref=tenant_ref,
                      request_id=request_id, action=action)
 
 

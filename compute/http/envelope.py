@@ -14,6 +14,7 @@ from compute.api.registry import REGISTRY, CallContext, Endpoint
 from compute.errors import InvalidArgument, NotFound
 from compute.http.auth import authenticate
 from compute.http.edge import acting_as, decide_once, error_answer, new_request_id, respond
+from compute.tenancy.models import Principal
 
 
 class EnvelopeView(APIView):
@@ -36,21 +37,28 @@ class EnvelopeView(APIView):
     def _call(self, request: Request, group: str, method: str, request_id: str) -> Any:
         django_request: HttpRequest = request._request
         principal = authenticate(django_request.headers,
+                                 session=getattr(django_request, "session", None),
                                  user=getattr(django_request, "user", None))
-        endpoint = REGISTRY.get((group, method))
-        if endpoint is None:
-            raise NotFound(f"unknown method {group}.{method}", method=f"{group}.{method}")
         body = request.data
         if not isinstance(body, dict):
             raise InvalidArgument("body must be a JSON object")
-        body = dict(body)
-        who = acting_as(principal, tenant_ref=body.pop("tenantId", None), request_id=request_id,
-                        action=endpoint.action)
-        data = validate(endpoint, body)
-        ctx = CallContext(principal=who.principal, tenant=who.tenant, request_id=request_id)
-        stamp = decide_once(who, endpoint.action, endpoint.draft(ctx, data))
-        with stamped(stamp):
-            return endpoint.handler(ctx, data)
+        return call(principal, f"{group}.{method}", dict(body), request_id)
+
+
+def call(principal: Principal, action: str, body: dict[str, Any], request_id: str) -> Any:
+    """One API call by an authenticated principal: the tenant it acts in, its input checked,
+    decided once by IAM, then run. The envelope and the console's pages both call this."""
+    group, _, method = action.partition(".")
+    endpoint = REGISTRY.get((group, method))
+    if endpoint is None:
+        raise NotFound(f"unknown method {action}", method=action)
+    who = acting_as(principal, tenant_ref=body.pop("tenantId", None), request_id=request_id,
+                    action=endpoint.action)
+    data = validate(endpoint, body)
+    ctx = CallContext(principal=who.principal, tenant=who.tenant, request_id=request_id)
+    stamp = decide_once(who, endpoint.action, endpoint.draft(ctx, data))
+    with stamped(stamp):
+        return endpoint.handler(ctx, data)
 
 
 def validate(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -28,6 +30,7 @@ from compute.errors import InvalidArgument, Unauthenticated
 from compute.events.selectors import event_list
 from compute.events.serializers import present_event
 from compute.events.types import parse_type_globs
+from compute.http.auth import session_principal
 from compute.http.edge import caller, decide_once, error_answer, new_request_id
 from compute.http.hub import HUB
 from compute.tenancy.models import Tenant
@@ -42,17 +45,20 @@ PAGE = 500
 class Watch:
     tenant: Tenant
     principal_id: str
-    credential: str
+    recheck: Callable[[], object]  # raises Unauthenticated once the caller's standing ends
     since: int
     types: str
 
 
-def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str) -> Watch:
-    """What this watcher may see, or a ComputeError."""
+def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str,
+               scope: dict[str, Any]) -> Watch:
+    """What this watcher may see, or a ComputeError. A browser watches with its console
+    session (and the CSRF header), anything else with a bearer token."""
     close_old_connections()
     try:
+        session, user = scope.get("session"), scope.get("user")
         who = caller(headers, tenant_ref=query.get("tenantId"), request_id=request_id,
-                     action="events.watch")
+                     action="events.watch", session=session, user=user)
         try:
             since = int(query.get("since") or 0)
         except ValueError:
@@ -62,16 +68,19 @@ def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str) 
         parse_type_globs(types)
         decide_once(who, "events.watch", Resource(kind="events", tenant_id=who.tenant.id))
         credential = headers.get("authorization", "").partition(" ")[2].strip()
-        return Watch(who.tenant, who.principal.id, credential, max(0, since), types)
+        recheck: Callable[[], object] = (
+            functools.partial(principal_for_token, credential) if credential
+            else functools.partial(session_principal, session, user))
+        return Watch(who.tenant, who.principal.id, recheck, max(0, since), types)
     finally:
         close_old_connections()
 
 
-def _still_allowed(credential: str) -> bool:
-    """A stream lives only as long as its token: revoked or expired, it ends."""
+def _still_allowed(watch: Watch) -> bool:
+    """A stream lives only as long as its token or session: revoked or expired, it ends."""
     close_old_connections()
     try:
-        principal_for_token(credential)
+        watch.recheck()
         return True
     except Unauthenticated:
         return False
@@ -96,7 +105,7 @@ async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
     with contextlib.ExitStack() as held:
         try:
             watch = await sync_to_async(_authorize, thread_sensitive=False)(
-                headers, query, request_id)
+                headers, query, request_id, scope)
             woken = held.enter_context(HUB.subscription(tenant_id=watch.tenant.id,
                                                         principal_id=watch.principal_id))
         except Exception as error:
@@ -109,6 +118,9 @@ async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/x-ndjson"),
                                 (b"cache-control", b"no-store")]})
+        # A keep-alive line at once: the server sends the headers with the first bytes, and
+        # a watcher learns that it is connected without waiting for an event.
+        await send({"type": "http.response.body", "body": b"\n", "more_body": True})
         stream = asyncio.create_task(_stream(send, watch, woken))
         hangup = asyncio.create_task(_hangup(receive))
         done, _ = await asyncio.wait({stream, hangup}, return_when=asyncio.FIRST_COMPLETED)
@@ -132,7 +144,7 @@ async def _stream(send: Any, watch: Watch, woken: asyncio.Event) -> None:
     next wait at once: nothing is missed between the read and the wait.
     """
     since = watch.since
-    while await sync_to_async(_still_allowed, thread_sensitive=False)(watch.credential):
+    while await sync_to_async(_still_allowed, thread_sensitive=False)(watch):
         woken.clear()
         events = await sync_to_async(_page, thread_sensitive=False)(watch.tenant, watch.types,
                                                                     since)

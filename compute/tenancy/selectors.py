@@ -27,6 +27,19 @@ def principal_for_token(presented: str) -> Principal:
     ok = secrets.matches(parts[1] if parts else "", token.secret_sha256 if token else None)
     if not ok or token is None:
         raise Unauthenticated("invalid API token")
+    return _live_principal(token)
+
+
+def principal_for_token_id(token_id: str) -> Principal:
+    """The principal of a token known by its id alone (a console session keeps only that),
+    while the token is live."""
+    token = ApiToken.objects.select_related("principal__tenant").filter(pk=token_id).first()
+    if token is None:
+        raise Unauthenticated("invalid API token")
+    return _live_principal(token)
+
+
+def _live_principal(token: ApiToken) -> Principal:
     if token.revoked_at is not None:
         raise Unauthenticated("API token revoked")
     if token.expires_at is not None and token.expires_at <= timezone.now():

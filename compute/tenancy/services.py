@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from audit.services import audit_record, audited
 from compute import secrets
 from compute.db import constraint_errors
-from compute.errors import AlreadyExists, InvalidState, NotFound
+from compute.errors import AlreadyExists, InvalidArgument, InvalidState, NotFound
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
@@ -19,6 +20,7 @@ from compute.tenancy.models import (
     TOKEN_SCHEME,
     ApiToken,
     Principal,
+    Role,
     RoleBinding,
     Tenant,
 )
@@ -111,3 +113,29 @@ def root_bootstrap(*, admin_name: str = "admin") -> MintedToken:
     event_emit(tenant_id=root.id, type=EventType.TOKEN_CREATED, subject=minted.token.id,
                payload={"principalId": principal.id, "bootstrap": True})
     return minted
+
+
+@audited
+def user_create(*, tenant_slug: str, username: str, password: str, role: str,
+                staff: bool = False) -> Principal:
+    """A Django user who signs in to the console (and, when `staff`, the admin) as a new
+    principal holding `role` in the tenant. Made by a server command, so it is its own actor."""
+    tenant = Tenant.objects.filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise NotFound(f"tenant {tenant_slug} not found", tenant=tenant_slug)
+    if role not in Role.values:
+        raise InvalidArgument(f"role: one of {', '.join(Role.values)}", field="role")
+    user_model = get_user_model()
+    if user_model.objects.filter(username=username).exists():
+        raise AlreadyExists(f"user {username} exists", username=username)
+    user = user_model.objects.create_user(username=username, password=password,
+                                          is_staff=staff, is_superuser=staff)
+    principal = Principal.objects.create(tenant=tenant, name=username, user=user,
+                                         kind=Principal.Kind.USER)
+    RoleBinding.objects.create(principal=principal, tenant=tenant, role=role)
+    audit_record(tenant_id=tenant.id, actor_id=principal.id, action="user.create",
+                 target=principal.id, data={"username": username, "role": role,
+                                            "staff": staff}, reason="server command")
+    event_emit(tenant_id=tenant.id, type=EventType.USER_CREATED, subject=principal.id,
+               payload={"username": username, "role": role})
+    return principal

@@ -58,7 +58,7 @@ def test_a_tenant_sees_only_its_own_fleet(root_token, pool, acme):
     page = signed_in(token).get("/console/").content.decode()
     assert node.hostname not in page
     assert "No nodes yet" in page
-    assert signed_in(root_token).get("/console/").content.decode().count(node.hostname) == 1
+    assert signed_in(root_token).get("/console/").content.decode().count(f'id="{node.id}"') == 1
 
 
 def test_sign_out_needs_a_post_with_the_csrf_token(root_token):
@@ -83,4 +83,4 @@ def test_the_overlap_count_is_a_real_check_of_the_bookings(root, root_token, poo
                        "SELECT allocation_id, device_id, during FROM reservations_booking "
                        "LIMIT 1")
     page = signed_in(root_token).get("/console/").content.decode()
-    assert 'id="overlaps">1<' in page
+    assert 'id="overlaps" class="bad">1<' in page

@@ -1,0 +1,142 @@
+"""The console's pages. Each reads through the API methods it mirrors (`Page.call`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from compute.events.selectors import latest_events
+from compute.events.serializers import present_event
+from compute.http.console.session import Page, console_page
+from reservations.board import fleet_board
+from reservations.ledger import ReservationState, Topology
+
+FEED_LENGTH = 50
+
+
+@console_page
+def board(request: HttpRequest, page: Page) -> HttpResponse:
+    """The fleet board: a tile per node, the totals, and the live events feed."""
+    page.call("nodes.list", limit=1)  # decided like the API's nodes.list
+    events = [present_event(e) for e in latest_events(tenant=page.tenant, count=FEED_LENGTH)]
+    return page.render("console/board.html", {"board": fleet_board(tenant=page.tenant),
+                                              "events": events})
+
+
+@console_page
+def board_tiles(request: HttpRequest, page: Page) -> HttpResponse:
+    """The tiles and totals alone, which the board fetches again when events arrive."""
+    page.call("nodes.list", limit=1)
+    return page.render("console/_tiles.html", {"board": fleet_board(tenant=page.tenant)})
+
+
+@console_page
+def pools(request: HttpRequest, page: Page) -> HttpResponse:
+    """Each pool with its capacity rollup, policy, and offerings with their quotas."""
+    offered: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if page.can("offerings.list"):
+        for offering in page.call("offerings.list", limit=1000)["items"]:
+            offered[offering["poolId"]].append(offering)
+    rows = [{"pool": pool, "capacity": page.call("capacity.get", poolId=pool["id"]),
+             "offerings": offered[pool["id"]]}
+            for pool in page.call("pools.list", limit=1000)["items"]]
+    return page.render("console/pools.html", {"rows": rows})
+
+
+@console_page
+def reservations(request: HttpRequest, page: Page) -> HttpResponse:
+    """Reservations, filtered by state and pool (and tenant, through ?tenant=)."""
+    state, pool_id = request.GET.get("state") or None, request.GET.get("pool") or None
+    filters = {k: v for k, v in {"state": state, "poolId": pool_id}.items() if v}
+    items = page.call("reservations.list", limit=1000, **filters)["items"]
+    pool_list = page.call("pools.list", limit=1000)["items"]
+    return page.render("console/reservations.html", {
+        "items": list(reversed(items)), "pools": pool_list, "states": ReservationState.values,
+        "state": state or "", "pool_id": pool_id or "",
+        "topologies": Topology.choices, "reserve_allowed": page.can("reservations.create"),
+        "release_allowed": page.can("reservations.release"),
+        "tenants": page.call("tenants.list", limit=1000)["items"] if page.is_root else []})
+
+
+@console_page
+def reservation(request: HttpRequest, page: Page, reservation_id: str) -> HttpResponse:
+    """One reservation with its binding, its events and its audit rows."""
+    found = page.call("reservations.get", reservationId=reservation_id)
+    events = page.call("events.list", subject=reservation_id, limit=1000)["items"]
+    rows = (page.call("audit.list", target=reservation_id, limit=1000)["items"]
+            if page.can("audit.list") else None)
+    return page.render("console/reservation.html",
+                       {"rsv": found, "events": events, "audit_rows": rows})
+
+
+@console_page
+def nodes(request: HttpRequest, page: Page) -> HttpResponse:
+    return page.render("console/nodes.html",
+                       {"items": page.call("nodes.list", limit=1000)["items"]})
+
+
+@console_page
+def node(request: HttpRequest, page: Page, node_id: str) -> HttpResponse:
+    """One node: inventory, conditions, connectivity, events, and its actions."""
+    found = page.call("nodes.get", nodeId=node_id)
+    events = page.call("nodes.events", nodeId=node_id, limit=100)["items"]
+    held = next((t.gpus_held for t in fleet_board(tenant=page.tenant).tiles
+                 if t.node_id == node_id), 0)
+    return page.render("console/node.html", {"node": found, "events": events, "held": held,
+                                             "can_act": page.can("nodes.cordon")})
+
+
+@console_page
+def join_tokens(request: HttpRequest, page: Page) -> HttpResponse:
+    return page.render("console/join_tokens.html", {
+        "items": list(reversed(page.call("joinTokens.list", limit=1000)["items"])),
+        "pools": page.call("pools.list", limit=1000)["items"],
+        "can_act": page.can("joinTokens.create")})
+
+
+@console_page
+def tenants(request: HttpRequest, page: Page) -> HttpResponse:
+    """Tenants and the offerings of pools to them (root administrators only)."""
+    page.decide("tenants.create")
+    tenant_list = page.call("tenants.list", limit=1000)["items"]
+    return page.render("console/tenants.html", {
+        "tenants": tenant_list, "pools": page.call("pools.list", limit=1000)["items"],
+        "offerings": page.call("offerings.list", limit=1000)["items"]})
+
+
+@console_page
+def audit(request: HttpRequest, page: Page) -> HttpResponse:
+    """The tenant's audit log, newest first, with verify and a proof per row."""
+    since = int(request.GET["since"]) if request.GET.get("since", "").isdigit() else 0
+    listed = page.call("audit.list", since=since, limit=200)
+    return page.render("console/audit.html", {"rows": list(reversed(listed["items"])),
+                                              "next_since": listed["nextSince"],
+                                              "since": since})
+
+
+@console_page
+def usage(request: HttpRequest, page: Page) -> HttpResponse:
+    """Metered usage by meter and period, with GPU-hours per day drawn as an SVG chart."""
+    meter = request.GET.get("meter") or None
+    items = page.call("usage.list", limit=1000, **({"meter": meter} if meter else {}))["items"]
+    return page.render("console/usage.html", {"items": items, "meter": meter or "",
+                                              "chart": gpu_hours_chart(items)})
+
+
+def gpu_hours_chart(items: list[dict[str, Any]], *, days: int = 14) -> dict[str, Any]:
+    """Bars of GPU-hours per day (meters gpu.*.hours), scaled to the busiest day."""
+    per_day: dict[str, Decimal] = defaultdict(Decimal)
+    for item in items:
+        if item["meter"].startswith("gpu.") and item["meter"].endswith(".hours"):
+            per_day[item["windowStart"].date().isoformat()] += Decimal(item["quantity"])
+    ordered = sorted(per_day.items())[-days:]
+    peak = max((v for _, v in ordered), default=Decimal(0)) or Decimal(1)
+    bars = []
+    for i, (day, value) in enumerate(ordered):
+        height = round(float(value / peak) * 160, 1)
+        bars.append({"day": day, "hours": round(float(value), 2), "x": 40 + i * 44,
+                     "y": 180 - height, "height": height})
+    return {"bars": bars, "peak": round(float(peak), 2), "width": 60 + 44 * max(len(bars), 1)}

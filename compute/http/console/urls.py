@@ -1,0 +1,21 @@
+"""The console's routes, under /console/."""
+
+from django.urls import path
+
+from compute.http.console import pages, session
+
+urlpatterns = [
+    path("", pages.board, name="console"),
+    path("board", pages.board_tiles, name="console-board"),
+    path("sign-in", session.sign_in, name="console-sign-in"),
+    path("sign-out", session.sign_out, name="console-sign-out"),
+    path("pools", pages.pools, name="console-pools"),
+    path("reservations", pages.reservations, name="console-reservations"),
+    path("reservations/<str:reservation_id>", pages.reservation, name="console-reservation"),
+    path("nodes", pages.nodes, name="console-nodes"),
+    path("nodes/<str:node_id>", pages.node, name="console-node"),
+    path("join-tokens", pages.join_tokens, name="console-join-tokens"),
+    path("tenants", pages.tenants, name="console-tenants"),
+    path("audit", pages.audit, name="console-audit"),
+    path("usage", pages.usage, name="console-usage"),
+]

@@ -1,0 +1,168 @@
+"""The console's pages and actions, in process: every page renders from the API call it
+mirrors, actions are envelope calls with the session and the CSRF header, and what a page
+shows follows the signed-in principal's role and tenant."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from compute.http.console.pages import gpu_hours_chart
+from compute.tenancy.services import user_create
+from reservations.models import UsageRecord
+from tests.compute.test_console import signed_in
+from tests.factories import make_node
+from tests.reservations.conftest import reserve
+from tests.support.writes import recorded
+
+PAGES = ["", "pools", "reservations", "nodes", "join-tokens", "tenants", "audit", "usage"]
+ACTIONS = ['data-action="reservations.create"', 'data-action="reservations.release"',
+           'data-action="nodes.cordon"', 'data-action="joinTokens.create"']
+
+
+def envelope(browser: Client, action: str, body: dict, *, csrf: bool = True):
+    group, method = action.split(".")
+    headers = {"HTTP_X_BETTER_COMPUTE": "1"} if csrf else {}
+    return browser.post(f"/api/compute/{group}/{method}", json.dumps(body),
+                        content_type="application/json", **headers)
+
+
+def text(browser: Client, path: str) -> str:
+    response = browser.get(path)
+    assert response.status_code == 200, (path, response.status_code)
+    return response.content.decode()
+
+
+def test_every_page_renders_for_the_root_administrator(root, root_token, pool):
+    node = make_node(pool["id"])
+    rsv = reserve(root, pool, 2).result
+    browser = signed_in(root_token)
+    for name in PAGES:
+        text(browser, f"/console/{name}")
+    assert f'id="{rsv["id"]}"' in text(browser, "/console/reservations")
+    assert "reservation.placed" in text(browser, f"/console/reservations/{rsv['id']}")
+    node_page = text(browser, f"/console/nodes/{node.id}")
+    assert "session epoch" in node_page
+    assert 'data-held="2"' in node_page
+    assert 'data-action="nodes.cordon"' in node_page
+    pools_page = text(browser, "/console/pools")
+    assert ">8</td>" in pools_page  # 8 GPUs in the capacity rollup
+    assert "reservations.create" in text(browser, "/console/audit")
+
+
+def test_a_tile_shows_each_gpu_and_the_reservation_holding_it(root, root_token, pool):
+    node = make_node(pool["id"])
+    rsv = reserve(root, pool, 3).result
+    tiles = text(signed_in(root_token), "/console/board")
+    assert f'id="{node.id}"' in tiles
+    assert "GPUs 3/8" in tiles
+    assert tiles.count(f'/console/reservations/{rsv["id"]}"') == 3
+    assert tiles.count(">free<") == 5
+
+
+def test_a_session_acts_through_the_envelope_only_with_the_csrf_header(root, root_token, pool):
+    node = make_node(pool["id"])
+    browser = signed_in(root_token)
+    refused = envelope(browser, "nodes.cordon", {"nodeId": node.id, "reason": "x"}, csrf=False)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "csrf_header_missing"
+    with recorded() as written:
+        done = envelope(browser, "nodes.cordon", {"nodeId": node.id, "reason": "disk"})
+    assert done.status_code == 200
+    assert done.json()["result"]["cordoned"] is True
+    assert written.audit == ["node.cordon"]
+    assert written.events == ["node.cordoned"]
+
+
+def test_an_error_names_the_field_for_the_form(root, root_token, pool):
+    answer = envelope(signed_in(root_token), "reservations.create", {
+        "poolId": pool["id"], "devices": [{"class": "gpu", "count": 0}], "duration": 3_600_000})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["details"]["field"] == "devices[0].count"
+
+
+def test_a_viewer_sees_no_actions_and_a_forged_call_is_refused_and_audited(root, pool):
+    node = make_node(pool["id"])
+    reserve(root, pool, 1)
+    viewer = signed_in(root("tokens.create", name="watcher", role="viewer")["token"])
+    for name in ["reservations", "join-tokens", f"nodes/{node.id}"]:
+        page = text(viewer, f"/console/{name}")
+        assert not [a for a in ACTIONS if a in page], name
+    with recorded() as written:
+        forged = envelope(viewer, "nodes.cordon", {"nodeId": node.id, "reason": "forged"})
+    assert forged.status_code == 403
+    assert written.audit == ["!nodes.cordon"]
+    assert written.events == []
+    assert viewer.get("/console/tenants").status_code == 403
+
+
+def test_a_tenant_member_sees_only_its_own_reservations_and_offered_pools(root, root_token, pool,
+                                                                          acme):
+    make_node(pool["id"])
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
+    theirs = reserve(root, pool, 1).result
+    member_token = acme("tokens.create", name="dev", role="member")["token"]
+    mine = envelope(signed_in(member_token), "reservations.create", {
+        "poolId": pool["id"], "devices": [{"class": "gpu", "count": 1}],
+        "duration": 3_600_000}).json()["result"]
+    member = signed_in(member_token)
+    page = text(member, "/console/reservations")
+    assert mine["id"] in page
+    assert theirs["id"] not in page
+    assert pool["id"] in text(member, "/console/pools")
+    assert member.get(f"/console/reservations/{theirs['id']}").status_code == 404
+    assert theirs["id"] not in text(member, "/console/")  # the board's GPU table
+    root_page = text(signed_in(root_token), "/console/reservations?tenant=acme")
+    assert mine["id"] in root_page
+
+
+def test_a_django_user_signs_in_with_a_password_and_acts_as_its_principal(root, pool):
+    node = make_node(pool["id"])
+    principal = user_create(tenant_slug="root", username="ops", password="a long passphrase",
+                            role="operator")
+    browser = Client()
+    wrong = browser.post("/console/sign-in", {"username": "ops", "password": "guess"})
+    assert wrong.status_code == 401
+    assert browser.post("/console/sign-in", {"username": "ops", "password": "a long passphrase"}
+                        )["Location"] == "/console/"
+    assert "ops · root" in text(browser, "/console/")
+    with recorded() as written:
+        answer = envelope(browser, "nodes.cordon", {"nodeId": node.id, "reason": "r"})
+    assert answer.status_code == 200
+    assert written.audit == ["node.cordon"]
+    assert AuditEvent.objects.filter(action="node.cordon").get().actor_id == principal.id
+    browser.post("/console/sign-out")
+    assert browser.get("/console/")["Location"] == "/console/sign-in"
+
+
+def test_signing_out_ends_the_session_for_the_envelope_too(root, root_token, pool):
+    node = make_node(pool["id"])
+    browser = signed_in(root_token)
+    browser.post("/console/sign-out")
+    answer = envelope(browser, "nodes.cordon", {"nodeId": node.id, "reason": "x"})
+    assert answer.status_code == 401
+
+
+@pytest.mark.parametrize("meter", ["gpu.H100.hours"])
+def test_the_usage_chart_sums_gpu_hours_per_day(root, root_token, meter):
+    from compute.tenancy.models import Tenant
+
+    tenant = Tenant.objects.get(slug="root")
+    day = timezone.now().replace(hour=1, minute=0, second=0, microsecond=0)
+    for offset, quantity in [(0, "2.5"), (0, "1.5"), (1, "8")]:
+        start = day - timedelta(days=offset)
+        UsageRecord.objects.create(tenant=tenant, subject=f"rsv_{offset}{quantity}", meter=meter,
+                                   quantity=Decimal(quantity), window_start=start,
+                                   window_end=start + timedelta(hours=1))
+    page = text(signed_in(root_token), "/console/usage")
+    assert page.count("<rect ") == 2
+    assert f"{day.date().isoformat()}: 4.0 GPU-hours" in page
+    chart = gpu_hours_chart([{"meter": "cpu.vcpu.hours", "quantity": "9",
+                              "windowStart": day}])
+    assert chart["bars"] == []

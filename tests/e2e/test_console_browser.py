@@ -1,0 +1,275 @@
+"""The console in a real Chromium (Debian's binary, driven by Playwright) against
+`better-compute dev --sim 4`: sign in, the live board, actions from the console, a viewer and
+a tenant member, and a feed that resumes after its stream is cut. Each test saves its
+screenshots under build/screenshots/<test name>/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+LIVE_WITHIN_MS = 2000
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "Debian's chromium is missing: .ci/run installs it"
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    running = start_stack(tmp_path_factory.mktemp("console"), "--sim", "4")
+    yield running
+    stop_stack(running)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def shots(request: pytest.FixtureRequest) -> Path:
+    folder = ROOT / "build" / "screenshots" / request.node.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def base_url(stack: Stack) -> str:
+    return stack.env["BETTER_COMPUTE_URL"].removesuffix("/api/compute")
+
+
+def sign_in(browser: Browser, stack: Stack, token: str, *, width: int = 1280,
+            height: int = 800) -> Page:
+    """A new browser context signed in with `token`, and every request it makes to a host
+    other than the console's recorded (there must be none)."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.outside = []  # type: ignore[attr-defined]
+    base = base_url(stack)
+    page.on("request", lambda r: None if r.url.startswith((base, "blob:", "data:"))
+            else page.outside.append(r.url))  # type: ignore[attr-defined]
+    page.goto(f"{base}/console/")
+    assert page.url.endswith("/console/sign-in")
+    page.fill("#token", token)
+    page.click("main button")
+    expect(page.locator("h1")).to_have_text("Fleet")
+    return page
+
+
+def board_live(page: Page, *, timeout_ms: int = 5000) -> None:
+    expect(page.locator("#feed-state")).to_have_text("live", timeout=timeout_ms)
+
+
+def json_of(stack: Stack, *args: str, env: dict[str, str] | None = None) -> dict:
+    result = stack.cli(*args, "--output", "json", env=env)
+    assert result.returncode == 0, (args, result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def nodes(stack: Stack) -> list[dict]:
+    return json_of(stack, "nodes", "list")["items"]
+
+
+def feed_seqs(page: Page) -> list[int]:
+    return page.eval_on_selector_all("#feed li[data-seq]",
+                                     "items => items.map(li => Number(li.dataset.seq))")
+
+
+def test_sign_in_and_the_board_shows_every_node(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    board_live(page)
+    listed = nodes(stack)
+    assert len(listed) == 4
+    for node in listed:
+        tile = page.locator(f"li.tile#{node['id']}")
+        expect(tile).to_contain_text(node["hostname"])
+        expect(tile).to_contain_text("simulated")
+    expect(page.locator("#overlaps")).to_have_text("0")
+    expect(page.locator("#gpus")).to_have_text(re.compile(r"^\d+/32$"))
+    page.locator(f"li.tile#{listed[0]['id']} summary").click()  # the GPUs of one node
+    expect(page.locator(f"li.tile#{listed[0]['id']} table.gpus tbody tr")).to_have_count(8)
+    page.screenshot(path=shots / "board.png", full_page=True)
+    assert page.outside == []  # type: ignore[attr-defined]
+
+
+def test_a_cli_reservation_appears_on_its_tile_and_in_the_feed_within_2s(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    board_live(page)
+    rsv = json_of(stack, "reserve", "--pool", stack.env["POOL"], "--gpus", "3", "--for", "1h")
+    node_id = rsv["nodeId"]
+    made = time.monotonic()
+    expect(page.locator(f"li.tile#{node_id} .held")).to_have_text(
+        re.compile(r"GPUs 3/8"), timeout=LIVE_WITHIN_MS)
+    expect(page.locator("#feed li", has_text=rsv["id"]).first).to_be_visible(
+        timeout=LIVE_WITHIN_MS)
+    assert time.monotonic() - made < LIVE_WITHIN_MS / 1000
+    page.screenshot(path=shots / "after-cli-reservation.png", full_page=True)
+    stack.ok("release", rsv["id"])
+    expect(page.locator(f"li.tile#{node_id} .held")).to_have_text(re.compile(r"GPUs 0/8"),
+                                                                 timeout=LIVE_WITHIN_MS)
+
+
+def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    base = base_url(stack)
+    page.goto(f"{base}/console/reservations")
+    form = page.locator("form[data-action='reservations.create']")
+    form.locator("input[name=count]").fill("0")  # refused, next to the field it names
+    form.locator("button").click()
+    expect(form.locator(".field-error[data-for='devices[0].count']")).to_contain_text(
+        "greater than or equal to 1")
+    page.screenshot(path=shots / "reserve-refused.png", full_page=True)
+    form.locator("input[name=count]").fill("2")
+    form.locator("select[name=topology]").select_option("nvlink-all")
+    with page.expect_navigation():
+        form.locator("button").click()
+    row = page.locator("#reservations tbody tr").first
+    rsv_id = row.get_attribute("id")
+    expect(row.locator(".state")).to_have_text(re.compile("placed|binding|active"))
+    page.goto(f"{base}/console/")
+    board_live(page)
+    feed = page.locator("#feed")
+    expect(feed.locator("li", has_text=rsv_id).filter(has_text="reservation.active")
+           ).to_be_visible()
+    expect(feed.locator("li", has_text=rsv_id).filter(has_text="reservation.placed")
+           ).to_be_visible()
+    shown = json_of(stack, "reservations", "get", rsv_id)
+    assert shown["state"] == "active"
+    tile = page.locator(f"li.tile#{shown['nodeId']}")
+    expect(tile.locator(".held")).to_have_text("GPUs 2/8")
+    page.screenshot(path=shots / "reserved.png", full_page=True)
+
+    idle = next(n for n in nodes(stack) if n["id"] != shown["nodeId"])
+    page.goto(f"{base}/console/nodes/{idle['id']}")
+    cordon = page.locator("form[data-action='nodes.cordon'][data-then='reload']")
+    cordon.locator("input[name=reason]").fill("fan replacement")
+    with page.expect_navigation():
+        cordon.locator("button").click()
+    expect(page.locator("#state")).to_contain_text("cordoned")
+    page.screenshot(path=shots / "cordoned.png", full_page=True)
+    assert json_of(stack, "nodes", "get", idle["id"])["cordoned"] is True
+    page.goto(f"{base}/console/")
+    expect(page.locator(f"li.tile#{idle['id']}")).to_have_class(re.compile("cordoned"))
+    page.goto(f"{base}/console/nodes/{idle['id']}")
+    uncordon = page.locator("form[data-action='nodes.uncordon']")
+    uncordon.locator("input[name=reason]").fill("fan replaced")
+    with page.expect_navigation():
+        uncordon.locator("button").click()
+
+    page.goto(f"{base}/console/reservations")
+    with page.expect_navigation():
+        page.locator(f"tr#{rsv_id} form[data-action='reservations.release'] button").click()
+    expect(page.locator(f"tr#{rsv_id} .state")).to_have_text("released")
+    page.goto(f"{base}/console/")
+    expect(tile.locator(".held")).to_have_text("GPUs 0/8")
+    page.screenshot(path=shots / "released.png", full_page=True)
+    audit = json_of(stack, "audit", "list", "--action", "node.*")["items"]
+    assert [r["action"] for r in audit][-2:] == ["node.cordon", "node.uncordon"]
+
+
+def test_a_viewer_sees_no_action_buttons_and_a_forged_post_is_refused(stack, browser, shots):
+    token = stack.ok("tokens", "create", "--name", "watcher", "--role", "viewer",
+                     "--query", "token")
+    page = sign_in(browser, stack, token)
+    base = base_url(stack)
+    node_id = nodes(stack)[0]["id"]
+    for path in ["reservations", "join-tokens", f"nodes/{node_id}", ""]:
+        page.goto(f"{base}/console/{path}")
+        expect(page.locator("form.act")).to_have_count(0)
+    page.screenshot(path=shots / "viewer-board.png", full_page=True)
+    forged = page.evaluate("""async (nodeId) => {
+        const call = (headers) => fetch("/api/compute/nodes/cordon", {method: "POST",
+            headers: {"Content-Type": "application/json", ...headers},
+            body: JSON.stringify({nodeId, reason: "forged"})})
+            .then(async (r) => [r.status, (await r.json()).error.code]);
+        return [await call({"X-Better-Compute": "1"}), await call({})];
+    }""", node_id)
+    assert forged == [[403, "permission_denied"], [403, "csrf_header_missing"]]
+    assert json_of(stack, "nodes", "get", node_id)["cordoned"] is False
+    denied = json_of(stack, "audit", "list", "--action", "nodes.cordon")["items"]
+    assert denied
+    assert denied[-1]["allowed"] is False
+
+
+def test_a_tenant_member_sees_only_its_own_reservations(stack, browser, shots):
+    pool = stack.env["POOL"]
+    stack.ok("tenants", "create", "--slug", "acme")
+    stack.ok("pools", "offer", pool, "--to", "acme", "--quota", "gpu=4")
+    member = stack.ok("tokens", "create", "--name", "dev", "--role", "member",
+                      "--tenant", "acme", "--query", "token")
+    as_member = {**stack.env, "BETTER_COMPUTE_TOKEN": member, "BETTER_COMPUTE_TENANT": "acme"}
+    mine = json_of(stack, "reserve", "--pool", pool, "--gpus", "1", "--for", "1h", env=as_member)
+    theirs = json_of(stack, "reserve", "--pool", pool, "--gpus", "1", "--for", "1h")
+    page = sign_in(browser, stack, member, width=390, height=844)  # a phone's width
+    page.goto(f"{base_url(stack)}/console/reservations")
+    expect(page.locator(f"tr#{mine['id']}")).to_be_visible()
+    expect(page.locator(f"tr#{theirs['id']}")).to_have_count(0)
+    assert theirs["id"] not in page.content()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1
+    page.screenshot(path=shots / "member-reservations-390px.png", full_page=True)
+    page.goto(f"{base_url(stack)}/console/reservations/{theirs['id']}")
+    expect(page.locator("h1")).to_have_text("Not allowed")
+    assert stack.cli("release", mine["id"], env=as_member).returncode == 0
+    stack.ok("release", theirs["id"])
+
+
+def test_the_feed_resumes_after_its_stream_is_cut_with_nothing_lost_or_repeated(
+        stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    board_live(page)
+    first = min(feed_seqs(page))
+    node_id = nodes(stack)[-1]["id"]
+
+    def churn(reason: str) -> None:  # two events each
+        stack.ok("nodes", "cordon", node_id, "--reason", reason)
+        stack.ok("nodes", "uncordon", node_id, "--reason", reason)
+
+    page.evaluate("window.consoleFeed.cut(6000)")  # the browser's side drops the stream
+    expect(page.locator("#feed-state")).not_to_have_text("live")
+    churn("while the stream is cut")
+    board_live(page, timeout_ms=15_000)
+    (api,) = api_pids(stack)
+    os.kill(api, signal.SIGKILL)  # the server's side drops it: dev restarts the API
+    expect(page.locator("#feed-state")).not_to_have_text("live")
+    assert wait_until(lambda: stack.cli("system", "whoami").returncode == 0, timeout=30)
+    churn("after the API restarted")
+    board_live(page, timeout_ms=15_000)
+    expected = [e["seq"] for e in json_of(stack, "events", "list", "--since",
+                                          str(first - 1), "--limit", "1000")["items"]]
+    expect(page.locator("#feed li[data-seq]").first).to_have_attribute(
+        "data-seq", str(expected[-1]))
+    shown = feed_seqs(page)
+    assert len(shown) == len(set(shown)), "an event was shown twice"
+    assert sorted(s for s in shown if s <= expected[-1]) == expected, "an event was lost"
+    page.screenshot(path=shots / "resumed.png", full_page=True)
+
+
+def api_pids(stack: Stack) -> list[int]:
+    """The pids of the dev stack's API server (daphne on its port)."""
+    port = base_url(stack).rsplit(":", 1)[1]
+    found = subprocess.run(["pgrep", "-f", f"daphne .*-p {port} "], capture_output=True,
+                           text=True, check=False).stdout.split()
+    return [int(pid) for pid in found]
