@@ -1,4 +1,4 @@
-"""API methods audit.checkpoint, audit.verify, audit.prove."""
+"""API methods audit.checkpoint, audit.checkpoints, audit.verify, audit.prove, audit.list."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from audit import checkpoints
-from audit.selectors import audit_event_id_for, audit_event_list
+from audit.selectors import audit_event_id_for, audit_event_list, checkpoint_list
 from compute.api.inputs import Input, ListInput
 from compute.api.registry import CallContext, endpoint
 
@@ -69,3 +69,16 @@ def audit_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
               "origin": row.origin, "data": row.data, "createdAt": row.created_at}
              for row in rows]
     return {"items": items, "nextSince": items[-1]["position"] if items else data["since"]}
+
+
+class CheckpointListIn(Input):
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=20)
+
+
+@endpoint("audit", "checkpoints", input=CheckpointListIn, mutating=False)
+def audit_checkpoints(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The tenant's signed checkpoints, newest first: how many events each covers and the
+    Merkle root it signs."""
+    return {"items": [{"id": c.id, "treeSize": c.tree_size, "rootHash": c.root_hash,
+                       "signedAt": c.signed_at}
+                      for c in checkpoint_list(tenant_id=ctx.tenant.id, limit=data["limit"])]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, Checkpoint
 from compute.errors import NotFound
 
 
@@ -34,3 +34,8 @@ def audit_event_id_for(*, tenant_id: str, ref: str) -> str:
     if found is None:
         raise NotFound(f"no audit event is about {ref}", eventId=ref)
     return found
+
+
+def checkpoint_list(*, tenant_id: str, limit: int) -> list[Checkpoint]:
+    """The tenant's newest signed checkpoints, newest first."""
+    return list(Checkpoint.objects.filter(tenant_id=tenant_id).order_by("-tree_size")[:limit])

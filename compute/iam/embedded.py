@@ -10,7 +10,7 @@ from compute.iam import Decision
 from compute.tenancy.models import ROOT_TENANT_SLUG, Principal, Role, RoleBinding
 
 _READ = ("*.get", "*.list", "events.watch", "system.whoami", "capacity.*", "pki.show", "usage.*",
-         "nodes.events", "audit.verify", "audit.prove")
+         "nodes.events", "audit.verify", "audit.prove", "audit.checkpoints")
 
 # What each role may do, as globs over "<group>.<method>". Later roles include earlier ones.
 ROLE_ACTIONS: dict[str, tuple[str, ...]] = {

@@ -29,6 +29,7 @@ TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
     "system.whoami": {},
     "audit.checkpoint": {},
     "audit.verify": {},
+    "audit.checkpoints": {},
     "audit.prove": {"eventId": "aud_01jbx0000000000000000000aa"},
     "pki.show": {},
     "tenants.get": {},

@@ -21,7 +21,8 @@ from tests.factories import make_node
 from tests.reservations.conftest import reserve
 from tests.support.writes import recorded
 
-PAGES = ["", "pools", "reservations", "nodes", "join-tokens", "tenants", "audit", "usage"]
+PAGES = ["", "pools", "reservations", "sandboxes", "nodes", "join-tokens", "tenants", "audit",
+         "usage"]
 ACTIONS = ['data-action="reservations.create"', 'data-action="reservations.release"',
            'data-action="nodes.cordon"', 'data-action="joinTokens.create"']
 
@@ -107,6 +108,7 @@ def test_a_tenant_member_sees_only_its_own_reservations_and_offered_pools(root, 
     make_node(pool["id"])
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
     theirs = reserve(root, pool, 1).result
+    root_sandbox = root("sandboxes.create", poolId=pool["id"], vcpus=2, memoryGiB=4)
     member_token = acme("tokens.create", name="dev", role="member")["token"]
     mine = envelope(signed_in(member_token), "reservations.create", {
         "poolId": pool["id"], "devices": [{"class": "gpu", "count": 1}],
@@ -116,6 +118,7 @@ def test_a_tenant_member_sees_only_its_own_reservations_and_offered_pools(root, 
     assert mine["id"] in page
     assert theirs["id"] not in page
     assert pool["id"] in text(member, "/console/pools")
+    assert root_sandbox["id"] not in text(member, "/console/sandboxes")
     assert member.get(f"/console/reservations/{theirs['id']}").status_code == 404
     assert theirs["id"] not in text(member, "/console/")  # the board's GPU table
     root_page = text(signed_in(root_token), "/console/reservations?tenant=acme")
@@ -166,3 +169,16 @@ def test_the_usage_chart_sums_gpu_hours_per_day(root, root_token, meter):
     chart = gpu_hours_chart([{"meter": "cpu.vcpu.hours", "quantity": "9",
                               "windowStart": day}])
     assert chart["bars"] == []
+
+
+def test_sandboxes_and_checkpoints_have_their_pages(root, root_token, pool):
+    make_node(pool["id"])
+    sandbox = root("sandboxes.create", poolId=pool["id"], vcpus=2, memoryGiB=4)
+    root("audit.checkpoint")
+    browser = signed_in(root_token)
+    page = text(browser, "/console/sandboxes")
+    assert f'id="{sandbox["id"]}"' in page
+    assert 'data-action="sandboxes.release"' in page
+    audit_page = text(browser, "/console/audit")
+    (checkpoint,) = root("audit.checkpoints")["items"]
+    assert checkpoint["rootHash"] in audit_page

@@ -186,6 +186,7 @@ def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
     page.goto(f"{base}/console/")
     expect(tile.locator(".held")).to_have_text("GPUs 0/8")
     page.screenshot(path=shots / "released.png", full_page=True)
+    assert page.outside == []  # type: ignore[attr-defined]
     audit = json_of(stack, "audit", "list", "--action", "node.*")["items"]
     assert [r["action"] for r in audit][-2:] == ["node.cordon", "node.uncordon"]
 
@@ -230,6 +231,10 @@ def test_a_tenant_member_sees_only_its_own_reservations(stack, browser, shots):
     assert theirs["id"] not in page.content()
     assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1
     page.screenshot(path=shots / "member-reservations-390px.png", full_page=True)
+    for path in ["", "pools", "sandboxes", "nodes", "usage"]:  # every page fits 390 px
+        page.goto(f"{base_url(stack)}/console/{path}")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1, path
+    assert page.outside == []  # type: ignore[attr-defined]
     page.goto(f"{base_url(stack)}/console/reservations/{theirs['id']}")
     expect(page.locator("h1")).to_have_text("Not allowed")
     assert stack.cli("release", mine["id"], env=as_member).returncode == 0
@@ -273,3 +278,77 @@ def api_pids(stack: Stack) -> list[int]:
     found = subprocess.run(["pgrep", "-f", f"daphne .*-p {port} "], capture_output=True,
                            text=True, check=False).stdout.split()
     return [int(pid) for pid in found]
+
+
+def test_a_join_token_is_shown_once_and_revoked_from_the_console(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.goto(f"{base_url(stack)}/console/join-tokens")
+    form = page.locator("form[data-action='joinTokens.create']")
+    form.locator("input[name=ttl]").fill("30")
+    form.locator("button:not([type=button])").click()
+    secret = form.locator("output.secret")
+    expect(secret).to_have_text(re.compile(r"^bcjt_jtk_"))
+    shown = secret.inner_text()
+    form.locator("button.copy").click()
+    assert page.evaluate("navigator.clipboard.readText()") == shown
+    page.screenshot(path=shots / "shown-once.png", full_page=True)
+    page.reload()
+    assert shown not in page.content()  # never again
+    token_id = json_of(stack, "join-tokens", "list")["items"][-1]["id"]
+    row = page.locator(f"tr#{token_id}")
+    expect(row).to_contain_text("live")
+    with page.expect_navigation():
+        row.locator("button").click()
+    expect(page.locator(f"tr#{token_id}")).to_contain_text("revoked")
+    assert json_of(stack, "join-tokens", "list")["items"][-1]["revokedAt"]
+
+
+def test_audit_verify_and_a_proof_download_from_the_console(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    stack.ok("audit", "checkpoint")
+    page.goto(f"{base_url(stack)}/console/audit")
+    verify = page.locator("form[data-action='audit.verify']")
+    verify.locator("button").click()
+    expect(verify.locator("output.result")).to_contain_text('"ok": true')
+    first = page.locator("#audit tbody tr").last  # the oldest row: inside the checkpoint
+    event_id = first.get_attribute("id")
+    with page.expect_download() as download:
+        first.locator("button.prove").click()
+    proof = json.loads(Path(download.value.path()).read_text())
+    assert proof["event"]["id"] == event_id
+    page.screenshot(path=shots / "audit.png", full_page=True)
+    saved = shots / "proof.json"
+    saved.write_text(json.dumps(proof))
+    checked = stack.cli("audit", "check-proof", str(saved), "--public-key",
+                        stack.ok("audit", "public-key"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_drain_cordons_and_waits_until_nothing_is_held(stack, browser, shots):
+    rsv = json_of(stack, "reserve", "--pool", stack.env["POOL"], "--gpus", "1", "--for", "1h")
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    page.goto(f"{base_url(stack)}/console/nodes/{rsv['nodeId']}")
+    drain = page.locator("form[data-then='drain']")
+    drain.locator("input[name=reason]").fill("kernel upgrade")
+    drain.locator("button").click()
+    expect(page.locator("#status")).to_have_text("Draining: 1 GPU(s) still held")
+    assert json_of(stack, "nodes", "get", rsv["nodeId"])["cordoned"] is True
+    page.screenshot(path=shots / "draining.png", full_page=True)
+    stack.ok("release", rsv["id"])
+    expect(page.locator("#status")).to_have_text("Drained: nothing is held", timeout=10_000)
+    stack.ok("nodes", "uncordon", rsv["nodeId"], "--reason", "upgraded")
+
+
+def test_the_board_works_from_the_keyboard(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    for _ in range(40):  # Tab from the top of the page to the first tile
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.closest('li.tile') !== null"):
+            break
+    else:
+        raise AssertionError("no tile can be reached with Tab")
+    page.keyboard.press("Enter")
+    tile = page.locator("li.tile:has(details[open])")
+    expect(tile.locator("table.gpus")).to_be_visible()
+    page.screenshot(path=shots / "tile-opened-by-keyboard.png", full_page=True)

@@ -73,6 +73,12 @@ def reservation(request: HttpRequest, page: Page, reservation_id: str) -> HttpRe
 
 
 @console_page
+def sandboxes(request: HttpRequest, page: Page) -> HttpResponse:
+    """Sandboxes: vCPUs and memory claimed from the same ledger."""
+    return _newest_first_with_pools(page, "console/sandboxes.html", "sandboxes")
+
+
+@console_page
 def nodes(request: HttpRequest, page: Page) -> HttpResponse:
     return page.render("console/nodes.html",
                        {"items": page.call("nodes.list", limit=1000)["items"]})
@@ -91,10 +97,15 @@ def node(request: HttpRequest, page: Page, node_id: str) -> HttpResponse:
 
 @console_page
 def join_tokens(request: HttpRequest, page: Page) -> HttpResponse:
-    return page.render("console/join_tokens.html", {
-        "items": list(reversed(page.call("joinTokens.list", limit=1000)["items"])),
+    return _newest_first_with_pools(page, "console/join_tokens.html", "joinTokens")
+
+
+def _newest_first_with_pools(page: Page, template: str, group: str) -> HttpResponse:
+    """A list page with a create form over the tenant's pools (shown only if allowed)."""
+    return page.render(template, {
+        "items": list(reversed(page.call(f"{group}.list", limit=1000)["items"])),
         "pools": page.call("pools.list", limit=1000)["items"],
-        "can_act": page.can("joinTokens.create")})
+        "can_act": page.can(f"{group}.create")})
 
 
 @console_page
@@ -112,9 +123,10 @@ def audit(request: HttpRequest, page: Page) -> HttpResponse:
     """The tenant's audit log, newest first, with verify and a proof per row."""
     since = int(request.GET["since"]) if request.GET.get("since", "").isdigit() else 0
     listed = page.call("audit.list", since=since, limit=200)
-    return page.render("console/audit.html", {"rows": list(reversed(listed["items"])),
-                                              "next_since": listed["nextSince"],
-                                              "since": since})
+    return page.render("console/audit.html", {
+        "rows": list(reversed(listed["items"])), "next_since": listed["nextSince"],
+        "checkpoints": page.call("audit.checkpoints", limit=20)["items"],
+        "can_checkpoint": page.can("audit.checkpoint")})
 
 
 @console_page
