@@ -20,10 +20,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
-from bcd.holds import remove_hold, slice_stop_if_empty, write_hold
+from bcd.holds import FALLBACK, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
 from bcd.journal import Journal
 from bcd.session import AgentSession, Credentials
@@ -140,14 +141,30 @@ class Agent:
                     "nodeId": self.config.node_id, "reason": problem}))
             else:
                 claimed.update(dict.fromkeys(hold.gpus, allocation))
+        gpu_index = {g["uuid"]: g["index"] for g in self.inventory.report().get("gpus", [])}
         for allocation, hold in wanted.items():
             self.journal.begin("hold", allocation)
-            bound = write_hold(hold, self.paths)
+            try:
+                bound = write_hold(hold, self.paths, gpu_index)
+            except BadCdiSpec as refusal:
+                self.journal.done("hold-refused", allocation, reason=str(refusal))
+                reports.append(self._signed("failed", {
+                    "allocationId": allocation, "generation": generation,
+                    "nodeId": self.config.node_id, "reason": f"cdi: {refusal}"}))
+                continue
             self.journal.done("hold", allocation, hold=hold.wire())
             reports.append(self._signed("bound", {**bound, "generation": generation,
                                                   "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
         return reports
+
+    def cdi_source(self) -> str:
+        """Where new holds take their device edits from (or why they cannot be made)."""
+        try:
+            vendor = vendor_spec(self.paths.root)
+        except BadCdiSpec as refusal:
+            return f"refused: {refusal}"
+        return vendor.source if vendor is not None else FALLBACK
 
     def held(self) -> dict[str, Hold]:
         """What the journal says this node holds (written by this agent, so well-formed)."""
@@ -169,6 +186,8 @@ class Agent:
                             "observed": self.session.applied_generation if self.session else 0},
             "sections": {"inventory": "reported" if state and state.connected else "pending",
                          "holds": f"{len(self.journal.held())} held"},
+            "cdi": self.cdi_source(),
+            "simulated": self.config.sim,
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
                       "health": g.get("health", "healthy"),
                       **readings.get(g["uuid"], {"utilization": 0, "temperatureC": 0,
@@ -276,6 +295,9 @@ def status_text(status: dict[str, Any]) -> str:
              f"generations applied {status['generations']['applied']}, observed "
              f"{status['generations']['observed']}"]
     lines += [f"section     {name}: {state}" for name, state in status["sections"].items()]
+    lines.append(f"cdi         {status.get('cdi', '')}")
+    if status.get("simulated"):
+        lines.append("readings    simulated (a simulated machine: no GPU was measured)")
     for gpu in status["gpus"]:
         held = f", held by {gpu['heldBy']}" if gpu["heldBy"] else ""
         lines.append(f"gpu {gpu['index']}       {gpu['uuid']} {gpu['product']} {gpu['health']}"

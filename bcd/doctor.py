@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from bcd.cdi import vendor_spec
 from bcd.config import Paths, joined_config
 
 
@@ -72,7 +73,9 @@ def run_checks(paths: Paths, *, server: str | None, sim: bool = False) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         if not os.access(directory, os.W_OK):
             raise RuntimeError(f"{directory} is not writable")
-        return f"{directory} writable"
+        vendor = vendor_spec(paths.root)  # a malformed one raises, naming the problem
+        edits = vendor.source if vendor else "no vendor spec: holds fall back to device nodes"
+        return f"{directory} writable; device edits from {edits}"
 
     def systemd() -> str:
         if Path("/run/systemd/system").exists():

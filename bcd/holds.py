@@ -1,10 +1,12 @@
 """Device assignments (holds) on the node: a CDI spec, an env file and a slice per allocation
 (their names come from bcd.contract.holds).
 
-`bcd.dev/gpu=<uuid>` names exactly one held GPU. When NVIDIA's own CDI spec
-(/etc/cdi/nvidia.json, from `nvidia-ctk cdi generate --device-name-strategy=uuid`) exists,
-each device carries that GPU's device nodes, mounts and hooks copied from it; otherwise only
-NVIDIA_VISIBLE_DEVICES. bcd never drops a hold on its own: only a newer spec removes one.
+`bcd.dev/gpu=<uuid>` names exactly one held GPU. With NVIDIA's own CDI spec (from
+`nvidia-ctk cdi generate`, in /etc/cdi or /var/run/cdi, JSON or YAML), each device carries
+that GPU's edits and the spec carries the vendor's top-level edits (control devices, driver
+libraries, hooks); otherwise the device nodes bcd finds plus NVIDIA_VISIBLE_DEVICES, and the
+binding says which (`cdiSource`). Every spec bcd writes is checked against the CDI schema.
+bcd never drops a hold on its own: only a newer spec removes one.
 """
 
 from __future__ import annotations
@@ -15,42 +17,56 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bcd.cdi import BadCdiSpec, check_spec, merged, vendor_spec
 from bcd.config import Paths, write_private
 from bcd.contract.holds import CDI_KIND, Hold
 
 CDI_VERSION = "0.6.0"
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                   "/dev/nvidia-modeset")
+FALLBACK = "fallback: NVIDIA_VISIBLE_DEVICES and the device nodes found (no vendor CDI spec)"
 
 
-def _vendor_edits(paths: Paths) -> dict[str, dict[str, Any]]:
-    vendor = paths.cdi_dir / "nvidia.json"
-    if not vendor.exists():
-        return {}
-    spec = json.loads(vendor.read_text())
-    return {device["name"]: device.get("containerEdits", {})
-            for device in spec.get("devices", [])}
-
-
-def cdi_spec(hold: Hold, paths: Paths) -> dict[str, Any]:
-    vendor = _vendor_edits(paths)
+def cdi_spec(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> tuple[dict[str, Any], str]:
+    """The hold's CDI spec and where its device edits came from. Raises BadCdiSpec when the
+    vendor's spec is malformed or lacks a held GPU: such a hold must not be bound."""
+    vendor = vendor_spec(paths.root)
+    ours = {"env": [f"BCD_ALLOCATION_ID={hold.allocation_id}"]}
     devices = []
-    for uuid in hold.gpus:
-        edits = vendor.get(uuid)
-        if edits is None:
-            edits = {"env": [f"NVIDIA_VISIBLE_DEVICES={uuid}"]}
-        devices.append({"name": uuid, "containerEdits": edits})
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
-            "containerEdits": {"env": [f"BCD_ALLOCATION_ID={hold.allocation_id}"]}}
+    if vendor is not None:
+        for uuid in hold.gpus:
+            edits = vendor.edits_for(uuid, gpu_index.get(uuid))
+            if edits is None:
+                raise BadCdiSpec(f"{vendor.source} has no device {uuid}")
+            devices.append({"name": uuid, "containerEdits": edits})
+        top, source = merged(vendor.top_edits, ours), vendor.source
+    else:
+        for uuid in hold.gpus:
+            node = f"/dev/nvidia{gpu_index.get(uuid, -1)}"
+            found = [{"path": node}] if (paths.root / node.lstrip("/")).exists() else []
+            devices.append({"name": uuid, "containerEdits": {"deviceNodes": found}
+                            if found else {"env": [f"BCD_GPU={uuid}"]}})
+        control = [{"path": p} for p in CONTROL_DEVICES if (paths.root / p.lstrip("/")).exists()]
+        env = [*ours["env"], f"NVIDIA_VISIBLE_DEVICES={','.join(hold.gpus)}"]
+        top = {"env": env, **({"deviceNodes": control} if control else {})}
+        source = FALLBACK
+    spec = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
+            "containerEdits": top}
+    check_spec(spec)
+    return spec, source
 
 
 def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
     return paths.cdi_dir / hold.cdi_spec_name, paths.root / hold.env_file.lstrip("/")
 
 
-def write_hold(hold: Hold, paths: Paths) -> dict[str, Any]:
-    """Write (or rewrite: idempotent) the hold's files; returns what the node now holds."""
+def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str, Any]:
+    """Write (or rewrite: idempotent) the hold's files; returns what the node now holds.
+    Raises BadCdiSpec before writing anything when no valid CDI spec can be made."""
     spec_file, env_file = files_of(hold, paths)
+    spec, source = cdi_spec(hold, paths, gpu_index)
     slice_create(hold, paths)
-    write_private(spec_file, json.dumps(cdi_spec(hold, paths), indent=2))
+    write_private(spec_file, json.dumps(spec, indent=2))
     spec_file.chmod(0o644)  # container runtimes read CDI specs
     write_private(env_file, "".join(f"{k}={v}\n" for k, v in {
         "BCD_ALLOCATION_ID": hold.allocation_id,
@@ -59,7 +75,7 @@ def write_hold(hold: Hold, paths: Paths) -> dict[str, Any]:
         "BCD_CDI_DEVICES": ",".join(hold.cdi_devices),
         "NVIDIA_VISIBLE_DEVICES": ",".join(hold.gpus),
     }.items()))
-    return hold.binding()
+    return {**hold.binding(), "cdiSource": source}
 
 
 def remove_hold(hold: Hold, paths: Paths) -> bool:

@@ -17,7 +17,7 @@ import bcd
 from bcd.contract.version import version as package_version
 
 DISTRIBUTION = "better_compute_agent"
-REQUIRES = ("grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8", "cryptography>=44")
+REQUIRES = ("grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8", "cryptography>=44", "PyYAML>=6,<7")
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
 

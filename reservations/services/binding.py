@@ -106,6 +106,7 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
     rsv.binding = {"nodeId": node_id, "cdiDevices": binding["cdiDevices"],
                    "envFile": node.simulated_root.rstrip("/") + binding["envFile"],
                    "cgroupParent": binding["cgroupParent"],
+                   "cdiSource": str(payload.get("cdiSource") or "")[:300],
                    "simulated": bool(node.simulated_root)}
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
