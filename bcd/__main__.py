@@ -11,6 +11,7 @@ from pathlib import Path
 from bcd.config import Config, Paths, joined_config
 from bcd.contract.version import version
 from bcd.inventory import SIM_VARIANTS
+from bcd.inventory.faults import FAULTS
 from bcd.join.documents import JoinError, Pins
 from bcd.tokens import TokenError, read_token
 
@@ -77,6 +78,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_checks(Paths(_root(args)), server=args.server, sim=args.sim)
 
 
+def cmd_sim_inject(args: argparse.Namespace) -> int:
+    from bcd.inventory.faults import faults_file, inject
+
+    readings = inject(faults_file(_root(args)), args.gpu, args.fault, args.code or 0)
+    print(f"gpu {args.gpu}: {json.dumps(readings) if readings else 'healed'} "
+          "(the running agent reports it within seconds)")
+    return 0
+
+
 def print_help(top: argparse.ArgumentParser) -> int:
     top.print_help()
     return 0
@@ -113,6 +123,14 @@ def parser() -> argparse.ArgumentParser:
     doctor.add_argument("--sim", action="store_true",
                         help="a simulated machine: skip the hardware checks it cannot pass")
     doctor.set_defaults(handler=cmd_doctor)
+    sim = sub.add_parser("sim", help="a simulated machine's knobs").add_subparsers(
+        dest="sim_command", required=True)
+    inject = sim.add_parser("inject", help="inject a GPU fault (xid N, ecc, nvlink-down) or "
+                                           "heal one, in a running simulated machine")
+    inject.add_argument("--gpu", type=int, required=True, help="GPU index")
+    inject.add_argument("fault", choices=FAULTS)
+    inject.add_argument("code", type=int, nargs="?", help="the XID, for xid (default 79)")
+    inject.set_defaults(handler=cmd_sim_inject)
     return top
 
 

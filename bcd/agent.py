@@ -46,6 +46,7 @@ class Agent:
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
         self.busy_slices: dict[str, Hold] = {}  # released holds whose slice still runs
         self._key: ec.EllipticCurvePrivateKey | None = None
+        self._last_inventory = b""
 
     def credentials(self) -> Credentials:
         return Credentials(key=self.node_key(),
@@ -190,6 +191,7 @@ class Agent:
             "simulated": self.config.sim,
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
                       "health": g.get("health", "healthy"),
+                      "healthReason": g.get("healthReason", ""),
                       **readings.get(g["uuid"], {"utilization": 0, "temperatureC": 0,
                                                  "powerW": 0, "memoryUsedMiB": 0}),
                       "heldBy": held_by.get(g["uuid"])}
@@ -257,7 +259,25 @@ class Agent:
         logger.info("connected as %s (epoch %s)", state.node_id, state.epoch)
         state.on_renewed = self._renewed
         if self.session is not None:
-            self.session.send_inventory()
+            self.session.send_inventory(self._inventory_sent_now(self.inventory.report()))
+
+    def _inventory_sent_now(self, report: dict[str, Any]) -> dict[str, Any]:
+        self._last_inventory = canonical(report)
+        return report
+
+    async def watch_inventory(self) -> None:
+        """Read inventory and health off the event loop (NVML and nvidia-smi block) and send
+        it when it changed: a GPU that turns unhealthy reaches the ledger in seconds."""
+        while True:
+            await asyncio.sleep(self.tuning.inventory_check_seconds)
+            report = await asyncio.to_thread(self.inventory.report)
+            session = self.session
+            if session is None or not session.state.connected \
+                    or canonical(report) == self._last_inventory:
+                continue
+            changed = [g["index"] for g in report.get("gpus", []) if g.get("health") != "healthy"]
+            logger.info("inventory changed (unhealthy GPUs: %s): sending it", changed or "none")
+            session.send_inventory(self._inventory_sent_now(report))
 
     async def run(self) -> None:
         stop = asyncio.Event()
@@ -268,7 +288,8 @@ class Agent:
             tasks = [group.create_task(self.serve_status()),
                      group.create_task(self.keep_session()),
                      group.create_task(self.renew_certificates()),
-                     group.create_task(self.stop_empty_slices())]
+                     group.create_task(self.stop_empty_slices()),
+                     group.create_task(self.watch_inventory())]
             await stop.wait()
             for task in tasks:
                 task.cancel()
@@ -300,7 +321,8 @@ def status_text(status: dict[str, Any]) -> str:
         lines.append("readings    simulated (a simulated machine: no GPU was measured)")
     for gpu in status["gpus"]:
         held = f", held by {gpu['heldBy']}" if gpu["heldBy"] else ""
-        lines.append(f"gpu {gpu['index']}       {gpu['uuid']} {gpu['product']} {gpu['health']}"
+        health = gpu["health"] + (f" ({gpu['healthReason']})" if gpu.get("healthReason") else "")
+        lines.append(f"gpu {gpu['index']}       {gpu['uuid']} {gpu['product']} {health}"
                      f", util {gpu['utilization']:.0f}%, {gpu['temperatureC']:.0f} C, "
                      f"{gpu['powerW']:.0f} W, {gpu['memoryUsedMiB']:.0f} MiB{held}")
     return "\n".join(lines)

@@ -16,15 +16,19 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Tuning:
     """Timing knobs, from `BCD_RENEW_MARGIN_HOURS` (renew once this little of the 24 h
-    certificate is left) and `BCD_RENEW_CHECK_SECONDS` (how often to look)."""
+    certificate is left), `BCD_RENEW_CHECK_SECONDS` (how often to look) and
+    `BCD_INVENTORY_CHECK_SECONDS` (how often to read inventory and health, sent on change)."""
 
     renew_margin_hours: float = 8.0
     renew_check_seconds: float = 300.0
+    inventory_check_seconds: float = 2.0
 
     @classmethod
     def from_env(cls) -> Tuning:
         return cls(float(os.environ.get("BCD_RENEW_MARGIN_HOURS", cls.renew_margin_hours)),
-                   float(os.environ.get("BCD_RENEW_CHECK_SECONDS", cls.renew_check_seconds)))
+                   float(os.environ.get("BCD_RENEW_CHECK_SECONDS", cls.renew_check_seconds)),
+                   float(os.environ.get("BCD_INVENTORY_CHECK_SECONDS",
+                                        cls.inventory_check_seconds)))
 
 
 @dataclass(frozen=True)

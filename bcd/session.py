@@ -79,9 +79,12 @@ class AgentSession:
     def _message(self, **body: Any) -> pb.AgentMessage:
         return pb.AgentMessage(epoch=self.state.epoch, report_id=secrets.token_hex(12), **body)
 
-    def send_inventory(self) -> str:
-        message = self._message(inventory=pb.Report(json=json.dumps(self.inventory.report())))
+    def send_inventory(self, report: dict[str, Any] | None = None) -> str:
+        """Queue the inventory (read now unless given) on the bulk lane."""
+        report = self.inventory.report() if report is None else report
+        message = self._message(inventory=pb.Report(json=json.dumps(report)))
         self.bulk.put_nowait(message)
+        self.credit_event.set()  # wake the writer, which may be idle waiting on control
         return str(message.report_id)
 
     def request_renewal(self, key: ec.EllipticCurvePrivateKey) -> None:

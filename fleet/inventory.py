@@ -43,6 +43,7 @@ class GpuReport:
     vram_gib: int
     nvlink_domain: str = ""
     healthy: bool = True
+    health_reason: str = ""
     mig: tuple[MigReport, ...] = ()
 
     @property
@@ -95,7 +96,8 @@ def parse_inventory(data: dict[str, Any]) -> InventoryReport:
             uuid=_get(raw, "uuid", str, where), index=_get(raw, "index", int, where, i),
             product=_get(raw, "product", str, where), vram_gib=_get(raw, "vramGiB", int, where, 0),
             nvlink_domain=str(raw.get("nvlinkDomain") or ""),
-            healthy=raw.get("health", "healthy") == "healthy", mig=migs))
+            healthy=raw.get("health", "healthy") == "healthy",
+            health_reason=str(raw.get("healthReason") or "")[:200], mig=migs))
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig]
     if len(set(uuids)) != len(uuids):
         raise InvalidArgument("gpus: a device UUID appears twice", field="gpus")

@@ -35,6 +35,11 @@ class PolicyIn(Input):
     expect = ExpectIn(required=False)
     host_share = HostShareIn(required=False)
     kubernetes = serializers.BooleanField(required=False, default=False)
+    on_device_failure = serializers.ChoiceField(
+        choices=["keep", "replace-future"], required=False,
+        help_text="A GPU turns unhealthy: keep its bookings (the default), or re-place the "
+                  "reservations that have not started onto healthy GPUs (active ones are "
+                  "flagged).")
 
 
 def present_site(site: Site) -> dict[str, Any]:
@@ -92,7 +97,7 @@ def present_device(device: Device) -> dict[str, Any]:
             "index": device.index, "product": device.product, "model": device.model,
             "vramGiB": device.vram_gib, "nvlinkDomain": device.nvlink_domain or None,
             "migProfile": device.mig_profile or None, "health": device.health,
-            "present": device.present}
+            "healthReason": device.health_reason or None, "present": device.present}
 
 
 def present_join_token(token: JoinToken) -> dict[str, Any]:

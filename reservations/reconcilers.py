@@ -11,12 +11,18 @@ from django.db.models import Q
 
 from compute.db import database_now
 from compute.queue.work import enqueue, handler
+from fleet.models import Device, Health
+from fleet.work import DEVICE
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.binding import binding_fail, binding_timeout, reservation_bind
 from reservations.services.book import pending_place
+from reservations.services.device_failure import (
+    reservation_flag_device,
+    reservation_replace_off_device,
+)
 from reservations.services.release import reservation_expire
 from reservations.states import HOLDING
-from reservations.work import POOL, RESERVATION
+from reservations.work import POOL, RESERVATION, pool_replan
 
 
 @handler(RESERVATION)
@@ -33,6 +39,30 @@ def reconcile_reservation(reservation_id: str) -> None:
         binding_fail(reservation_id=rsv.id, reason="no AllocationBound within the timeout")
     elif rsv.state == ReservationState.PLACED and rsv.during.lower <= now:
         reservation_bind(reservation_id=rsv.id)
+
+
+@handler(DEVICE)
+def reconcile_device(device_id: str) -> None:
+    """A GPU turned unhealthy: apply its pool's `onDeviceFailure` to what books it. A GPU
+    that healed is capacity again: the pool's pending reservations are offered it."""
+    device = Device.objects.select_related("node__pool").filter(pk=device_id).first()
+    if device is None:
+        return
+    if device.health == Health.HEALTHY:
+        pool_replan(device.node.pool_id)
+        return
+    replace = device.node.pool.policy.get("onDeviceFailure") == "replace-future"
+    now = database_now()
+    holders = (Reservation.objects.filter(allocations__ended_at__isnull=True,
+                                          allocations__bookings__device_id=device_id,
+                                          state__in=HOLDING)
+               .distinct().values_list("id", "state", "during"))
+    for rsv_id, state, during in holders:
+        if state == ReservationState.PLACED and during is not None and during.lower > now:
+            if replace:
+                reservation_replace_off_device(reservation_id=rsv_id, device=device)
+        else:
+            reservation_flag_device(reservation_id=rsv_id, device=device)
 
 
 @handler(POOL)

@@ -7,7 +7,11 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from bcd.inventory.faults import faults_file, read_faults
+from bcd.inventory.health import HEALTHY, GpuReadings, gpu_health
 
 
 @dataclass
@@ -18,14 +22,19 @@ class SimulatedInventory:
     vcpus: int = 96
     memory_gib: int = 1024
     product: str = "H100-SXM5-80GB"
-    unhealthy: tuple[int, ...] = ()
     root: str = ""  # the agent's private root, reported so paths can be shown where they are
+
+    def readings(self) -> dict[int, GpuReadings]:
+        """Each GPU's NVML-shaped readings: healthy, unless a fault was injected."""
+        faults = read_faults(faults_file(Path(self.root))) if self.root else {}
+        return {i: faults.get(i, GpuReadings()) for i in range(self.gpus)}
 
     def _id(self, what: str) -> str:
         return hashlib.sha256(f"{self.name}/{what}".encode()).hexdigest()
 
     def report(self) -> dict[str, Any]:
         serial = self._id("serial")
+        health = {i: gpu_health(r) for i, r in self.readings().items()}
         return {
             "hostname": self.name, "vcpus": self.vcpus, "memoryGiB": self.memory_gib,
             "serial": f"SIM-{serial[:10]}", "productUuid": self._id("uuid")[:32],
@@ -36,7 +45,7 @@ class SimulatedInventory:
                       "index": i, "product": self.product, "vramGiB": 80,
                       "nvlinkDomain": f"nv{i // self.nvlink_domain_size}"
                       if self.nvlink_domain_size > 1 else "",
-                      "health": "unhealthy" if i in self.unhealthy else "healthy"}
+                      "health": health[i][0], "healthReason": health[i][1]}
                      for i in range(self.gpus)],
         }
 
@@ -51,4 +60,4 @@ class SimulatedInventory:
         return readings
 
     def healthy_gpus(self) -> int:
-        return self.gpus - len(set(self.unhealthy))
+        return sum(1 for r in self.readings().values() if gpu_health(r)[0] == HEALTHY)

@@ -33,6 +33,9 @@ class Device(models.Model):
                                    related_name="mig_instances")
     mig_profile = models.CharField(max_length=32, blank=True)
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    health_reason = models.CharField(max_length=200, blank=True,
+                                     help_text="Why the node reports it unhealthy (an XID, ECC "
+                                               "errors, NVLink links down…).")
     present = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 

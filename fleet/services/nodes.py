@@ -19,6 +19,7 @@ from fleet.models import (
 )
 from fleet.selectors import access_node_by_id
 from fleet.services.specs import node_spec_change_locked
+from fleet.work import device_health_changed
 
 
 class InventoryRefused(Conflict):
@@ -73,12 +74,13 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
         parent = _upsert_device(node, uuid=gpu.uuid, device_class=DeviceClass.GPU,
                                 index=gpu.index, product=gpu.product, model=gpu.model,
                                 vram_gib=gpu.vram_gib, nvlink_domain=gpu.nvlink_domain,
-                                healthy=gpu.healthy)
+                                healthy=gpu.healthy, health_reason=gpu.health_reason)
         seen.add(gpu.uuid)
         for mig in gpu.mig:
             _upsert_device(node, uuid=mig.uuid, device_class=DeviceClass.MIG, index=gpu.index,
                            product=gpu.product, model=gpu.model, vram_gib=mig.vram_gib,
-                           nvlink_domain="", healthy=gpu.healthy, mig_parent=parent,
+                           nvlink_domain="", healthy=gpu.healthy,
+                           health_reason=gpu.health_reason, mig_parent=parent,
                            mig_profile=mig.profile)
             seen.add(mig.uuid)
     gone = node.devices.filter(present=True).exclude(uuid__in=seen).update(present=False)
@@ -91,18 +93,29 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
 
 def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, product: str,
                    model: str, vram_gib: int, nvlink_domain: str, healthy: bool,
-                   mig_parent: Device | None = None, mig_profile: str = "") -> Device:
+                   health_reason: str = "", mig_parent: Device | None = None,
+                   mig_profile: str = "") -> Device:
+    """Record one reported device. A change of health is an event (`device.unhealthy` with
+    its reason, or `device.healthy`); an unhealthy GPU is offered to the ledger's policy."""
+    health = Health.HEALTHY if healthy else Health.UNHEALTHY
     values = {"node": node, "device_class": device_class, "index": index, "product": product,
               "model": model, "vram_gib": vram_gib, "nvlink_domain": nvlink_domain,
-              "health": Health.HEALTHY if healthy else Health.UNHEALTHY, "present": True,
-              "mig_parent": mig_parent, "mig_profile": mig_profile}
+              "health": health, "health_reason": "" if healthy else health_reason,
+              "present": True, "mig_parent": mig_parent, "mig_profile": mig_profile}
     device, created = Device.objects.get_or_create(uuid=uuid, defaults=values)
+    before = Health.HEALTHY if created else device.health
     if not created:
         if device.node_id != node.id:
             raise InventoryRefused(f"device {uuid} belongs to another node", uuid=uuid)
         for key, value in values.items():
             setattr(device, key, value)
         device.save(update_fields=[k for k in values if k != "node"])
+    if health != before:
+        event_emit(tenant_id=node.pool.tenant_id, subject=device.id,
+                   type=EventType.DEVICE_HEALTHY if healthy else EventType.DEVICE_UNHEALTHY,
+                   payload={"nodeId": node.id, "uuid": uuid, "index": index,
+                            "reason": device.health_reason})
+        device_health_changed(device.id)
     return device
 
 

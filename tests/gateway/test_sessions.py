@@ -330,10 +330,12 @@ def test_a_session_without_a_client_certificate_is_refused(fleet):
     assert asyncio.run(attempt()) == "UNAVAILABLE"
 
 
-def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet):
+def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet, tmp_path):
+    from bcd.inventory.faults import faults_file, inject
     from fleet.models import NodeSpec
 
-    broken = SimulatedInventory("gpu-07", unhealthy=(3,))
+    inject(faults_file(tmp_path), 3, "xid", 79)
+    broken = SimulatedInventory("gpu-07", root=str(tmp_path))
     credentials, payload, _ = joined(fleet, inventory=broken)
     node_id = payload["nodeId"]
 

@@ -18,7 +18,8 @@ from fleet.services.pools import pool_create
 from fleet.services.sites import site_create
 
 DEV_POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
-              "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}, "kubernetes": False}
+              "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}, "kubernetes": False,
+              "onDeviceFailure": "replace-future"}
 CPU_POLICY = {"acceptance": [{"kind": "diag.cpu"}], "kubernetes": False}
 
 

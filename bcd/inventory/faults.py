@@ -1,0 +1,59 @@
+"""Faults injected into a running simulated machine (`bcd --root R sim inject`): a file in
+its state directory that its simulated GPUs read as their NVML readings."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from bcd.inventory.health import GpuReadings
+
+FAULTS = ("xid", "ecc", "nvlink-down", "heal")
+
+
+def faults_file(root: Path) -> Path:
+    return root / "var/lib/bcd/sim-faults.json"
+
+
+def read_faults(path: Path) -> dict[int, GpuReadings]:
+    """Each faulty GPU's readings, by index; a missing or torn file means none."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {int(index): _readings(fields) for index, fields in raw.items()}
+
+
+def _readings(fields: dict[str, Any]) -> GpuReadings:
+    return GpuReadings(
+        ecc_volatile_uncorrected=int(fields.get("ecc_volatile_uncorrected", 0)),
+        xids=tuple(int(x) for x in fields.get("xids", ())),
+        nvlink_links_down=int(fields.get("nvlink_links_down", 0)))
+
+
+def inject(path: Path, gpu: int, fault: str, code: int = 0) -> dict[str, Any]:
+    """Add a fault to one GPU (or `heal` it) and return the GPU's readings now."""
+    raw: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        raw = json.loads(path.read_text())
+    readings = raw.get(str(gpu), {})
+    if fault == "heal":
+        raw.pop(str(gpu), None)
+        readings = {}
+    elif fault == "xid":
+        readings["xids"] = [*readings.get("xids", []), code or 79]
+    elif fault == "ecc":
+        readings["ecc_volatile_uncorrected"] = readings.get("ecc_volatile_uncorrected", 0) + 1
+    elif fault == "nvlink-down":
+        readings["nvlink_links_down"] = readings.get("nvlink_links_down", 0) + 1
+    else:
+        raise ValueError(f"unknown fault {fault}: one of {', '.join(FAULTS)}")
+    if readings:
+        raw[str(gpu)] = readings
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(raw))
+    os.replace(partial, path)  # a reader sees the old file or the new one, never half
+    return readings

@@ -1,0 +1,75 @@
+"""What a GPU that turned unhealthy does to the reservations booking it, by pool policy
+`onDeviceFailure`: `keep` (the default) leaves every booking where it is; `replace-future`
+places the reservations that have not started again, on healthy GPUs, before their start.
+A reservation that holds the GPU now is flagged, never moved behind its user's back."""
+
+from __future__ import annotations
+
+from audit.services import audit_record, audited
+from compute.db import database_now
+from compute.events.services import event_emit
+from compute.events.types import EventType
+from fleet.models import Device
+from reservations.ledger import Reservation, ReservationState
+from reservations.services.book import emit_placed, try_place
+from reservations.services.release import free_allocation
+from reservations.states import transition
+
+
+def _locked(reservation_id: str) -> Reservation | None:
+    return (Reservation.objects.select_for_update().select_related("pool")
+            .filter(pk=reservation_id).first())
+
+
+def _books(rsv: Reservation, device_id: str) -> bool:
+    return rsv.allocations.filter(ended_at__isnull=True, bookings__device_id=device_id).exists()
+
+
+@audited
+def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Reservation | None:
+    """Place a not-yet-started reservation again, away from `device` (pending when nothing
+    healthy fits before its start; the pending path retries as capacity frees)."""
+    rsv = _locked(reservation_id)
+    now = database_now()
+    if rsv is None or rsv.state != ReservationState.PLACED or rsv.during is None \
+            or rsv.during.lower <= now or not _books(rsv, device.id):
+        return rsv
+    allocation = rsv.allocations.get(ended_at__isnull=True)
+    free_allocation(allocation, now, keep_history=False)
+    transition(rsv, ReservationState.PENDING)
+    rsv.during, rsv.placed_at = None, None
+    rsv.save(update_fields=["state", "during", "placed_at"])
+    placed = try_place(rsv, rsv.pool, now)
+    reason = f"GPU {device.uuid} unhealthy: {device.health_reason or 'reported by its node'}"
+    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_REPLACED, subject=rsv.id,
+               payload={"deviceId": device.id, "fromNode": allocation.node_id,
+                        "toNode": placed.node_id if placed else None, "reason": reason})
+    if placed is not None:
+        emit_placed(rsv, placed)
+    else:
+        rsv.failure_reason = f"{reason}; waiting for healthy GPUs"[:300]
+        rsv.save(update_fields=["failure_reason"])
+        event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
+                   payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
+    audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.replace",
+                 target=rsv.id, reason=reason,
+                 data={"deviceId": device.id, "fromNode": allocation.node_id,
+                       "outcome": "placed" if placed else "pending"})
+    return rsv
+
+
+@audited
+def reservation_flag_device(*, reservation_id: str, device: Device) -> Reservation | None:
+    """A reservation holding `device` now (or binding it): flagged with an event and an
+    audit row, never moved."""
+    rsv = _locked(reservation_id)
+    if rsv is None or rsv.state not in (ReservationState.BINDING, ReservationState.ACTIVE) \
+            or not _books(rsv, device.id):
+        return rsv
+    reason = f"GPU {device.uuid} unhealthy: {device.health_reason or 'reported by its node'}"
+    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_DEVICE_UNHEALTHY,
+               subject=rsv.id, payload={"deviceId": device.id, "nodeId": device.node_id,
+                                        "reason": reason})
+    audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.flag",
+                 target=rsv.id, reason=reason, data={"deviceId": device.id})
+    return rsv
