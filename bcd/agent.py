@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from bcd import checks
 from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
@@ -67,13 +69,15 @@ class Agent:
         return status, output
 
     async def _execute(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        if kind == "diag.nvml":
-            healthy = self.inventory.healthy_gpus()
-            expected = int(payload.get("expect", {}).get("gpuCount", 0))
-            status = "succeeded" if healthy >= expected else "failed"
-            return status, {"healthyGpus": healthy, "expected": expected}
-        if kind in ("diag.cpu", "diag.disk", "diag.network"):
-            return "succeeded", {"check": kind}
+        diagnostics: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
+            "diag.nvml": lambda: checks.diag_nvml(self.inventory, payload),
+            "diag.cpu": lambda: checks.diag_cpu(self.inventory, payload),
+            "diag.disk": lambda: checks.diag_disk(self.paths.state_dir, payload),
+            "diag.network": lambda: checks.diag_network(self.config.gateway, payload),
+            "diag.dcgm": lambda: checks.diag_dcgm(payload),
+        }
+        if kind in diagnostics:  # they read hardware and files: off the event loop
+            return await asyncio.to_thread(diagnostics[kind])
         if kind == "sim.mark" and self.config.sim:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}

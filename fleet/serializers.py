@@ -9,7 +9,8 @@ from rest_framework import serializers
 from compute.api.inputs import Input
 from fleet.models import Device, JoinToken, Node, Pool, Site
 
-ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network")
+ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network",
+                     "diag.dcgm")
 
 
 class AcceptanceCheckIn(Input):
@@ -75,6 +76,8 @@ def node_conditions(node: Node) -> list[dict[str, Any]]:
     return [
         {"type": "Adopted", "status": node.provision_state == "adopted",
          "reason": node.provision_state},
+        {"type": "Accepted", "status": node.acceptance.get("state") == "passed",
+         "reason": node.acceptance.get("failure") or node.acceptance.get("state", "not run")},
         {"type": "Reachable", "status": node.connectivity != "unreachable",
          "reason": node.connectivity},
         {"type": "Healthy", "status": node.health == "healthy", "reason": node.health},

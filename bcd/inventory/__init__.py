@@ -11,7 +11,6 @@ class InventorySource(Protocol):
         """The inventory in wire form (hostname, vcpus, memoryGiB, serial, gpus …)."""
         ...
 
-    def healthy_gpus(self) -> int: ...
 
     def telemetry(self) -> dict[str, dict[str, float]]:
         """Per GPU UUID: utilization, temperatureC, powerW, memoryUsedMiB."""

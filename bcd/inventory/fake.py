@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bcd.inventory.faults import faults_file, read_faults
-from bcd.inventory.health import HEALTHY, GpuReadings, gpu_health
+from bcd.inventory.health import GpuReadings, gpu_health
 
 
 @dataclass
@@ -58,6 +58,3 @@ class SimulatedInventory:
             readings[gpu["uuid"]] = {"utilization": seed % 101, "temperatureC": 30 + seed % 45,
                                      "powerW": 60 + seed % 600, "memoryUsedMiB": seed % 81920}
         return readings
-
-    def healthy_gpus(self) -> int:
-        return sum(1 for r in self.readings().values() if gpu_health(r)[0] == HEALTHY)

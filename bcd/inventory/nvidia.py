@@ -110,6 +110,3 @@ class NvidiaSmiInventory:
         return {"hostname": self.hostname, "vcpus": os.cpu_count() or 1,
                 "memoryGiB": total_kib // (1024 * 1024), "serial": _dmi("product_serial"),
                 "productUuid": _dmi("product_uuid"), "macs": _macs(), "gpus": self.gpus()}
-
-    def healthy_gpus(self) -> int:
-        return len(self.gpus())

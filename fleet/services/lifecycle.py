@@ -27,10 +27,10 @@ def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand
     policy = node.pool.policy or {}
     checks = [c["kind"] for c in policy.get("acceptance", [])]
     attempt = int(node.acceptance.get("attempt", 0)) + 1
-    commands = [NodeCommand.objects.create(node=node, kind=kind,
-                                           payload={"expect": policy.get("expect", {}),
-                                                    "acceptance": attempt})
-                for kind in checks]
+    commands = [NodeCommand.objects.create(node=node, kind=check["kind"], payload={
+        "expect": policy.get("expect", {}), "hostShare": policy.get("hostShare", {}),
+        "params": check.get("params", {}), "acceptance": attempt})
+        for check in policy.get("acceptance", [])]
     node.acceptance = {"attempt": attempt, "state": "running", "reason": reason,
                        "commands": [c.id for c in commands],
                        "startedAt": timezone.now().isoformat()}
@@ -42,17 +42,18 @@ def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand
 
 
 def _passes(command: NodeCommand, status: str, output: dict[str, Any]) -> tuple[bool, str]:
-    """Trust, but verify: the control plane re-checks what the agent observed."""
+    """The agent's verdict and reason; then trust, but verify: a GPU count that the agent
+    says passed is checked again against the inventory the ledger holds."""
+    if status != "succeeded":
+        return False, f"{command.kind}: {output.get('error') or status}"
     expect = command.payload.get("expect", {})
     if command.kind == "diag.nvml" and "gpuCount" in expect:
         healthy = int(output.get("healthyGpus", -1))
         known = Device.objects.filter(node=command.node, present=True, device_class="gpu",
                                       health=Health.HEALTHY).count()
-        if status != "succeeded" or healthy < expect["gpuCount"] or known < expect["gpuCount"]:
+        if healthy < expect["gpuCount"] or known < expect["gpuCount"]:
             return False, (f"diag.nvml: {max(healthy, 0)} healthy GPUs reported, "
                            f"{known} in inventory, expected {expect['gpuCount']}")
-    if status != "succeeded":
-        return False, str(output.get("error") or f"{command.kind} {status}")
     return True, "passed"
 
 

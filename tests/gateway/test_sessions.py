@@ -348,8 +348,11 @@ def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet, tmp_path):
 
     assert asyncio.run(run_with(broken, "acceptance-failed"))
     node = Node.objects.get(pk=node_id)
-    assert node.acceptance["failure"] == ("diag.nvml: 7 healthy GPUs reported, 7 in "
-                                          "inventory, expected 8")
+    assert node.acceptance["failure"] == ("diag.nvml: GPU 3 XID 79: the GPU has fallen off "
+                                          "the bus")
+    conditions = fleet.api("nodes.get", nodeId=node_id)["conditions"]
+    assert {"type": "Accepted", "status": False,
+            "reason": node.acceptance["failure"]} in conditions
     assert fleet.api.call("nodes.adopt", nodeId=node_id, reason="x").ok  # starts attempt 2
     assert Node.objects.get(pk=node_id).acceptance["attempt"] == 2
     fixed = SimulatedInventory("gpu-07")
