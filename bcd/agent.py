@@ -26,9 +26,10 @@ from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
-from bcd.holds import FALLBACK, remove_hold, slice_stop_if_empty, write_hold
+from bcd.holds import FALLBACK, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
 from bcd.journal import Journal
+from bcd.notify import sd_notify, watchdog_seconds
 from bcd.session import AgentSession, Credentials
 
 logger = logging.getLogger("bcd")
@@ -151,11 +152,12 @@ class Agent:
             self.journal.begin("hold", allocation)
             try:
                 bound = write_hold(hold, self.paths, gpu_index)
-            except BadCdiSpec as refusal:
-                self.journal.done("hold-refused", allocation, reason=str(refusal))
+            except (BadCdiSpec, SliceFailed) as refusal:
+                reason = f"{'cdi' if isinstance(refusal, BadCdiSpec) else 'slice'}: {refusal}"
+                self.journal.done("hold-refused", allocation, reason=reason)
                 reports.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
-                    "nodeId": self.config.node_id, "reason": f"cdi: {refusal}"}))
+                    "nodeId": self.config.node_id, "reason": reason[:200]}))
                 continue
             self.journal.done("hold", allocation, hold=hold.wire())
             reports.append(self._signed("bound", {**bound, "generation": generation,
@@ -293,10 +295,22 @@ class Agent:
                      group.create_task(self.keep_session()),
                      group.create_task(self.renew_certificates()),
                      group.create_task(self.stop_empty_slices()),
-                     group.create_task(self.watch_inventory())]
+                     group.create_task(self.watch_inventory()),
+                     group.create_task(self.ping_watchdog())]
+            await asyncio.sleep(0)  # the status socket is bound before READY is said
+            sd_notify(f"READY=1\nSTATUS=node {self.config.node_id}")
             await stop.wait()
+            sd_notify("STOPPING=1")
             for task in tasks:
                 task.cancel()
+
+    async def ping_watchdog(self) -> None:
+        """Ping systemd's watchdog from the event loop: if the loop hangs, pings stop and
+        systemd restarts the agent (the journal makes that safe)."""
+        interval = watchdog_seconds()
+        while interval is not None:
+            sd_notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
 
 
 def read_status(socket_path: Path) -> dict[str, Any]:

@@ -95,16 +95,26 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+class SliceFailed(RuntimeError):
+    """systemd could not create the hold's slice: the hold is not made, and says why."""
+
+
 def slice_create(hold: Hold, paths: Paths) -> bool:
     """Create the hold's slice through systemd where it runs (a runtime unit, gone at
-    reboot); a workload manager then places workloads in it. False without systemd."""
+    reboot); a workload manager then places workloads in it. False without systemd; raises
+    SliceFailed (after removing the unit) when systemctl refuses it."""
     if not systemd_present(paths):
         return False
     unit = paths.root / "run/systemd/system" / hold.slice_name
     unit.write_text(f"[Unit]\nDescription=better-compute hold {hold.allocation_id}\n\n"
                     "[Slice]\n")
-    _systemctl("daemon-reload")
-    _systemctl("start", hold.slice_name)
+    for step in (("daemon-reload",), ("start", hold.slice_name)):
+        done = _systemctl(*step)
+        if done.returncode != 0:
+            unit.unlink(missing_ok=True)
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise SliceFailed(f"systemctl {' '.join(step)} failed (exit {done.returncode})"
+                              + (f": {said[-1]}" if said else ""))
     return True
 
 

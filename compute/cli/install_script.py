@@ -106,6 +106,9 @@ After=network-online.target
 Wants=network-online.target
 
 [Service]
+Type=notify
+NotifyAccess=main
+WatchdogSec=30
 ExecStart=$BCD --root $ROOT/ node
 Restart=always
 RestartSec=2

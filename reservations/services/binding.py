@@ -189,4 +189,4 @@ def allocation_failed_record(*, node_id: str, body: str, signature: str) -> Rese
     if allocation is None:
         return None
     return binding_fail(reservation_id=allocation.reservation_id,
-                        reason=str(payload.get("reason", "failed"))[:100])
+                        reason=str(payload.get("reason", "failed"))[:200])
