@@ -78,10 +78,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_checks(Paths(_root(args)), server=args.server, sim=args.sim)
 
 
+def _gpu_uuid(args: argparse.Namespace) -> str:
+    """The UUID of GPU `args.gpu` of the joined machine at `--root`, as it reports it."""
+    from bcd.inventory import inventory_for
+
+    config = joined_config(Paths(_root(args)))
+    if config is None:
+        raise SystemExit("bcd: this machine has not joined (no config under --root)")
+    inventory = inventory_for(sim=config.sim, sim_gpus=config.sim_gpus,
+                              sim_variant=config.sim_variant, root=str(_root(args).resolve()),
+                              hostname=config.hostname or config.node_id)
+    for gpu in inventory.report().get("gpus", []):
+        if gpu["index"] == args.gpu:
+            return str(gpu["uuid"])
+    raise SystemExit(f"bcd: there is no GPU {args.gpu}")
+
+
+def cmd_health_clear(args: argparse.Namespace) -> int:
+    """After a GPU was reset: its past XIDs no longer count against its health."""
+    from bcd.inventory.nvml import clear_health, cleared_file_of
+
+    uuid = _gpu_uuid(args)
+    clear_health(cleared_file_of(_root(args)), uuid)
+    print(f"gpu {args.gpu} ({uuid}): past XIDs cleared")
+    return 0
+
+
 def cmd_sim_inject(args: argparse.Namespace) -> int:
     from bcd.inventory.faults import faults_file, inject
 
     readings = inject(faults_file(_root(args)), args.gpu, args.fault, args.code or 0)
+    if args.fault == "heal":  # a healed simulated GPU was reset: its XIDs are history
+        cmd_health_clear(args)
     print(f"gpu {args.gpu}: {json.dumps(readings) if readings else 'healed'} "
           "(the running agent reports it within seconds)")
     return 0
@@ -131,6 +159,11 @@ def parser() -> argparse.ArgumentParser:
     inject.add_argument("fault", choices=FAULTS)
     inject.add_argument("code", type=int, nargs="?", help="the XID, for xid (default 79)")
     inject.set_defaults(handler=cmd_sim_inject)
+    health = sub.add_parser("health", help="GPU health").add_subparsers(
+        dest="health_command", required=True)
+    clear = health.add_parser("clear", help="after resetting a GPU: forget its past XIDs")
+    clear.add_argument("--gpu", type=int, required=True, help="GPU index")
+    clear.set_defaults(handler=cmd_health_clear)
     return top
 
 

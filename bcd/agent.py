@@ -290,6 +290,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        self.inventory.start_watching()  # XID events, on a thread of their own
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self.serve_status()),
                      group.create_task(self.keep_session()),

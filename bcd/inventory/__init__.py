@@ -1,8 +1,10 @@
-"""Where the agent learns what the machine has: nvidia-smi on real hardware, or a simulated
-inventory in tests and the dev stack (every host path under a private root)."""
+"""Where the agent learns what the machine has: NVML (or nvidia-smi) on real hardware, or a
+simulated machine answering NVML's calls in tests and the dev stack (every host path under
+a private root)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -16,6 +18,10 @@ class InventorySource(Protocol):
         """Per GPU UUID: utilization, temperatureC, powerW, memoryUsedMiB."""
         ...
 
+    def start_watching(self) -> None:
+        """Start waiting for GPU events (XIDs) on a thread of its own."""
+        ...
+
 
 SIM_VARIANTS = ("gpu", "gpu-2x4", "cpu")
 
@@ -23,7 +29,8 @@ SIM_VARIANTS = ("gpu", "gpu-2x4", "cpu")
 def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
                   root: str = "") -> InventorySource:
     """The machine's inventory: simulated (`sim`; variants `gpu`: one NVSwitch domain,
-    `gpu-2x4`: two NVLink-bridged halves, `cpu`), else nvidia-smi."""
+    `gpu-2x4`: two NVLink-bridged halves, `cpu`), else NVML (nvidia-ml-py, when installed
+    and a driver answers), else nvidia-smi."""
     if sim:
         from bcd.inventory.fake import SimulatedInventory
 
@@ -31,6 +38,18 @@ def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
             return SimulatedInventory(hostname, gpus=0, vcpus=32, memory_gib=128, root=root)
         domain = 4 if sim_variant == "gpu-2x4" else sim_gpus
         return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain, root=root)
-    from bcd.inventory.nvidia import NvidiaSmiInventory
+    try:
+        import pynvml  # the `nvml` extra: nvidia-ml-py
+    except ImportError:
+        pynvml = None
+    from bcd.inventory.nvidia import NvidiaSmiInventory, host_report
 
+    if pynvml is not None:
+        from bcd.inventory.nvml import NvmlInventory, cleared_file_of
+
+        try:
+            return NvmlInventory(pynvml, host=lambda: host_report(hostname),
+                                 cleared_file=cleared_file_of(Path(root or "/")))
+        except pynvml.NVMLError:  # no driver loaded: fall back to nvidia-smi
+            pass
     return NvidiaSmiInventory(hostname=hostname)

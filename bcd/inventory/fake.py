@@ -1,17 +1,26 @@
 """A simulated machine, labelled as such: an 8-GPU H100 SXM (HGX) server by default, all
 eight GPUs on one NVSwitch domain; or two 4-GPU NVLink domains (PCIe cards with NVLink
-bridges, the `gpu-2x4` variant); or CPU only."""
+bridges, the `gpu-2x4` variant); or CPU only.
+
+Its GPUs answer through NVML's interface (bcd.inventory.described), so inventory, health and
+XID events go through the same code as on a real host; faults injected with
+`bcd sim inject` change what they answer.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bcd.inventory.faults import faults_file, read_faults
-from bcd.inventory.health import GpuReadings, gpu_health
+from bcd.inventory.described import DescribedNvml
+from bcd.inventory.faults import faults_file, read_faults, xid_events
+from bcd.inventory.nvml import NvmlInventory, cleared_file_of
+
+SWITCHES = 4  # NVSwitch chips of an HGX H100 board
+LINKS = 18  # NVLinks of an H100
 
 
 @dataclass
@@ -23,38 +32,73 @@ class SimulatedInventory:
     memory_gib: int = 1024
     product: str = "H100-SXM5-80GB"
     root: str = ""  # the agent's private root, reported so paths can be shown where they are
+    nvml: NvmlInventory = field(init=False, repr=False)
 
-    def readings(self) -> dict[int, GpuReadings]:
-        """Each GPU's NVML-shaped readings: healthy, unless a fault was injected."""
-        faults = read_faults(faults_file(Path(self.root))) if self.root else {}
-        return {i: faults.get(i, GpuReadings()) for i in range(self.gpus)}
+    def __post_init__(self) -> None:
+        root = Path(self.root) if self.root else None
+        self.nvml = NvmlInventory(DescribedNvml(self.describe), host=self.host,
+                                  cleared_file=cleared_file_of(root) if root else None)
 
     def _id(self, what: str) -> str:
         return hashlib.sha256(f"{self.name}/{what}".encode()).hexdigest()
 
-    def report(self) -> dict[str, Any]:
+    def uuid(self, index: int) -> str:
+        h = self._id(f"gpu{index}")
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:28]}"
+
+    def _links(self, index: int) -> list[list[Any]]:
+        """NVLinks as [state, remote bus id]: every link to a switch on an HGX board; to the
+        other GPUs of the group with bridges; none for a lone card."""
+        if self.nvlink_domain_size >= self.gpus and self.gpus > 1:
+            return [[1, f"0000:{0xc0 + link % SWITCHES:02x}:00.0"] for link in range(LINKS)]
+        if self.nvlink_domain_size > 1:
+            first = index - index % self.nvlink_domain_size
+            peers = [p for p in range(first, first + self.nvlink_domain_size) if p != index]
+            return [[1, _bus(peer)] for peer in peers for _ in range(4)]
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        """The machine as NVML would answer now, injected faults included."""
+        faults = read_faults(faults_file(Path(self.root))) if self.root else {}
+        gpus = []
+        for i in range(self.gpus):
+            fault = faults.get(i)
+            links = self._links(i)
+            for link in links[:fault.nvlink_links_down if fault else 0]:
+                link[0] = 0
+            seed = int(hashlib.sha256(f"{self.uuid(i)}/{int(time.time() // 60)}"
+                                      .encode()).hexdigest()[:8], 16)
+            gpus.append({
+                "uuid": self.uuid(i), "name": self.product, "busId": _bus(i),
+                "serial": f"SIM{self._id(f'sn{i}')[:10]}", "memoryTotal": 80 * 2**30,
+                "memoryUsed": (seed % 81920) * 2**20, "nvlinks": links,
+                "eccVolatileUncorrected": fault.ecc_volatile_uncorrected if fault else 0,
+                "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": 0,
+                                 "failure": 0},
+                "utilization": seed % 101, "temperatureC": 30 + seed % 45,
+                "powerMw": (60 + seed % 600) * 1000})
+        events = xid_events(faults_file(Path(self.root))) if self.root else []
+        return {"gpus": gpus, "events": events}
+
+    def host(self) -> dict[str, Any]:
         serial = self._id("serial")
-        health = {i: gpu_health(r) for i, r in self.readings().items()}
         return {
             "hostname": self.name, "vcpus": self.vcpus, "memoryGiB": self.memory_gib,
             "serial": f"SIM-{serial[:10]}", "productUuid": self._id("uuid")[:32],
             "macs": [":".join(["02", *[serial[i:i + 2] for i in range(0, 10, 2)]])],
             "simulated": {"root": self.root or "/"},
-            "gpus": [{"uuid": f"GPU-{self._id(f'gpu{i}')[:8]}-{self._id(f'gpu{i}')[8:12]}-"
-                              f"{self._id(f'gpu{i}')[12:16]}-{self._id(f'gpu{i}')[16:28]}",
-                      "index": i, "product": self.product, "vramGiB": 80,
-                      "nvlinkDomain": f"nv{i // self.nvlink_domain_size}"
-                      if self.nvlink_domain_size > 1 else "",
-                      "health": health[i][0], "healthReason": health[i][1]}
-                     for i in range(self.gpus)],
         }
+
+    def report(self) -> dict[str, Any]:
+        return self.nvml.report()
 
     def telemetry(self) -> dict[str, dict[str, float]]:
         """Simulated readings per GPU UUID: plausible, different per GPU, drifting per minute."""
-        minute = int(time.time() // 60)
-        readings: dict[str, dict[str, float]] = {}
-        for gpu in self.report()["gpus"]:
-            seed = int(hashlib.sha256(f"{gpu['uuid']}/{minute}".encode()).hexdigest()[:8], 16)
-            readings[gpu["uuid"]] = {"utilization": seed % 101, "temperatureC": 30 + seed % 45,
-                                     "powerW": 60 + seed % 600, "memoryUsedMiB": seed % 81920}
-        return readings
+        return self.nvml.telemetry()
+
+    def start_watching(self) -> None:
+        self.nvml.start_watching()
+
+
+def _bus(index: int) -> str:
+    return f"0000:{0x18 + index * 0x10:02x}:00.0"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,19 @@ def read_faults(path: Path) -> dict[int, GpuReadings]:
 def _readings(fields: dict[str, Any]) -> GpuReadings:
     return GpuReadings(
         ecc_volatile_uncorrected=int(fields.get("ecc_volatile_uncorrected", 0)),
-        xids=tuple(int(x) for x in fields.get("xids", ())),
+        xids=tuple(int(e["xid"]) for e in fields.get("xid_events", ())),
         nvlink_links_down=int(fields.get("nvlink_links_down", 0)))
+
+
+def xid_events(path: Path) -> list[dict[str, Any]]:
+    """The injected XIDs as NVML events, each with an id of its own (an XID injected again
+    after a heal is a new event)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [{"id": f"{index}/{event['at']}", "gpu": int(index), "xid": int(event["xid"])}
+            for index, fields in raw.items() for event in fields.get("xid_events", ())]
 
 
 def inject(path: Path, gpu: int, fault: str, code: int = 0) -> dict[str, Any]:
@@ -43,7 +55,8 @@ def inject(path: Path, gpu: int, fault: str, code: int = 0) -> dict[str, Any]:
         raw.pop(str(gpu), None)
         readings = {}
     elif fault == "xid":
-        readings["xids"] = [*readings.get("xids", []), code or 79]
+        readings["xid_events"] = [*readings.get("xid_events", []),
+                                  {"xid": code or 79, "at": time.time_ns()}]
     elif fault == "ecc":
         readings["ecc_volatile_uncorrected"] = readings.get("ecc_volatile_uncorrected", 0) + 1
     elif fault == "nvlink-down":

@@ -105,8 +105,16 @@ class NvidiaSmiInventory:
         return parse_telemetry(out)
 
     def report(self) -> dict[str, Any]:
-        meminfo = Path("/proc/meminfo").read_text()
-        total_kib = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1))  # type: ignore[union-attr]
-        return {"hostname": self.hostname, "vcpus": os.cpu_count() or 1,
-                "memoryGiB": total_kib // (1024 * 1024), "serial": _dmi("product_serial"),
-                "productUuid": _dmi("product_uuid"), "macs": _macs(), "gpus": self.gpus()}
+        return {**host_report(self.hostname), "gpus": self.gpus()}
+
+    def start_watching(self) -> None:
+        """nvidia-smi has no event stream: XIDs need NVML (the `nvml` extra)."""
+
+
+def host_report(hostname: str) -> dict[str, Any]:
+    """This machine's host part of the inventory: vCPUs, memory, serial, product UUID, MACs."""
+    meminfo = Path("/proc/meminfo").read_text()
+    total_kib = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1))  # type: ignore[union-attr]
+    return {"hostname": hostname, "vcpus": os.cpu_count() or 1,
+            "memoryGiB": total_kib // (1024 * 1024), "serial": _dmi("product_serial"),
+            "productUuid": _dmi("product_uuid"), "macs": _macs()}

@@ -52,10 +52,10 @@ def test_nvml_fails_for_a_missing_gpu(root):
 
 
 def test_nvml_fails_for_a_sick_gpu_and_names_it(root):
-    inject(faults_file(root), 5, "xid", 79)
+    inject(faults_file(root), 5, "ecc")
     status, output = check(root, "diag.nvml")
     assert status == "failed"
-    assert output["error"] == "GPU 5 XID 79: the GPU has fallen off the bus"
+    assert output["error"] == "GPU 5 1 volatile uncorrectable ECC error(s)"
     assert output["healthyGpus"] == 7
 
 

@@ -334,7 +334,7 @@ def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet, tmp_path):
     from bcd.inventory.faults import faults_file, inject
     from fleet.models import NodeSpec
 
-    inject(faults_file(tmp_path), 3, "xid", 79)
+    inject(faults_file(tmp_path), 3, "nvlink-down")
     broken = SimulatedInventory("gpu-07", root=str(tmp_path))
     credentials, payload, _ = joined(fleet, inventory=broken)
     node_id = payload["nodeId"]
@@ -348,8 +348,7 @@ def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet, tmp_path):
 
     assert asyncio.run(run_with(broken, "acceptance-failed"))
     node = Node.objects.get(pk=node_id)
-    assert node.acceptance["failure"] == ("diag.nvml: GPU 3 XID 79: the GPU has fallen off "
-                                          "the bus")
+    assert node.acceptance["failure"] == "diag.nvml: GPU 3 1 NVLink link(s) down"
     conditions = fleet.api("nodes.get", nodeId=node_id)["conditions"]
     assert {"type": "Accepted", "status": False,
             "reason": node.acceptance["failure"]} in conditions
