@@ -32,7 +32,8 @@ def cmd_join(args: argparse.Namespace) -> int:
         config, not_after = join(
             server=args.server, token=token, root=_root(args), sim=args.sim,
             sim_gpus=args.sim_gpus, sim_variant=args.sim_variant, hostname=args.hostname,
-            pins=Pins(args.serving_ca_pin, args.join_signing_pin, args.join_encryption_pin))
+            pins=Pins(args.serving_ca_pin, args.join_signing_pin, args.join_encryption_pin),
+            gateway_url=args.gateway_url, expect_site=args.expect_site)
     except (TokenError, JoinError) as error:
         print(f"bcd join: {error}", file=sys.stderr)
         return 1
@@ -134,6 +135,10 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("--join-encryption-pin", required=True)
     join.add_argument("--token-file", help="a 0600 file holding the token; deleted after")
     join.add_argument("--hostname", default=None)
+    join.add_argument("--gateway-url", default=None,
+                      help="the gateway to use if the control plane publishes none")
+    join.add_argument("--expect-site", default=None,
+                      help="refuse a token whose pool is in another site")
     join.add_argument("--sim", action="store_true", help="a simulated machine (tests, dev)")
     join.add_argument("--sim-gpus", type=int, default=8)
     join.add_argument("--sim-variant", choices=SIM_VARIANTS, default="gpu",

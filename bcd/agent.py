@@ -13,7 +13,7 @@ import os
 import random
 import signal
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +245,7 @@ class Agent:
         while True:
             await asyncio.sleep(interval)
             cert = x509.load_pem_x509_certificate(self.paths.cert_file.read_bytes())
-            left = cert.not_valid_after_utc - datetime.now(UTC)
+            left = cert.not_valid_after_utc - datetime.now(timezone.utc)
             if left < margin and self.session is not None and self.session.state.connected:
                 self.session.request_renewal(self.node_key())
 
@@ -291,25 +291,32 @@ class Agent:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         self.inventory.start_watching()  # XID events, on a thread of their own
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self.serve_status()),
-                     group.create_task(self.keep_session()),
-                     group.create_task(self.renew_certificates()),
-                     group.create_task(self.stop_empty_slices()),
-                     group.create_task(self.watch_inventory()),
-                     group.create_task(self.ping_watchdog())]
+        works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
+                 self.stop_empty_slices(), self.watch_inventory()]
+        interval = watchdog_seconds()
+        if interval is not None:
+            works.append(self.ping_watchdog(interval))
+        tasks = [asyncio.create_task(work) for work in works]
+        stopping = asyncio.create_task(stop.wait())
+        try:
             await asyncio.sleep(0)  # the status socket is bound before READY is said
             sd_notify(f"READY=1\nSTATUS=node {self.config.node_id}")
-            await stop.wait()
+            # Until a signal, or until one of its tasks fails (that failure is raised).
+            done, _ = await asyncio.wait([stopping, *tasks],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopping:
+                    task.result()
+        finally:
             sd_notify("STOPPING=1")
-            for task in tasks:
+            for task in [stopping, *tasks]:
                 task.cancel()
+            await asyncio.gather(stopping, *tasks, return_exceptions=True)
 
-    async def ping_watchdog(self) -> None:
+    async def ping_watchdog(self, interval: float) -> None:
         """Ping systemd's watchdog from the event loop: if the loop hangs, pings stop and
         systemd restarts the agent (the journal makes that safe)."""
-        interval = watchdog_seconds()
-        while interval is not None:
+        while True:
             sd_notify("WATCHDOG=1")
             await asyncio.sleep(interval)
 

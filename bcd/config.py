@@ -8,9 +8,9 @@ Environment variables (all `BCD_…`) are read here, once, when the agent starts
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from types import ModuleType
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,18 @@ class Config:
     @classmethod
     def read(cls, path: Path) -> Config:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+            data = _toml().load(handle)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _toml() -> ModuleType:
+    """TOML's parser: the standard library's, or on Python 3.10 the tomli package."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib
 
 
 def write_private(path: Path, text: str | bytes) -> None:

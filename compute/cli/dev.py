@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from compute import pg
-from compute.cli.artifact import write_artifacts
+from compute.cli.artifact import served_artifacts, write_artifacts
 from compute.cli.client import Client, CliError, Config
 
 READY_TIMEOUT = 60.0
@@ -194,7 +194,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         gateway_port, join_port = free_port(), free_port()
         downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
                          or state_dir / "downloads")
-        artifacts = write_artifacts(downloads)  # the agent alone, as install-script fetches it
+        write_artifacts(downloads)  # the agent's wheel; executables that were built stay
+        artifacts = served_artifacts(downloads)
         env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
                "DJANGO_SETTINGS_MODULE": "compute.settings",
                "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
@@ -243,9 +244,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
                    "the env file)")
         click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
         click.echo(f"each process writes its output to {stack.log_dir}/<name>.log")
-        for arch, (path, digest) in artifacts.items():
-            click.echo(f"agent artifact ({arch}): http://{host}:{port}/downloads/{path.name} "
-                       f"sha256 {digest}")
+        for name, digest in artifacts.items():
+            click.echo(f"agent artifact: http://{host}:{port}/downloads/{name} sha256 {digest}")
         click.echo(f"exports written to {env_file} (mode 0600); in another shell run:")
         click.echo(f"  . {env_file}")
         click.echo("to join one more simulated machine to a pool ($POOL) with a join token:")

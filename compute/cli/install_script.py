@@ -2,8 +2,10 @@
 
 The script pins the bcd artifact's SHA-256 per architecture and the PKI's three pins; it
 checks the host, downloads and verifies bcd, writes /etc/bcd/config.toml with the server and
-pins, runs `bcd doctor`, pipes the token from standard input into `bcd join` and enables
-bcd.service. BCD_ROOT (default /) installs under another root, for tests.
+pins, runs `bcd doctor`, pipes the token from standard input into `bcd join` (which checks
+the token's site, and uses the pinned gateway only if the control plane publishes none) and
+enables bcd.service. bcd is one executable: the node needs no Python. BCD_ROOT (default /)
+installs under another root, for tests.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ set -eu
 BASE_URL={base_url}
 SERVER="$BASE_URL/api/compute"
 GATEWAY_URL={gateway_url}
+SITE={site_q}
 BCD_VERSION={version}
 SERVING_CA_PIN={serving_ca_pin}
 JOIN_SIGNING_PIN={join_signing_pin}
@@ -45,11 +48,10 @@ case "$(uname -m)" in
 {arch_cases}
   *) fail "no bcd build for $(uname -m)" ;;
 esac
-command -v python3 >/dev/null 2>&1 || fail "python3 is required"
 command -v sha256sum >/dev/null 2>&1 || fail "sha256sum is required"
 [ -t 0 ] && fail "pipe the join token on standard input: sh install-bcd.sh < join-token"
 
-# 2. Download and verify bcd against the pinned digest.
+# 2. Download bcd (one executable: no Python needed) and verify it against the pinned digest.
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 ARTIFACT="bcd_${{BCD_VERSION}}_linux_${{ARCH}}"
@@ -61,19 +63,10 @@ else
 fi
 printf '%s  %s\n' "$SHA256" "$WORK/$ARTIFACT" | sha256sum -c - >/dev/null \
   || fail "$ARTIFACT does not match its pinned SHA-256"
-cp "$WORK/$ARTIFACT" "$WORK/better_compute_agent-$BCD_VERSION-py3-none-any.whl"
-mkdir -p "$ROOT/opt/bcd/lib" "$ROOT/usr/local/bin"
-DEPS=""
-[ -n "${{BCD_OFFLINE:-}}" ] && DEPS="--no-deps"
-python3 -m pip install --quiet --disable-pip-version-check $DEPS --upgrade \
-  --target "$ROOT/opt/bcd/lib" "$WORK/better_compute_agent-$BCD_VERSION-py3-none-any.whl" \
-  || fail "installing bcd failed"
-cat > "$ROOT/usr/local/bin/bcd" <<LAUNCHER
-#!/bin/sh
-PYTHONPATH="$ROOT/opt/bcd/lib\${{PYTHONPATH:+:\$PYTHONPATH}}" exec python3 -m bcd "\$@"
-LAUNCHER
-chmod 0755 "$ROOT/usr/local/bin/bcd"
+mkdir -p "$ROOT/usr/local/bin"
+install -m 0755 "$WORK/$ARTIFACT" "$ROOT/usr/local/bin/bcd" || fail "installing bcd failed"
 BCD="$ROOT/usr/local/bin/bcd"
+"$BCD" --version >/dev/null || fail "$ARTIFACT does not run on this machine"
 
 # 3. config.toml with the server and the pins (bcd join completes it).
 mkdir -p "$ROOT/etc/bcd"
@@ -95,6 +88,7 @@ SIM=""
 "$BCD" --root "$ROOT/" doctor --server "$SERVER" $SIM || say "doctor found problems (see above)"
 "$BCD" --root "$ROOT/" join --server "$SERVER" --serving-ca-pin "$SERVING_CA_PIN" \
   --join-signing-pin "$JOIN_SIGNING_PIN" --join-encryption-pin "$JOIN_ENCRYPTION_PIN" $SIM \
+  --gateway-url "$GATEWAY_URL" --expect-site "$SITE" \
   || fail "bcd join failed"
 
 # 5. The systemd unit.
@@ -131,7 +125,8 @@ def render(*, pool: str, site: str, gateway_url: str, base_url: str, version: st
     cases = "\n".join(f"  {machine}) ARCH={arch}; SHA256={shlex.quote(digests[arch])} ;;"
                       for arch, machine in ARCHES.items() if arch in digests)
     return TEMPLATE.format(
-        pool=pool, site=site, made=datetime.now(UTC).isoformat(timespec="seconds"),
+        pool=pool, site=site, site_q=shlex.quote(site),
+        made=datetime.now(UTC).isoformat(timespec="seconds"),
         base_url=shlex.quote(base_url.rstrip("/")), gateway_url=shlex.quote(gateway_url),
         version=shlex.quote(version), arch_cases=cases,
         serving_ca_pin=shlex.quote(pins["servingCaSpkiPin"]),
@@ -181,10 +176,12 @@ def install_script(pool: str, site: str, gateway_url: str, base_url: str, bcd_ve
 @daemon.command("artifact")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The downloads folder (BETTER_COMPUTE_DOWNLOADS_DIR of the API).")
-@click.option("--arch", "arches", type=click.Choice(sorted(ARCHES)), multiple=True,
-              default=tuple(sorted(ARCHES)), show_default=True)
-def artifact(out: Path, arches: tuple[str, ...]) -> None:
-    """Write the agent artifact (bcd alone, as a wheel) as bcd_<version>_linux_<arch>;
-    prints each file and the SHA-256 to pin with install-script --sha256."""
-    for arch, (path, digest) in write_artifacts(out, arches=arches).items():
-        click.echo(f"{arch}  {digest}  {path}")
+@click.option("--executable/--wheel-only", default=True, show_default=True,
+              help="Also build this machine's single-file executable (PyInstaller, about a "
+                   "minute; build on each architecture you serve).")
+def artifact(out: Path, executable: bool) -> None:
+    """Write the agent's wheel (better_compute_agent-<version>-py3-none-any.whl, Python 3.10
+    or newer) and its executable bcd_<version>_linux_<arch>; prints each with the SHA-256
+    to pin with install-script --sha256 ARCH=SHA256."""
+    for name, (path, digest) in write_artifacts(out, executable=executable).items():
+        click.echo(f"{name}  {digest}  {path}")

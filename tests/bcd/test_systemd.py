@@ -72,3 +72,21 @@ def test_the_agent_says_ready_and_pings_the_watchdog(root, tmp_path, monkeypatch
     with listener:
         said = asyncio.run(briefly())
     assert any(s.startswith("READY=1\nSTATUS=node node_x") for s in said)
+
+
+def test_without_systemd_the_agent_keeps_running(root, monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    paths = Paths(root)
+    for pem in (paths.cert_file, paths.ca_file):
+        pem.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    agent = Agent(Config.read(paths.config_file))
+
+    async def a_while() -> bool:
+        running = asyncio.create_task(agent.run())
+        await asyncio.sleep(1.0)
+        alive = not running.done()
+        running.cancel()
+        return alive
+
+    assert asyncio.run(a_while())
