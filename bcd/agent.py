@@ -50,6 +50,8 @@ class Agent:
         self.busy_slices: dict[str, Hold] = {}  # released holds whose slice still runs
         self._key: ec.EllipticCurvePrivateKey | None = None
         self._last_inventory = b""
+        self._inventory: dict[str, Any] | None = None
+        self._telemetry: dict[str, dict[str, float]] = {}
 
     def credentials(self) -> Credentials:
         return Credentials(key=self.node_key(),
@@ -131,7 +133,8 @@ class Agent:
                 reports.append(self._signed("released", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id}))
-        present = {g["uuid"] for g in self.inventory.report().get("gpus", [])
+        report = self.current_inventory()
+        present = {g["uuid"] for g in report.get("gpus", [])
                    if g.get("health", "healthy") == "healthy"}
         claimed: dict[str, str] = {}
         for allocation, hold in list(wanted.items()):
@@ -147,7 +150,7 @@ class Agent:
                     "nodeId": self.config.node_id, "reason": problem}))
             else:
                 claimed.update(dict.fromkeys(hold.gpus, allocation))
-        gpu_index = {g["uuid"]: g["index"] for g in self.inventory.report().get("gpus", [])}
+        gpu_index = {g["uuid"]: g["index"] for g in report.get("gpus", [])}
         for allocation, hold in wanted.items():
             self.journal.begin("hold", allocation)
             try:
@@ -180,10 +183,10 @@ class Agent:
 
     def status(self) -> dict[str, Any]:
         state = self.session.state if self.session else None
-        report = self.inventory.report()
+        report = self.current_inventory()
         held_by = {uuid: allocation for allocation, hold in self.held().items()
                    for uuid in hold.gpus}
-        readings = self.inventory.telemetry()
+        readings = self._telemetry
         return {
             "nodeId": self.config.node_id, "siteId": self.config.site_id,
             "gateway": self.config.gateway,
@@ -265,25 +268,36 @@ class Agent:
         logger.info("connected as %s (epoch %s)", state.node_id, state.epoch)
         state.on_renewed = self._renewed
         if self.session is not None:
-            self.session.send_inventory(self._inventory_sent_now(self.inventory.report()))
+            self.session.send_inventory(self._inventory_sent_now(self.current_inventory()))
 
     def _inventory_sent_now(self, report: dict[str, Any]) -> dict[str, Any]:
         self._last_inventory = canonical(report)
         return report
 
+    def current_inventory(self) -> dict[str, Any]:
+        """The latest inventory `watch_inventory` read (off the event loop); read here only
+        before its first pass."""
+        if self._inventory is None:
+            self._inventory = self.inventory.report()
+        return self._inventory
+
     async def watch_inventory(self) -> None:
-        """Read inventory and health off the event loop (NVML and nvidia-smi block) and send
-        it when it changed: a GPU that turns unhealthy reaches the ledger in seconds."""
+        """Read inventory, health and telemetry off the event loop (NVML and nvidia-smi
+        block) and send the inventory when it changed: a GPU that turns unhealthy reaches the
+        ledger in seconds."""
         while True:
-            await asyncio.sleep(self.tuning.inventory_check_seconds)
             report = await asyncio.to_thread(self.inventory.report)
+            self._telemetry = await asyncio.to_thread(self.inventory.telemetry)
+            self._inventory = report
             session = self.session
-            if session is None or not session.state.connected \
-                    or canonical(report) == self._last_inventory:
-                continue
-            changed = [g["index"] for g in report.get("gpus", []) if g.get("health") != "healthy"]
-            logger.info("inventory changed (unhealthy GPUs: %s): sending it", changed or "none")
-            session.send_inventory(self._inventory_sent_now(report))
+            if session is not None and session.state.connected \
+                    and canonical(report) != self._last_inventory:
+                sick = [g["index"] for g in report.get("gpus", [])
+                        if g.get("health") != "healthy"]
+                logger.info("inventory changed (unhealthy GPUs: %s): sending it",
+                            sick or "none")
+                session.send_inventory(self._inventory_sent_now(report))
+            await asyncio.sleep(self.tuning.inventory_check_seconds)
 
     async def run(self) -> None:
         stop = asyncio.Event()

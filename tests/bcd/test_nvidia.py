@@ -1,5 +1,7 @@
 """GPUs from nvidia-smi: NVLink domains from `nvidia-smi topo -m`."""
 
+from pathlib import Path
+
 from bcd.inventory.nvidia import nvlink_domains
 
 # An 8-GPU board with two fully connected NVLink islands of four (abridged `topo -m`).
@@ -31,17 +33,46 @@ def test_no_nvidia_smi_output_means_no_gpus():
     assert nvlink_domains("") == {}
 
 
-def test_telemetry_from_nvidia_smi_csv():
-    from bcd.inventory.nvidia import parse_telemetry
+SMI = Path(__file__).parent / "fixtures" / "nvidia-smi"
 
-    csv = ("GPU-aaaa, 87, 61, 512.33, 40960\n"
-           "GPU-bbbb, 0, 34, [N/A], 0\n")
-    assert parse_telemetry(csv) == {
-        "GPU-aaaa": {"utilization": 87.0, "temperatureC": 61.0, "powerW": 512.33,
-                     "memoryUsedMiB": 40960.0},
-        "GPU-bbbb": {"utilization": 0.0, "temperatureC": 34.0, "powerW": 0.0,
-                     "memoryUsedMiB": 0.0},
-    }
+
+def test_an_h100_host_from_nvidia_smi_xml_with_health_from_its_readings():
+    from bcd.inventory.nvidia import parse_smi_xml
+
+    gpus = parse_smi_xml((SMI / "h100-hgx.xml").read_text())
+    assert len(gpus) == 8
+    assert (gpus[0]["product"], gpus[0]["vramGiB"], gpus[0]["serial"]) == (
+        "NVIDIA H100 80GB HBM3", 80, "1652323004100")
+    assert (gpus[2]["health"], gpus[2]["healthReason"]) == (
+        "unhealthy", "2 volatile uncorrectable ECC error(s)")
+    assert (gpus[6]["health"], gpus[6]["healthReason"]) == ("unhealthy",
+                                                            "hardware thermal slowdown")
+    assert [g["health"] for g in gpus].count("healthy") == 6
+    assert all(g["mig"] == [] for g in gpus)
+
+
+def test_an_a100_host_with_mig_and_a_pending_row_remap_from_older_tags():
+    from bcd.inventory.nvidia import parse_smi_xml
+
+    gpus = parse_smi_xml((SMI / "a100-pcie-mig.xml").read_text(),
+                         (SMI / "a100-pcie-mig.list").read_text())
+    assert gpus[0]["mig"] == [
+        {"uuid": "MIG-9f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0", "profile": "3g.20gb",
+         "vramGiB": 20},
+        {"uuid": "MIG-8e0d1c2b-3a49-4857-9665-b4a3c2d1e0f9", "profile": "2g.10gb",
+         "vramGiB": 10}]
+    assert (gpus[2]["health"], gpus[2]["healthReason"]) == (
+        "unhealthy", "memory repair pending: reset the GPU")
+    assert [g["vramGiB"] for g in gpus] == [40, 40, 40, 40]
+
+
+def test_telemetry_from_nvidia_smi_xml():
+    from bcd.inventory.nvidia import smi_telemetry
+
+    readings = smi_telemetry((SMI / "a100-pcie-mig.xml").read_text())
+    assert readings["GPU-a1b2c3d4-0002-4e5f-8a9b-0c1d2e3f4a5b"] == {
+        "utilization": 0.0, "temperatureC": 36.0, "powerW": 39.1, "memoryUsedMiB": 4.0}
+    assert smi_telemetry("") == {}
 
 
 def test_simulated_telemetry_differs_per_gpu_and_stays_plausible():
