@@ -30,6 +30,7 @@ from compute.models import (
     RoleBinding,
     ShardLease,
     Tenant,
+    WorkerPresence,
     WorkItem,
 )
 from compute.tenancy.selectors import principal_for_user
@@ -135,6 +136,12 @@ class WorkItemAdmin(ReadOnlyAdmin):
 @admin.register(ShardLease)
 class ShardLeaseAdmin(ReadOnlyAdmin):
     list_display = ("shard", "owner", "expires_at")
+    search_fields = ("owner",)
+
+
+@admin.register(WorkerPresence)
+class WorkerPresenceAdmin(ReadOnlyAdmin):
+    list_display = ("owner", "expires_at")
     search_fields = ("owner",)
 
 

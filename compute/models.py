@@ -2,8 +2,8 @@
 
 from compute.events.models import Event
 from compute.idempotency import IdempotencyRecord
-from compute.queue.models import ShardLease, WorkItem
+from compute.queue.models import ShardLease, WorkerPresence, WorkItem
 from compute.tenancy.models import ApiToken, Principal, RoleBinding, Tenant
 
 __all__ = ["ApiToken", "Event", "IdempotencyRecord", "Principal", "RoleBinding", "ShardLease",
-           "Tenant", "WorkItem"]
+           "Tenant", "WorkItem", "WorkerPresence"]

@@ -36,3 +36,14 @@ class ShardLease(models.Model):
 
     def __str__(self) -> str:
         return f"shard {self.shard}: {self.owner or '-'}"
+
+
+class WorkerPresence(models.Model):
+    """A live worker, whether or not it holds a shard yet: the fair share counts these, so a
+    worker that starts after another has taken every shard still gets its share."""
+
+    owner = models.CharField(max_length=100, primary_key=True)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.owner} until {self.expires_at}"

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from compute.queue.models import SHARDS, ShardLease, WorkItem
+from compute.queue.models import SHARDS, ShardLease, WorkerPresence, WorkItem
 
 logger = logging.getLogger("compute.queue")
 HANDLERS: dict[str, Callable[[str], None]] = {}
@@ -74,7 +74,10 @@ class Worker:
                            "WHERE owner = %s AND expires_at > now() RETURNING shard",
                            [self.lease, self.owner])
             mine = {row[0] for row in cursor.fetchall()}
-            cursor.execute("SELECT count(DISTINCT owner) FROM compute_shardlease WHERE "
+            cursor.execute("INSERT INTO compute_workerpresence (owner, expires_at) VALUES "
+                           "(%s, now() + %s) ON CONFLICT (owner) DO UPDATE SET expires_at = "
+                           "EXCLUDED.expires_at", [self.owner, self.lease])
+            cursor.execute("SELECT count(*) FROM compute_workerpresence WHERE "
                            "expires_at > now() AND owner <> %s", [self.owner])
             others = cursor.fetchone()[0]
             share = math.ceil(SHARDS / (others + 1))
@@ -138,5 +141,6 @@ class Worker:
 
     def release(self) -> None:
         ShardLease.objects.filter(owner=self.owner).update(owner="", expires_at=None)
+        WorkerPresence.objects.filter(owner=self.owner).delete()
 
 

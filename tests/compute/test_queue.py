@@ -149,3 +149,20 @@ def test_a_worker_outlives_a_postgres_restart(slow_log, embedded_postgres):
     finally:
         worker.terminate()
         worker.wait(10)
+
+
+def test_a_worker_that_starts_after_another_took_every_shard_gets_its_share():
+    first = start_worker()
+    second = None
+    try:
+        assert wait_until(lambda: ShardLease.objects.filter(
+            owner__endswith=f":{first.pid}", expires_at__isnull=False).count() == 256, 30)
+        second = start_worker()
+        assert wait_until(lambda: ShardLease.objects.filter(
+            owner__endswith=f":{second.pid}", expires_at__isnull=False).count() == 128, 30)
+        assert ShardLease.objects.filter(owner__endswith=f":{first.pid}").count() == 128
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.terminate()
+                worker.wait(10)
