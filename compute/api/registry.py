@@ -98,7 +98,7 @@ def endpoint(group: str, method: str, *, input: type[Input], mutating: bool,
              subject: Subject | None = None, resource_kind: str = "",
              draft: Draft | None = None, emits: tuple[str, ...] = ()
              ) -> Callable[[Handler], Handler]:
-    """Register a handler. Its docstring's first line is the method's summary. `draft`
+    """Register a handler. Its docstring's first paragraph is the method's summary. `draft`
     replaces the subject-or-tenant draft for the rare method that acts elsewhere. A
     mutating method names the event types a call may write (`emits`); every call that
     changes something writes exactly one audit row besides."""
@@ -111,7 +111,8 @@ def endpoint(group: str, method: str, *, input: type[Input], mutating: bool,
             group=group, method=method, handler=handler, input=input, mutating=mutating,
             subject=subject, resource_kind=resource_kind, custom_draft=draft,
             emits=tuple(str(e) for e in emits),
-            summary=(handler.__doc__ or f"{group}.{method}").strip().splitlines()[0])
+            summary=" ".join((handler.__doc__ or f"{group}.{method}").strip()
+                             .split("\n\n")[0].split()))
         return handler
 
     return register

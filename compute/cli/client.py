@@ -1,4 +1,4 @@
-"""Configuration from the environment and the envelope client."""
+"""Configuration from the environment, and the envelope client the CLI calls through."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+from compute.client.transport import ApiError as LibraryApiError
+from compute.client.transport import ClientError, Transport
 
 USER_AGENT = "better-compute-cli"
 
@@ -84,34 +85,26 @@ TOKEN_SHAPE = re.compile(r"^biam_[a-z]+_[0-9a-z]{26}\.[A-Za-z0-9_-]{20,200}$")
 
 
 class Client:
+    """The CLI's envelope client: the public client library's transport (compute.client),
+    with the CLI's own errors."""
+
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
         self.config = config
-        self.http = httpx.Client(timeout=timeout, headers={
-            "Authorization": f"Bearer {config.token}", "User-Agent": USER_AGENT})
+        self.transport = Transport(config.url, config.token, timeout=timeout,
+                                   user_agent=USER_AGENT)
+        self.http = self.transport.http
 
     def call(self, method: str, body: dict[str, Any] | None = None,
              tenant: str | None = None) -> Any:
-        group, _, name = method.partition(".")
-        if not name:
+        if "." not in method.strip("."):
             raise CliError(f"method must look like group.method, got {method!r}")
-        payload = {k: v for k, v in (body or {}).items() if v is not None}
+        payload = dict(body or {})
         tenant = tenant or self.config.tenant
         if tenant and "tenantId" not in payload:
             payload["tenantId"] = tenant
-        url = f"{self.config.url}/{group}/{name}"
         try:
-            response = self.http.post(url, json=payload)
-        except httpx.HTTPError as error:
-            raise CliError(f"cannot reach {self.config.url}: {error}") from error
-        try:
-            envelope = response.json()
-        except ValueError:
-            raise CliError(f"{url} answered HTTP {response.status_code} without a JSON "
-                           "envelope: is BETTER_COMPUTE_URL the API?") from None
-        if not isinstance(envelope, dict) or "ok" not in envelope:
-            raise CliError(f"{url} answered something that is not an API envelope")
-        if not envelope["ok"]:
-            error = envelope.get("error") or {}
-            raise ApiError(error.get("code", "internal"), error.get("message", ""),
-                           response.status_code, error.get("details") or {})
-        return envelope["result"]
+            return self.transport.call(method, payload)
+        except LibraryApiError as error:
+            raise ApiError(error.code, error.message, error.status, error.details) from None
+        except ClientError as error:
+            raise CliError(str(error)) from None

@@ -1,0 +1,349 @@
+"""The typed client's methods, one per API method. Written by
+`python -m compute.http.clientgen` from the OpenAPI document; do not edit."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from compute.client.base import Group
+
+
+class Audit(Group):
+    """audit.* methods."""
+
+    def checkpoint(self, *, tenant_id: str | None = None) -> Any:
+        """Sign a checkpoint over the tenant's new audit events now (also done hourly)."""
+        return self._call("audit.checkpoint", {"tenantId": tenant_id}, retry=False)
+
+    def checkpoints(self, *, limit: int | None = None, tenant_id: str | None = None) -> Any:
+        """The tenant's signed checkpoints, newest first: how many events each covers and the
+        Merkle root it signs.
+        """
+        return self._call("audit.checkpoints", {"limit": limit, "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None, action: str | None = None,
+            allowed: bool | None = None, target: str | None = None, since: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """The tenant's audit rows, oldest first: who did (or was refused) what, and why."""
+        return self._call("audit.list", {"limit": limit, "after": after, "action": action,
+            "allowed": allowed, "target": target, "since": since,
+            "tenantId": tenant_id}, retry=True)
+
+    def prove(self, *, event_id: str, tenant_id: str | None = None) -> Any:
+        """An inclusion proof of one audit event against the latest checkpoint."""
+        return self._call("audit.prove", {"eventId": event_id, "tenantId": tenant_id}, retry=True)
+
+    def verify(self, *, from_position: int | None = None, to_position: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Recompute the tenant's audit log and checkpoints; name the first bad position."""
+        return self._call("audit.verify", {"fromPosition": from_position, "toPosition": to_position,
+            "tenantId": tenant_id}, retry=True)
+
+
+class Capacity(Group):
+    """capacity.* methods."""
+
+    def get(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
+        """A pool's capacity per resource: total, allocatable, allocated, reserved, available."""
+        return self._call("capacity.get", {"poolId": pool_id, "tenantId": tenant_id}, retry=True)
+
+    def preview(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
+            model: str | None = None, product: str | None = None, selector: str | None = None,
+            kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Would this request fit (now, or from a start), where, with which host share? If not,
+        why. Books nothing.
+        """
+        return self._call("capacity.preview", {"poolId": pool_id, "devices": devices,
+            "duration": duration, "model": model, "product": product, "selector": selector,
+            "kubernetes": kubernetes, "start": start, "startIn": start_in,
+            "tenantId": tenant_id}, retry=True)
+
+
+class Events(Group):
+    """events.* methods."""
+
+    def list(self, *, types: str | None = None, since: int | None = None,
+            subject: str | None = None, limit: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Events of the tenant after `since`, oldest first."""
+        return self._call("events.list", {"types": types, "since": since, "subject": subject,
+            "limit": limit, "tenantId": tenant_id}, retry=True)
+
+
+class JoinTokens(Group):
+    """joinTokens.* methods."""
+
+    def create(self, *, pool_id: str, ttl: int, max_uses: int | None = None,
+            expect_serial: str | None = None, expect_product_uuid: str | None = None,
+            expect_mac: str | None = None, idempotency_key: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Mint a join token `bcjt_<id>.<secret>`, shown once (bind it with expect*)."""
+        return self._call("joinTokens.create", {"poolId": pool_id, "ttl": ttl, "maxUses": max_uses,
+            "expectSerial": expect_serial, "expectProductUuid": expect_product_uuid,
+            "expectMac": expect_mac, "idempotencyKey": idempotency_key,
+            "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Join tokens of the tenant's pools (never their secrets)."""
+        return self._call("joinTokens.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+    def revoke(self, *, join_token_id: str, tenant_id: str | None = None) -> Any:
+        """Revoke a join token: no machine can join with it from now on."""
+        return self._call("joinTokens.revoke", {"joinTokenId": join_token_id,
+            "tenantId": tenant_id}, retry=False)
+
+
+class Nodes(Group):
+    """nodes.* methods."""
+
+    def adopt(self, *, node_id: str, reason: str, tenant_id: str | None = None) -> Any:
+        """Start a new acceptance attempt for a node whose acceptance failed."""
+        return self._call("nodes.adopt", {"nodeId": node_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
+    def cordon(self, *, node_id: str, reason: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Stop placing on a node; what it holds stays."""
+        return self._call("nodes.cordon", {"nodeId": node_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
+    def events(self, *, node_id: str, since: int | None = None, limit: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Events about one node, oldest first."""
+        return self._call("nodes.events", {"nodeId": node_id, "since": since, "limit": limit,
+            "tenantId": tenant_id}, retry=True)
+
+    def get(self, *, node_id: str, tenant_id: str | None = None) -> Any:
+        """One node with its conditions and devices."""
+        return self._call("nodes.get", {"nodeId": node_id, "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            pool_id: str | None = None, tenant_id: str | None = None) -> Any:
+        """Nodes of the tenant's pools."""
+        return self._call("nodes.list", {"limit": limit, "after": after, "poolId": pool_id,
+            "tenantId": tenant_id}, retry=True)
+
+    def uncordon(self, *, node_id: str, reason: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Let the placer use a node again."""
+        return self._call("nodes.uncordon", {"nodeId": node_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
+
+class Offerings(Group):
+    """offerings.* methods."""
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Offerings the tenant made or received, with quota use."""
+        return self._call("offerings.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+
+class Pki(Group):
+    """pki.* methods."""
+
+    def show(self, *, tenant_id: str | None = None) -> Any:
+        """The SPKI pins of the serving CA, the join-signing and the join-encryption keys."""
+        return self._call("pki.show", {"tenantId": tenant_id}, retry=True)
+
+
+class Pools(Group):
+    """pools.* methods."""
+
+    def create(self, *, site_id: str, class_: str, gpu_model: str | None = None,
+            policy: dict[str, Any] | None = None, name: str | None = None,
+            idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
+        """Create a pool of one GPU model (or CPU only) with an acceptance policy."""
+        return self._call("pools.create", {"siteId": site_id, "class": class_,
+            "gpuModel": gpu_model, "policy": policy, "name": name,
+            "idempotencyKey": idempotency_key,
+            "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def get(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
+        """One pool (owned or offered to the tenant)."""
+        return self._call("pools.get", {"poolId": pool_id, "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Pools the tenant owns or was offered."""
+        return self._call("pools.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+    def offer(self, *, pool_id: str, to: str, quota: dict[str, Any],
+            tenant_id: str | None = None) -> Any:
+        """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU
+        pools).
+        """
+        return self._call("pools.offer", {"poolId": pool_id, "to": to, "quota": quota,
+            "tenantId": tenant_id}, retry=False)
+
+
+class Reservations(Group):
+    """reservations.* methods."""
+
+    def create(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
+            model: str | None = None, product: str | None = None, selector: str | None = None,
+            kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
+            binding: str | None = None, idempotency_key: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
+        return self._call("reservations.create", {"poolId": pool_id, "devices": devices,
+            "duration": duration, "model": model, "product": product, "selector": selector,
+            "kubernetes": kubernetes, "start": start, "startIn": start_in, "binding": binding,
+            "idempotencyKey": idempotency_key,
+            "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def extend(self, *, reservation_id: str, by: int, tenant_id: str | None = None) -> Any:
+        """Move a reservation's end; refused with the blocking window if the GPUs are booked."""
+        return self._call("reservations.extend", {"reservationId": reservation_id, "by": by,
+            "tenantId": tenant_id}, retry=False)
+
+    def get(self, *, reservation_id: str, tenant_id: str | None = None) -> Any:
+        """One reservation, with its window, node and (once active) binding."""
+        return self._call("reservations.get", {"reservationId": reservation_id,
+            "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            pool_id: str | None = None, state: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Reservations of the tenant, oldest first."""
+        return self._call("reservations.list", {"limit": limit, "after": after, "poolId": pool_id,
+            "state": state, "tenantId": tenant_id}, retry=True)
+
+    def release(self, *, reservation_id: str, cancel: bool | None = None,
+            tenant_id: str | None = None) -> Any:
+        """End a reservation now (or withdraw one that has not started); quota is refunded."""
+        return self._call("reservations.release", {"reservationId": reservation_id,
+            "cancel": cancel, "tenantId": tenant_id}, retry=False)
+
+
+class Sandboxes(Group):
+    """sandboxes.* methods."""
+
+    def create(self, *, pool_id: str, vcpus: int, memory_gi_b: int, name: str | None = None,
+            idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
+        """Claim vCPUs and memory on one node of a pool for a sandbox VM."""
+        return self._call("sandboxes.create", {"poolId": pool_id, "vcpus": vcpus,
+            "memoryGiB": memory_gi_b, "name": name, "idempotencyKey": idempotency_key,
+            "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def get(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
+        """One sandbox."""
+        return self._call("sandboxes.get", {"sandboxId": sandbox_id,
+            "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Sandboxes of the tenant."""
+        return self._call("sandboxes.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+    def release(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
+        """Give back a sandbox's vCPUs and memory."""
+        return self._call("sandboxes.release", {"sandboxId": sandbox_id,
+            "tenantId": tenant_id}, retry=False)
+
+
+class Sites(Group):
+    """sites.* methods."""
+
+    def create(self, *, kind: str, region: str, name: str | None = None,
+            idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
+        """Create a platform site (root tenant only)."""
+        return self._call("sites.create", {"kind": kind, "region": region, "name": name,
+            "idempotencyKey": idempotency_key,
+            "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def get(self, *, site_id: str, tenant_id: str | None = None) -> Any:
+        """One site."""
+        return self._call("sites.get", {"siteId": site_id, "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Sites of the tenant."""
+        return self._call("sites.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+
+class System(Group):
+    """system.* methods."""
+
+    def whoami(self, *, tenant_id: str | None = None) -> Any:
+        """Who the caller is, its tenant and its roles."""
+        return self._call("system.whoami", {"tenantId": tenant_id}, retry=True)
+
+
+class Tenants(Group):
+    """tenants.* methods."""
+
+    def create(self, *, slug: str, name: str | None = None, idempotency_key: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Create a customer tenant (root administrators only)."""
+        return self._call("tenants.create", {"slug": slug, "name": name,
+            "idempotencyKey": idempotency_key,
+            "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def get(self, *, tenant_id: str | None = None) -> Any:
+        """The tenant the call acts in (`tenantId`, by default the caller's own)."""
+        return self._call("tenants.get", {"tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Tenants visible from the acting tenant (root sees all)."""
+        return self._call("tenants.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+
+class Tokens(Group):
+    """tokens.* methods."""
+
+    def create(self, *, name: str, role: str | None = None, ttl: int | None = None,
+            principal_id: str | None = None, tenant_id: str | None = None) -> Any:
+        """Mint an API token. The `token` field is shown once and never again."""
+        return self._call("tokens.create", {"name": name, "role": role, "ttl": ttl,
+            "principalId": principal_id, "tenantId": tenant_id}, retry=False)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """API tokens of the tenant's principals (never their secrets)."""
+        return self._call("tokens.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+    def revoke(self, *, token_id: str, tenant_id: str | None = None) -> Any:
+        """Revoke an API token."""
+        return self._call("tokens.revoke", {"tokenId": token_id,
+            "tenantId": tenant_id}, retry=False)
+
+
+class Usage(Group):
+    """usage.* methods."""
+
+    def list(self, *, limit: int | None = None, after: str | None = None, meter: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Metered usage of the tenant, such as gpu.H100.hours, per ended window."""
+        return self._call("usage.list", {"limit": limit, "after": after, "meter": meter,
+            "tenantId": tenant_id}, retry=True)
+
+
+GROUPS: dict[str, type[Group]] = {
+    "audit": Audit,
+    "capacity": Capacity,
+    "events": Events,
+    "join_tokens": JoinTokens,
+    "nodes": Nodes,
+    "offerings": Offerings,
+    "pki": Pki,
+    "pools": Pools,
+    "reservations": Reservations,
+    "sandboxes": Sandboxes,
+    "sites": Sites,
+    "system": System,
+    "tenants": Tenants,
+    "tokens": Tokens,
+    "usage": Usage,
+}

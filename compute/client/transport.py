@@ -1,0 +1,105 @@
+"""The envelope over HTTP: one POST per call, the envelope's error raised as ApiError, and
+retries where they are safe (reads, and writes that carry an idempotency key)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+USER_AGENT = "better-compute-client"
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+class ClientError(Exception):
+    """The API could not be reached, or answered something that is not an envelope."""
+
+
+class ApiError(ClientError):
+    """The envelope's error: `code` (such as capacity_conflict), `message`, `details` (such
+    as the field it names), the HTTP `status` and the `request_id` to quote to an operator."""
+
+    def __init__(self, code: str, message: str, *, status: int, details: dict[str, Any],
+                 request_id: str) -> None:
+        super().__init__(f"{code}: {message} (request {request_id})")
+        self.code, self.message, self.status = code, message, status
+        self.details, self.request_id = details, request_id
+
+
+class Transport:
+    def __init__(self, url: str, token: str, *, tenant: str | None = None,
+                 timeout: float = 30.0, retries: int = 3, user_agent: str = USER_AGENT) -> None:
+        self.url = url.rstrip("/")
+        if not self.url.endswith("/api/compute"):
+            self.url += "/api/compute"
+        self.tenant = tenant
+        self.retries = retries
+        self.http = httpx.Client(timeout=timeout, headers={
+            "Authorization": f"Bearer {token}", "User-Agent": user_agent})
+
+    def call(self, method: str, body: dict[str, Any] | None = None, *,
+             retry: bool = False) -> Any:
+        """POST the envelope of `method` (group.method) and return its result. With `retry`
+        (a read, or a write with an idempotency key), a lost connection or a 502/503/504 is
+        tried again with backoff."""
+        group, _, name = method.partition(".")
+        payload = {k: v for k, v in (body or {}).items() if v is not None}
+        if self.tenant and "tenantId" not in payload:
+            payload["tenantId"] = self.tenant
+        url = f"{self.url}/{group}/{name}"
+        for attempt in range(self.retries if retry else 1):
+            if attempt:
+                time.sleep(0.2 * 2 ** attempt)
+            try:
+                response = self.http.post(url, json=payload)
+            except httpx.TransportError as error:
+                failure: Exception = ClientError(f"cannot reach {self.url}: {error}")
+                continue
+            if response.status_code in RETRY_STATUSES and retry:
+                failure = ClientError(f"{url} answered HTTP {response.status_code}")
+                continue
+            return self._result(url, response)
+        raise failure
+
+    @staticmethod
+    def _result(url: str, response: httpx.Response) -> Any:
+        try:
+            envelope = response.json()
+        except ValueError:
+            raise ClientError(f"{url} answered HTTP {response.status_code} without a JSON "
+                              "envelope: is this the better-compute API?") from None
+        if not isinstance(envelope, dict) or "ok" not in envelope:
+            raise ClientError(f"{url} answered something that is not an API envelope")
+        if not envelope["ok"]:
+            error = envelope.get("error") or {}
+            raise ApiError(error.get("code", "internal"), error.get("message", ""),
+                           status=response.status_code, details=error.get("details") or {},
+                           request_id=envelope.get("requestId", ""))
+        return envelope["result"]
+
+    def watch(self, *, types: str = "", since: int = 0) -> Iterator[dict[str, Any]]:
+        """Events as they happen, after sequence `since`; a dropped stream is resumed from
+        the last event seen, so nothing is skipped or repeated. Stop by leaving the loop."""
+        while True:
+            params = {"since": str(since), **({"types": types} if types else {}),
+                      **({"tenantId": self.tenant} if self.tenant else {})}
+            try:
+                with self.http.stream("GET", f"{self.url}/events/watch", params=params,
+                                      timeout=httpx.Timeout(30.0, read=60.0)) as response:
+                    if response.status_code != 200:
+                        self._result(f"{self.url}/events/watch",
+                                     httpx.Response(response.status_code,
+                                                    content=response.read()))
+                    for line in response.iter_lines():
+                        if line.strip():
+                            event = json.loads(line)
+                            since = event["seq"]
+                            yield event
+            except httpx.TransportError:
+                time.sleep(1.0)  # cut: resume from `since`
+
+    def close(self) -> None:
+        self.http.close()
