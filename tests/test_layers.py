@@ -55,7 +55,8 @@ def test_no_contract_waives_an_import():
     assert [c["name"] for c in contracts() if c.get("ignore_imports")] == []
 
 
-@pytest.mark.parametrize("entry", ["compute.cli.main", "compute.client", "bcd.__main__", "bcd.agent"])
+@pytest.mark.parametrize("entry", ["compute.cli.main", "compute.client", "bcd.__main__",
+                                   "bcd.agent"])
 def test_the_cli_and_bcd_load_no_django(entry):
     probe = (f"import sys, {entry}; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "

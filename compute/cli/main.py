@@ -57,6 +57,27 @@ def api(method: str, fields: tuple[str, ...], output: str | None, query: str | N
     call_and_show(method, body, tenant=tenant, output=output, query=query)
 
 
+@cli.command("mcp")
+@click.option("--http", "http", default=None, metavar="HOST:PORT",
+              help="Serve streamable HTTP here (each request's bearer token is its caller) "
+                   "instead of stdio (BETTER_COMPUTE_TOKEN is the caller).")
+def mcp_command(http: str | None) -> None:
+    """Serve the API as Model Context Protocol tools and resources."""
+    import asyncio
+    import os
+
+    from compute.cli.client import check_url
+    from compute.cli.mcp import serve_http, serve_stdio
+
+    url = check_url(os.environ.get("BETTER_COMPUTE_URL", "").strip() or
+                    "http://127.0.0.1:3000/api/compute")
+    if http is None:
+        asyncio.run(serve_stdio(url))
+        return
+    host, _, port = http.rpartition(":")
+    serve_http(url, host or "127.0.0.1", int(port))
+
+
 @cli.command("gateway", add_help_option=False,
              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
