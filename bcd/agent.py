@@ -26,6 +26,7 @@ from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
+from bcd.deviceplugin import GpuSource, run_device_plugin
 from bcd.holds import FALLBACK, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
 from bcd.journal import Journal
@@ -306,7 +307,7 @@ class Agent:
             loop.add_signal_handler(signum, stop.set)
         self.inventory.start_watching()  # XID events, on a thread of their own
         works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
-                 self.stop_empty_slices(), self.watch_inventory()]
+                 self.stop_empty_slices(), self.watch_inventory(), self.device_plugin()]
         interval = watchdog_seconds()
         if interval is not None:
             works.append(self.ping_watchdog(interval))
@@ -326,6 +327,14 @@ class Agent:
             for task in [stopping, *tasks]:
                 task.cancel()
             await asyncio.gather(stopping, *tasks, return_exceptions=True)
+
+    async def device_plugin(self) -> None:
+        """The Kubernetes device plugin: idle until a kubelet's socket appears in its
+        device-plugins folder (BCD_DEVICE_PLUGIN_DIR, default /var/lib/kubelet/...)."""
+        folder = os.environ.get("BCD_DEVICE_PLUGIN_DIR")
+        await run_device_plugin(GpuSource(self.held, self.current_inventory),
+                                root=self.paths.root,
+                                directory=Path(folder) if folder else None)
 
     async def ping_watchdog(self, interval: float) -> None:
         """Ping systemd's watchdog from the event loop: if the loop hangs, pings stop and

@@ -79,6 +79,9 @@ class DescribedNvml:
     def nvmlDeviceGetName(self, handle: Handle) -> str:
         return str(self._field(handle, "name"))
 
+    def nvmlDeviceGetNumaNodeId(self, handle: Handle) -> int:
+        return int(self._field(handle, "numaNode"))
+
     def nvmlDeviceGetSerial(self, handle: Handle) -> str:
         return str(self._field(handle, "serial"))
 

@@ -70,6 +70,7 @@ class SimulatedInventory:
                                       .encode()).hexdigest()[:8], 16)
             gpus.append({
                 "uuid": self.uuid(i), "name": self.product, "busId": _bus(i),
+                "numaNode": i * 2 // self.gpus,  # two sockets, half the GPUs on each
                 "serial": f"SIM{self._id(f'sn{i}')[:10]}", "memoryTotal": 80 * 2**30,
                 "memoryUsed": (seed % 81920) * 2**20, "nvlinks": links,
                 "eccVolatileUncorrected": fault.ecc_volatile_uncorrected if fault else 0,

@@ -155,6 +155,7 @@ class NvmlInventory:
                          "serial": _text(self._call("nvmlDeviceGetSerial", handle,
                                                     default="")),
                          "health": health, "healthReason": reason,
+                         "numaNode": self._call("nvmlDeviceGetNumaNodeId", handle),
                          "mig": self._mig(handle)})
         domains = nvlink_domains(links, [row["bus"] for row in rows])
         for row in rows:
