@@ -16,8 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from audit.admin import ReadOnlyAdmin
-from audit.context import CallStamp, stamped
-from audit.services import audit_denied
+from audit.context import stamped
 from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
@@ -54,22 +53,15 @@ def audited_action(action: str, label: str, *, tenant_of: Callable[[Any], Tenant
         for row in queryset:
             tenant = tenant_of(row)
             resource = Resource(kind=action.partition(".")[0], tenant_id=tenant.id, id=row.pk)
-            decision = iam.decide(principal, action, resource)
-            stamp = CallStamp(request_id=ids.new("req"), decision_id=decision.id,
-                              decision_reason=decision.reason, origin="admin")
-            with stamped(stamp):
-                if not decision.allowed:
-                    audit_denied(tenant_id=tenant.id, actor_id=principal.id, action=action,
-                                 target=str(row.pk), reason=decision.reason)
-                    modeladmin.message_user(request, f"{row.pk}: not allowed: "
-                                            f"{decision.reason}", messages.ERROR)
-                    continue
-                try:
+            try:
+                stamp = iam.decide_or_refuse(principal, action, resource, tenant_id=tenant.id,
+                                             request_id=ids.new("req"), origin="admin")
+                with stamped(stamp):
                     service(tenant, principal, row)
-                except ComputeError as refused:
-                    modeladmin.message_user(request, f"{row.pk}: {refused.message}",
-                                            messages.ERROR)
-                    continue
+            except ComputeError as refused:  # IAM's refusal (audited) or the service's
+                modeladmin.message_user(request, f"{row.pk}: {refused.message}",
+                                        messages.ERROR)
+                continue
             modeladmin.message_user(request, f"{row.pk}: {label}", messages.SUCCESS)
 
     run.__name__ = action.replace(".", "_")

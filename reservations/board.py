@@ -86,6 +86,11 @@ def fleet_board(*, tenant: Tenant) -> Board:
                  overlaps=ledger_overlaps())
 
 
+def gpus_held_now(node_id: str) -> int:
+    """How many of a node's GPUs a booking holds at this moment."""
+    return sum(1 for gpu in _gpus_now([node_id]).get(node_id, ()) if gpu.reservation_id)
+
+
 def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
     """Each node's present GPUs, with the reservation whose booking holds each one now."""
     with connection.cursor() as cursor:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bcd.inventory.health import GpuReadings, gpu_health
+from bcd.inventory.nvml import linked_domains
 
 
 def _dmi(name: str) -> str:
@@ -37,29 +38,12 @@ def _macs() -> list[str]:
 
 
 def nvlink_domains(topology: str) -> dict[int, str]:
-    """GPUs joined by NV# links in `nvidia-smi topo -m`, grouped into domains."""
+    """GPUs joined by NV# links in `nvidia-smi topo -m`, grouped into domains (the same
+    grouping as NVML's links, bcd.inventory.nvml.linked_domains)."""
     rows = [line.split() for line in topology.splitlines() if line.startswith("GPU")]
-    links: dict[int, set[int]] = {}
-    for row in rows:
-        here = int(row[0][3:])
-        links.setdefault(here, {here})
-        for other, cell in enumerate(row[1:len(rows) + 1]):
-            if re.fullmatch(r"NV\d+", cell):
-                links[here].add(other)
-    domains: dict[int, str] = {}
-    for gpu in sorted(links):
-        if gpu in domains:
-            continue
-        members, pending = set(), [gpu]
-        while pending:
-            current = pending.pop()
-            if current not in members:
-                members.add(current)
-                pending.extend(links.get(current, ()))
-        name = f"nv{len(set(domains.values()))}" if len(members) > 1 else ""
-        for member in members:
-            domains[member] = name
-    return domains
+    links = {row[0][3:]: [str(other) for other, cell in enumerate(row[1:len(rows) + 1])
+                          if re.fullmatch(r"NV\d+", cell)] for row in rows}
+    return {int(gpu): name for gpu, name in linked_domains(links, list(links)).items()}
 
 
 def _number(text: str) -> float:

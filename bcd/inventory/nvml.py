@@ -36,7 +36,7 @@ def _bus(value: Any) -> str:
     return f"{int(domain, 16):04x}:{rest}" if rest else domain
 
 
-def nvlink_domains(links: dict[str, list[str]], gpu_bus: list[str]) -> dict[str, str]:
+def linked_domains(links: dict[str, list[str]], gpu_bus: list[str]) -> dict[str, str]:
     """GPU bus id -> domain name (nv0, nv1… by first GPU), from each GPU's active links'
     remote bus ids; a GPU with no link to another GPU or switch has no domain."""
     parent: dict[str, str] = {}
@@ -157,7 +157,7 @@ class NvmlInventory:
                          "health": health, "healthReason": reason,
                          "numaNode": self._call("nvmlDeviceGetNumaNodeId", handle),
                          "mig": self._mig(handle)})
-        domains = nvlink_domains(links, [row["bus"] for row in rows])
+        domains = linked_domains(links, [row["bus"] for row in rows])
         for row in rows:
             row["nvlinkDomain"] = domains[row.pop("bus")]
         return rows

@@ -25,7 +25,7 @@ from audit.services import audit_denied
 from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
-from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge, PermissionDenied
+from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge
 from compute.http.auth import authenticate
 from compute.tenancy.models import Principal, Tenant
 from compute.tenancy.selectors import TenantOutOfReach, tenant_resolve
@@ -65,19 +65,9 @@ def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,
 
 
 def decide_once(who: Caller, action: str, resource: Resource) -> CallStamp:
-    """The request's one IAM decision. A refusal writes its denied audit row and raises
-    PermissionDenied; an allowed call gets the stamp its audit row will carry."""
-    decision = iam.decide(who.principal, action, resource,
-                          {"requestId": who.request_id, "tenantId": who.tenant.id})
-    stamp = CallStamp(request_id=who.request_id, decision_id=decision.id,
-                      decision_reason=decision.reason, origin="api")
-    if not decision.allowed:
-        with stamped(stamp):
-            audit_denied(tenant_id=who.tenant.id, actor_id=who.principal.id, action=action,
-                         target=resource.id or "", reason=decision.reason)
-        raise PermissionDenied(f"not allowed: {decision.reason}", action=action,
-                               decisionId=decision.id)
-    return stamp
+    """The request's one IAM decision (compute.iam.decide_or_refuse, in the caller's tenant)."""
+    return iam.decide_or_refuse(who.principal, action, resource, tenant_id=who.tenant.id,
+                                request_id=who.request_id)
 
 
 def error_answer(error: BaseException, request_id: str) -> tuple[int, dict[str, Any]]:

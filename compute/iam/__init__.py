@@ -1,6 +1,7 @@
 """The IAM seam: every API request is decided once, here, on its draft.
 
-`decide(principal, action, resource, context)` is the only entry point. The backend is
+`decide(principal, action, resource, context)` asks the backend; `decide_or_refuse` is what
+callers use: it also audits a refusal and stamps an allowed call. The backend is
 chosen by `settings.BC_IAM_BACKEND`; the embedded one reads role bindings from Postgres,
 and an external IAM service can replace it without touching any caller.
 """
@@ -14,8 +15,11 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from audit.context import CallStamp, stamped
+from audit.services import audit_denied
 from bcd.contract import ids
 from compute.api.registry import Resource
+from compute.errors import PermissionDenied
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,22 @@ def authorizer() -> Authorizer:
 def decide(principal: Any, action: str, resource: Resource,
            context: dict[str, Any] | None = None) -> Decision:
     return authorizer().decide(principal, action, resource, context or {})
+
+
+def decide_or_refuse(principal: Any, action: str, resource: Resource, *, tenant_id: str,
+                     request_id: str, origin: str = "api") -> CallStamp:
+    """One IAM decision for a caller acting in `tenant_id`. A refusal writes its denied audit
+    row there and raises PermissionDenied; an allowed call gets the stamp its audit row will
+    carry. Every entry point (the envelope, the watch stream, the console, the admin's
+    actions) decides through here."""
+    decision = decide(principal, action, resource,
+                      {"requestId": request_id, "tenantId": tenant_id})
+    stamp = CallStamp(request_id=request_id, decision_id=decision.id,
+                      decision_reason=decision.reason, origin=origin)
+    if not decision.allowed:
+        with stamped(stamp):
+            audit_denied(tenant_id=tenant_id, actor_id=principal.id, action=action,
+                         target=resource.id or "", reason=decision.reason)
+        raise PermissionDenied(f"not allowed: {decision.reason}", action=action,
+                               decisionId=decision.id)
+    return stamp

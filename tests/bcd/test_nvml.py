@@ -16,7 +16,7 @@ import pytest
 from bcd.inventory.described import DescribedNvml
 from bcd.inventory.fake import SimulatedInventory
 from bcd.inventory.faults import faults_file, inject
-from bcd.inventory.nvml import NvmlInventory, clear_health, cleared_file_of, nvlink_domains
+from bcd.inventory.nvml import NvmlInventory, clear_health, cleared_file_of, linked_domains
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 HOST = {"hostname": "h", "vcpus": 224, "memoryGiB": 2048}
@@ -93,8 +93,8 @@ def test_telemetry_in_the_units_the_ledger_shows():
     ({"a": ["b"], "b": ["a"], "c": [], "d": []}, ["nv0", "nv0", "", ""]),
     ({"a": [], "b": [], "c": [], "d": []}, ["", "", "", ""]),
 ])
-def test_nvlink_domains_follow_the_links(links, expected):
-    assert list(nvlink_domains(links, ["a", "b", "c", "d"]).values()) == expected
+def test_linked_domains_follow_the_links(links, expected):
+    assert list(linked_domains(links, ["a", "b", "c", "d"]).values()) == expected
 
 
 def test_a_simulated_machine_answers_through_the_same_interface(tmp_path):

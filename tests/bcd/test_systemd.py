@@ -47,6 +47,14 @@ def test_a_slice_systemd_starts_is_bound(root, tmp_path, monkeypatch):
     assert [kind for kind, _, _ in reports] == ["bound"]
 
 
+def joined_agent(root) -> Agent:
+    """An agent with placeholder certificates: no gateway answers here, so it retries."""
+    paths = Paths(root)
+    for pem in (paths.cert_file, paths.ca_file):
+        pem.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    return Agent(Config.read(paths.config_file))
+
+
 def test_the_agent_says_ready_and_pings_the_watchdog(root, tmp_path, monkeypatch):
     address = tmp_path / "notify"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -55,10 +63,7 @@ def test_the_agent_says_ready_and_pings_the_watchdog(root, tmp_path, monkeypatch
     monkeypatch.setenv("NOTIFY_SOCKET", str(address))
     monkeypatch.setenv("WATCHDOG_USEC", "200000")  # a ping every 0.1 s
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    paths = Paths(root)
-    for pem in (paths.cert_file, paths.ca_file):  # no gateway answers here: it retries
-        pem.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
-    agent = Agent(Config.read(paths.config_file))
+    agent = joined_agent(root)
 
     async def briefly() -> list[str]:
         running = asyncio.create_task(agent.run())
@@ -77,10 +82,7 @@ def test_the_agent_says_ready_and_pings_the_watchdog(root, tmp_path, monkeypatch
 def test_without_systemd_the_agent_keeps_running(root, monkeypatch):
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)
-    paths = Paths(root)
-    for pem in (paths.cert_file, paths.ca_file):
-        pem.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
-    agent = Agent(Config.read(paths.config_file))
+    agent = joined_agent(root)
 
     async def a_while() -> bool:
         running = asyncio.create_task(agent.run())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from django.db import connection
@@ -39,30 +40,46 @@ class Watcher:
 
 
 
-def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_token):
-    watcher = Watcher(root_token, "types=site.*")
+def site_maker(root):
+    """Create a site from a worker thread (its own connection, closed after)."""
 
     def create_site(region: str) -> None:
         try:
             root("sites.create", kind="shared", region=region)
         finally:
-            connection.close()  # the worker thread's own connection
+            connection.close()
 
-    async def scenario() -> None:
+    return create_site
+
+
+def before_and_after(watcher: Watcher, create_site, between) -> bool:
+    """Watch; a site is made, `between()` runs (in a thread), another site is made: whether
+    the second event arrived on the same stream."""
+
+    async def scenario() -> bool:
         app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
                                                      watcher.send))
         await asyncio.to_thread(create_site, "before")
         assert await eventually(lambda: len(watcher.events()) == 1, 10)
-        quiet = watch.KEEPALIVE_SECONDS + 1.5
-        await asyncio.sleep(quiet)  # nothing happens for longer than the keep-alive period
-        assert b"\n\n" in watcher.body()  # a blank keep-alive line went out
+        await asyncio.to_thread(between)
         await asyncio.to_thread(create_site, "after")
         arrived = await eventually(lambda: len(watcher.events()) == 2, 10)
         watcher.inbox.put_nowait({"type": "http.disconnect"})
         await asyncio.wait_for(app, 10)
-        assert arrived, "the stream stopped delivering after its first keep-alive"
+        return arrived
 
-    asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_token):
+    watcher = Watcher(root_token, "types=site.*")
+
+    def quiet() -> None:  # nothing happens for longer than the keep-alive period
+        time.sleep(watch.KEEPALIVE_SECONDS + 1.5)
+        assert b"\n\n" in watcher.body()  # a blank keep-alive line went out
+
+    arrived = before_and_after(watcher, site_maker(root), quiet)
+    assert arrived, "the stream stopped delivering after its first keep-alive"
     assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]
 
 
@@ -160,32 +177,15 @@ def test_a_stream_loses_nothing_when_the_hubs_connection_is_cut(root, root_token
     wakes every watcher, which re-reads from its cursor."""
     watcher = Watcher(root_token, "types=site.*")
 
-    def create_site(region: str) -> None:
-        try:
-            root("sites.create", kind="shared", region=region)
-        finally:
-            connection.close()
-
-    def cut_the_listener() -> int:
+    def cut_the_listener() -> None:
         try:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                "WHERE query ILIKE 'LISTEN bc_events%%' AND pid <> pg_backend_pid()")
-                return cursor.rowcount
+                assert cursor.rowcount == 1
         finally:
             connection.close()
 
-    async def scenario() -> None:
-        app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
-                                                     watcher.send))
-        await asyncio.to_thread(create_site, "before")
-        assert await eventually(lambda: len(watcher.events()) == 1, 10)
-        assert await asyncio.to_thread(cut_the_listener) == 1
-        await asyncio.to_thread(create_site, "after")
-        arrived = await eventually(lambda: len(watcher.events()) == 2, 10)
-        watcher.inbox.put_nowait({"type": "http.disconnect"})
-        await asyncio.wait_for(app, 10)
-        assert arrived, "an event committed while the hub reconnected was lost"
-
-    asyncio.run(scenario())
+    arrived = before_and_after(watcher, site_maker(root), cut_the_listener)
+    assert arrived, "an event committed while the hub reconnected was lost"
     assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +39,12 @@ class Stack:
         result = self.cli(*args, cwd=cwd)
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         return result.stdout.strip()
+
+    def json(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        """A CLI command's result, as JSON (`--output json`)."""
+        result = self.cli(*args, "--output", "json", env=env)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return json.loads(result.stdout)
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -83,14 +83,9 @@ def board_live(page: Page, *, timeout_ms: int = 5000) -> None:
     expect(page.locator("#feed-state")).to_have_text("live", timeout=timeout_ms)
 
 
-def json_of(stack: Stack, *args: str, env: dict[str, str] | None = None) -> dict:
-    result = stack.cli(*args, "--output", "json", env=env)
-    assert result.returncode == 0, (args, result.stdout, result.stderr)
-    return json.loads(result.stdout)
-
 
 def nodes(stack: Stack) -> list[dict]:
-    return json_of(stack, "nodes", "list")["items"]
+    return stack.json("nodes", "list")["items"]
 
 
 def feed_seqs(page: Page) -> list[int]:
@@ -118,7 +113,7 @@ def test_sign_in_and_the_board_shows_every_node(stack, browser, shots):
 def test_a_cli_reservation_appears_on_its_tile_and_in_the_feed_within_2s(stack, browser, shots):
     page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
     board_live(page)
-    rsv = json_of(stack, "reserve", "--pool", stack.env["POOL"], "--gpus", "3", "--for", "1h")
+    rsv = stack.json("reserve", "--pool", stack.env["POOL"], "--gpus", "3", "--for", "1h")
     node_id = rsv["nodeId"]
     made = time.monotonic()
     expect(page.locator(f"li.tile#{node_id} .held")).to_have_text(
@@ -156,7 +151,7 @@ def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
            ).to_be_visible()
     expect(feed.locator("li", has_text=rsv_id).filter(has_text="reservation.placed")
            ).to_be_visible()
-    shown = json_of(stack, "reservations", "get", rsv_id)
+    shown = stack.json("reservations", "get", rsv_id)
     assert shown["state"] == "active"
     tile = page.locator(f"li.tile#{shown['nodeId']}")
     expect(tile.locator(".held")).to_have_text("GPUs 2/8")
@@ -170,7 +165,7 @@ def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
         cordon.locator("button").click()
     expect(page.locator("#state")).to_contain_text("cordoned")
     page.screenshot(path=shots / "cordoned.png", full_page=True)
-    assert json_of(stack, "nodes", "get", idle["id"])["cordoned"] is True
+    assert stack.json("nodes", "get", idle["id"])["cordoned"] is True
     page.goto(f"{base}/console/")
     expect(page.locator(f"li.tile#{idle['id']}")).to_have_class(re.compile("cordoned"))
     page.goto(f"{base}/console/nodes/{idle['id']}")
@@ -187,7 +182,7 @@ def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
     expect(tile.locator(".held")).to_have_text("GPUs 0/8")
     page.screenshot(path=shots / "released.png", full_page=True)
     assert page.outside == []  # type: ignore[attr-defined]
-    audit = json_of(stack, "audit", "list", "--action", "node.*")["items"]
+    audit = stack.json("audit", "list", "--action", "node.*")["items"]
     assert [r["action"] for r in audit][-2:] == ["node.cordon", "node.uncordon"]
 
 
@@ -209,8 +204,8 @@ def test_a_viewer_sees_no_action_buttons_and_a_forged_post_is_refused(stack, bro
         return [await call({"X-Better-Compute": "1"}), await call({})];
     }""", node_id)
     assert forged == [[403, "permission_denied"], [403, "csrf_header_missing"]]
-    assert json_of(stack, "nodes", "get", node_id)["cordoned"] is False
-    denied = json_of(stack, "audit", "list", "--action", "nodes.cordon")["items"]
+    assert stack.json("nodes", "get", node_id)["cordoned"] is False
+    denied = stack.json("audit", "list", "--action", "nodes.cordon")["items"]
     assert denied
     assert denied[-1]["allowed"] is False
 
@@ -222,8 +217,8 @@ def test_a_tenant_member_sees_only_its_own_reservations(stack, browser, shots):
     member = stack.ok("tokens", "create", "--name", "dev", "--role", "member",
                       "--tenant", "acme", "--query", "token")
     as_member = {**stack.env, "BETTER_COMPUTE_TOKEN": member, "BETTER_COMPUTE_TENANT": "acme"}
-    mine = json_of(stack, "reserve", "--pool", pool, "--gpus", "1", "--for", "1h", env=as_member)
-    theirs = json_of(stack, "reserve", "--pool", pool, "--gpus", "1", "--for", "1h")
+    mine = stack.json("reserve", "--pool", pool, "--gpus", "1", "--for", "1h", env=as_member)
+    theirs = stack.json("reserve", "--pool", pool, "--gpus", "1", "--for", "1h")
     page = sign_in(browser, stack, member, width=390, height=844)  # a phone's width
     page.goto(f"{base_url(stack)}/console/reservations")
     expect(page.locator(f"tr#{mine['id']}")).to_be_visible()
@@ -262,7 +257,7 @@ def test_the_feed_resumes_after_its_stream_is_cut_with_nothing_lost_or_repeated(
     assert wait_until(lambda: stack.cli("system", "whoami").returncode == 0, timeout=30)
     churn("after the API restarted")
     board_live(page, timeout_ms=15_000)
-    expected = [e["seq"] for e in json_of(stack, "events", "list", "--since",
+    expected = [e["seq"] for e in stack.json("events", "list", "--since",
                                           str(first - 1), "--limit", "1000")["items"]]
     expect(page.locator("#feed li[data-seq]").first).to_have_attribute(
         "data-seq", str(expected[-1]))
@@ -295,13 +290,13 @@ def test_a_join_token_is_shown_once_and_revoked_from_the_console(stack, browser,
     page.screenshot(path=shots / "shown-once.png", full_page=True)
     page.reload()
     assert shown not in page.content()  # never again
-    token_id = json_of(stack, "join-tokens", "list")["items"][-1]["id"]
+    token_id = stack.json("join-tokens", "list")["items"][-1]["id"]
     row = page.locator(f"tr#{token_id}")
     expect(row).to_contain_text("live")
     with page.expect_navigation():
         row.locator("button").click()
     expect(page.locator(f"tr#{token_id}")).to_contain_text("revoked")
-    assert json_of(stack, "join-tokens", "list")["items"][-1]["revokedAt"]
+    assert stack.json("join-tokens", "list")["items"][-1]["revokedAt"]
 
 
 def test_audit_verify_and_a_proof_download_from_the_console(stack, browser, shots):
@@ -326,14 +321,14 @@ def test_audit_verify_and_a_proof_download_from_the_console(stack, browser, shot
 
 
 def test_drain_cordons_and_waits_until_nothing_is_held(stack, browser, shots):
-    rsv = json_of(stack, "reserve", "--pool", stack.env["POOL"], "--gpus", "1", "--for", "1h")
+    rsv = stack.json("reserve", "--pool", stack.env["POOL"], "--gpus", "1", "--for", "1h")
     page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
     page.goto(f"{base_url(stack)}/console/nodes/{rsv['nodeId']}")
     drain = page.locator("form[data-then='drain']")
     drain.locator("input[name=reason]").fill("kernel upgrade")
     drain.locator("button").click()
     expect(page.locator("#status")).to_have_text("Draining: 1 GPU(s) still held")
-    assert json_of(stack, "nodes", "get", rsv["nodeId"])["cordoned"] is True
+    assert stack.json("nodes", "get", rsv["nodeId"])["cordoned"] is True
     page.screenshot(path=shots / "draining.png", full_page=True)
     stack.ok("release", rsv["id"])
     expect(page.locator("#status")).to_have_text("Drained: nothing is held", timeout=10_000)

@@ -5,15 +5,14 @@ replace-future), and healing returns it."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 WITHIN = 5.0
 
@@ -24,9 +23,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     yield running
     stop_stack(running)
 
-
-def json_of(stack: Stack, *args: str) -> dict:
-    return json.loads(stack.ok(*args, "--output", "json"))
 
 
 def root_of(stack: Stack, node_id: str) -> Path:
@@ -43,48 +39,43 @@ def inject(stack: Stack, node_id: str, *fault: str) -> None:
 
 
 def gpu(stack: Stack, node_id: str, index: int) -> dict:
-    return next(d for d in json_of(stack, "nodes", "get", node_id)["devices"]
+    return next(d for d in stack.json("nodes", "get", node_id)["devices"]
                 if d["index"] == index)
 
 
-def within(seconds: float, check) -> float:
-    """How long `check` took to hold, failing after `seconds`."""
-    began = time.monotonic()
-    while not check():
-        assert time.monotonic() - began < seconds, "not within the bound"
-        time.sleep(0.2)
-    return time.monotonic() - began
+def wait(seconds: float, check) -> None:
+    assert wait_until(check, seconds), f"not within {seconds} s"
 
 
 def test_an_xid_reaches_the_ledger_moves_a_future_booking_and_heals(stack):
     pool = stack.env["POOL"]
-    future = json_of(stack, "reserve", "--pool", pool, "--gpus", "8", "--for", "1h",
+    future = stack.json("reserve", "--pool", pool, "--gpus", "8", "--for", "1h",
                      "--start", "+2h")
     sick = future["nodeId"]
     inject(stack, sick, "--gpu", "3", "xid", "79")
-    within(WITHIN, lambda: gpu(stack, sick, 3)["health"] == "unhealthy")
+    wait(WITHIN, lambda: gpu(stack, sick, 3)["health"] == "unhealthy")
     assert gpu(stack, sick, 3)["healthReason"] == "XID 79: the GPU has fallen off the bus"
-    assert json_of(stack, "capacity", "--pool", pool)["gpusNotSchedulable"]["unhealthy"] == 1
-    within(WITHIN, lambda: json_of(stack, "reservations", "get", future["id"])["nodeId"]
+    assert stack.json("capacity", "--pool", pool)["gpusNotSchedulable"]["unhealthy"] == 1
+    wait(WITHIN, lambda: stack.json("reservations", "get", future["id"])["nodeId"]
            not in (None, sick))
-    moved = json_of(stack, "reservations", "get", future["id"])
+    moved = stack.json("reservations", "get", future["id"])
     assert (moved["state"], moved["start"]) == ("placed", future["start"])
-    types = [e["type"] for e in json_of(stack, "events", "list", "--limit", "1000")["items"]]
+    types = [e["type"] for e in stack.json("events", "list", "--limit", "1000")["items"]]
     assert "device.unhealthy" in types
     assert "reservation.replaced" in types
 
     # 8 GPUs now, four times: the sick node (7 healthy GPUs) is never chosen. (The moved
     # future reservation holds its node's host share already: host counters are not
     # time-aware, so that node takes none either.)
-    now = [json_of(stack, "reserve", "--pool", pool, "--gpus", "8", "--for", "1h", "--wait",
+    now = [stack.json("reserve", "--pool", pool, "--gpus", "8", "--for", "1h", "--wait",
                    "5") for _ in range(4)]
     placed = {r["nodeId"] for r in now if r["state"] != "pending"}
     assert sick not in placed
     assert len(placed) == 2
     inject(stack, sick, "--gpu", "3", "heal")
-    within(WITHIN, lambda: gpu(stack, sick, 3)["health"] == "healthy")
+    wait(WITHIN, lambda: gpu(stack, sick, 3)["health"] == "healthy")
     waiting = [r["id"] for r in now if r["state"] == "pending"]
-    within(10, lambda: sick in {json_of(stack, "reservations", "get", rsv)["nodeId"]
+    wait(10, lambda: sick in {stack.json("reservations", "get", rsv)["nodeId"]
                                 for rsv in waiting})
     for rsv in [*now, future]:
         stack.ok("release", rsv["id"])

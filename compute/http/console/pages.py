@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from compute.events.selectors import latest_events
 from compute.events.serializers import present_event
 from compute.http.console.session import Page, console_page
-from reservations.board import fleet_board
+from reservations.board import fleet_board, gpus_held_now
 from reservations.ledger import ReservationState, Topology
 
 FEED_LENGTH = 50
@@ -89,8 +89,7 @@ def node(request: HttpRequest, page: Page, node_id: str) -> HttpResponse:
     """One node: inventory, conditions, connectivity, events, and its actions."""
     found = page.call("nodes.get", nodeId=node_id)
     events = page.call("nodes.events", nodeId=node_id, limit=100)["items"]
-    held = next((t.gpus_held for t in fleet_board(tenant=page.tenant).tiles
-                 if t.node_id == node_id), 0)
+    held = gpus_held_now(found["id"])  # the node is the tenant's: nodes.get said so
     return page.render("console/node.html", {"node": found, "events": events, "held": held,
                                              "can_act": page.can("nodes.cordon")})
 
