@@ -26,12 +26,14 @@ from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
+from bcd.contract.vms import Vm
 from bcd.deviceplugin import GpuSource, run_device_plugin
 from bcd.holds import FALLBACK, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
 from bcd.journal import Journal
 from bcd.notify import sd_notify, watchdog_seconds
 from bcd.session import AgentSession, Credentials
+from bcd.vms import VmKeeper
 
 logger = logging.getLogger("bcd")
 BACKOFF_MAX = 30.0
@@ -53,6 +55,14 @@ class Agent:
         self._last_inventory = b""
         self._inventory: dict[str, Any] | None = None
         self._telemetry: dict[str, dict[str, float]] = {}
+        self.vms = VmKeeper(paths=self.paths, journal=self.journal, sign=self._signed,
+                            send=self._send_reports)
+
+    def _send_reports(self, reports: list[tuple[str, str, str]]) -> None:
+        """Reports made outside a spec's application (VMs): sent if a session is up, and
+        again by VmKeeper on the next session's welcome."""
+        if self.session is not None and self.session.state.connected:
+            self.session.send_reports(reports)
 
     def credentials(self) -> Credentials:
         return Credentials(key=self.node_key(),
@@ -82,6 +92,9 @@ class Agent:
         }
         if kind in diagnostics:  # they read hardware and files: off the event loop
             return await asyncio.to_thread(diagnostics[kind])
+        if kind == "vm.console":
+            return "succeeded", {"lines": self.vms.console(
+                str(payload.get("sandboxId", "")), min(int(payload.get("lines", 50)), 2000))}
         if kind == "sim.mark" and self.config.sim:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}
@@ -107,6 +120,8 @@ class Agent:
         return self._key
 
     def _signed(self, kind: str, payload: dict[str, Any]) -> tuple[str, str, str]:
+        if "nodeId" in payload:
+            payload = {**payload, "nodeId": self.config.node_id}
         body = canonical(payload).decode()
         return kind, body, sign_bytes(self.node_key(), body.encode())
 
@@ -123,6 +138,10 @@ class Agent:
         if not isinstance(entries, list):
             raise BadHold("allocations must be a list")
         wanted = {hold.allocation_id: hold for hold in map(Hold.from_wire, entries)}
+        vms = spec.get("vms", [])
+        if not isinstance(vms, list):
+            raise BadHold("vms must be a list")
+        machines = [Vm.from_wire(entry) for entry in vms]  # BadVm refuses the whole spec
         self.journal.begin("spec", str(generation), generation=generation)
         reports = []
         for allocation, hold in self.held().items():
@@ -167,6 +186,7 @@ class Agent:
             reports.append(self._signed("bound", {**bound, "generation": generation,
                                                   "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
+        self.vms.want(machines)
         return reports
 
     def cdi_source(self) -> str:
@@ -199,6 +219,8 @@ class Agent:
                          "holds": f"{len(self.journal.held())} held"},
             "cdi": self.cdi_source(),
             "simulated": self.config.sim,
+            "virtualization": self.vms.accelerator or "probing",
+            "vms": self.vms.status(),
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
                       "health": g.get("health", "healthy"),
                       "healthReason": g.get("healthReason", ""),
@@ -270,6 +292,7 @@ class Agent:
         state.on_renewed = self._renewed
         if self.session is not None:
             self.session.send_inventory(self._inventory_sent_now(self.current_inventory()))
+            self.vms.resend()
 
     def _inventory_sent_now(self, report: dict[str, Any]) -> dict[str, Any]:
         self._last_inventory = canonical(report)
@@ -279,15 +302,18 @@ class Agent:
         """The latest inventory `watch_inventory` read (off the event loop); read here only
         before its first pass."""
         if self._inventory is None:
-            self._inventory = self.inventory.report()
+            self._inventory = self._read_inventory()
         return self._inventory
+
+    def _read_inventory(self) -> dict[str, Any]:
+        return {**self.inventory.report(), "virtualization": self.vms.accelerator or "probing"}
 
     async def watch_inventory(self) -> None:
         """Read inventory, health and telemetry off the event loop (NVML and nvidia-smi
         block) and send the inventory when it changed: a GPU that turns unhealthy reaches the
         ledger in seconds."""
         while True:
-            report = await asyncio.to_thread(self.inventory.report)
+            report = await asyncio.to_thread(self._read_inventory)
             self._telemetry = await asyncio.to_thread(self.inventory.telemetry)
             self._inventory = report
             session = self.session
@@ -307,7 +333,8 @@ class Agent:
             loop.add_signal_handler(signum, stop.set)
         self.inventory.start_watching()  # XID events, on a thread of their own
         works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
-                 self.stop_empty_slices(), self.watch_inventory(), self.device_plugin()]
+                 self.stop_empty_slices(), self.watch_inventory(), self.device_plugin(),
+                 self.vms.run()]
         interval = watchdog_seconds()
         if interval is not None:
             works.append(self.ping_watchdog(interval))
@@ -366,6 +393,9 @@ def status_text(status: dict[str, Any]) -> str:
              f"{status['generations']['observed']}"]
     lines += [f"section     {name}: {state}" for name, state in status["sections"].items()]
     lines.append(f"cdi         {status.get('cdi', '')}")
+    lines.append(f"virtualization {status.get('virtualization', 'none')}")
+    lines += [f"vm          {vm['sandboxId']} {vm['state']}, {vm['vcpus']} vCPUs, "
+              f"{vm['memoryMiB']} MiB, pid {vm['pid']}" for vm in status.get("vms", [])]
     if status.get("simulated"):
         lines.append("readings    simulated (a simulated machine: no GPU was measured)")
     for gpu in status["gpus"]:

@@ -24,7 +24,7 @@ from bcd.contract.proto import agent_pb2_grpc
 logger = logging.getLogger("bcd.session")
 
 CommandRunner = Callable[[str, str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
-# (generation, spec) -> signed reports to send: [("bound" | "released", json, signature)]
+# (generation, spec) -> signed reports to send: [("bound" | "released" | …, json, signature)]
 SpecApplier = Callable[[int, dict[str, Any]], list[tuple[str, str, str]]]
 
 
@@ -92,6 +92,14 @@ class AgentSession:
         from bcd.join.documents import csr_for
 
         self.send_control(self._message(renew=pb.Renew(csr_der=csr_for(key, self.state.node_id))))
+
+    def send_reports(self, reports: list[tuple[str, str, str]]) -> None:
+        """Queue signed reports (kind, json, signature) on the control lane."""
+        for report, body, signature in reports:
+            field_type = {"bound": pb.AllocationBound, "released": pb.AllocationReleased,
+                          "failed": pb.AllocationFailed, "vm": pb.VmReport}[report]
+            self.send_control(self._message(**{report: field_type(json=body,
+                                                                  signature=signature)}))
 
     def send_control(self, message: pb.AgentMessage) -> None:
         self.control.put_nowait(message)
@@ -181,12 +189,7 @@ class AgentSession:
                             logger.error("spec generation %d refused, nothing applied: %s",
                                          message.spec.generation, refusal)
                             continue
-                        for report, body, signature in reports:
-                            field_type = {"bound": pb.AllocationBound,
-                                          "released": pb.AllocationReleased,
-                                          "failed": pb.AllocationFailed}[report]
-                            self.send_control(self._message(**{report: field_type(
-                                json=body, signature=signature)}))
+                        self.send_reports(reports)
                         self.applied_generation = max(self.applied_generation,
                                                       message.spec.generation)
                     elif kind == "renewed":

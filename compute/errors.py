@@ -93,6 +93,14 @@ class PreconditionFailed(ComputeError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class Unavailable(ComputeError):
+    """Something the call needs (such as a node's answer) did not come in time; retry."""
+
+    code = "unavailable"
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+
+
 def all_error_classes() -> list[type[ComputeError]]:
     """Every error class, for the OpenAPI document and the contract tests."""
     found: list[type[ComputeError]] = []

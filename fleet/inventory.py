@@ -10,6 +10,7 @@ from compute.errors import InvalidArgument
 
 _VENDOR_PREFIXES = ("NVIDIA ", "Tesla ")
 _TWO_WORD_FAMILIES = ("RTX", "QUADRO", "GEFORCE")
+VIRTUALIZATION = ("", "kvm", "tcg", "none", "probing")
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
 
@@ -61,6 +62,7 @@ class InventoryReport:
     macs: tuple[str, ...] = ()
     gpus: tuple[GpuReport, ...] = field(default_factory=tuple)
     simulated_root: str = ""  # a simulated machine: its agent's private root
+    virtualization: str = ""  # kvm | tcg | none | probing; "" from agents that do not say
 
     def models(self) -> set[str]:
         return {gpu.model for gpu in self.gpus}
@@ -112,8 +114,12 @@ def parse_inventory(data: dict[str, Any]) -> InventoryReport:
     if simulated and (not root.startswith("/") or len(root) > 300):
         raise InvalidArgument("simulated.root must be an absolute path",
                               field="simulated.root")
+    virtualization = _get(data, "virtualization", str, "", "")
+    if virtualization not in VIRTUALIZATION:
+        raise InvalidArgument(f"virtualization must be one of {', '.join(VIRTUALIZATION)}",
+                              field="virtualization")
     return InventoryReport(
-        simulated_root=root,
+        simulated_root=root, virtualization=virtualization,
         hostname=_get(data, "hostname", str, "", ""), vcpus=_get(data, "vcpus", int, ""),
         memory_gib=_get(data, "memoryGiB", int, ""), serial=_get(data, "serial", str, "", ""),
         product_uuid=_get(data, "productUuid", str, "", ""), macs=macs, gpus=tuple(gpus))

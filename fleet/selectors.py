@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 
 from compute.guards import one_visible
 from compute.tenancy.models import Tenant
-from fleet.models import JoinToken, Node, NodeSpec, Pool, ProvisionState, Site
+from fleet.models import Image, JoinToken, Node, NodeSpec, Pool, ProvisionState, Site
 
 
 def site_list(*, tenant: Tenant) -> QuerySet[Site]:
@@ -35,6 +35,18 @@ def access_pool_by_id(*, tenant: Tenant, pool_id: str, owned: bool = False,
     if lock:
         pool = Pool.objects.select_for_update().get(pk=pool.pk)
     return pool
+
+
+def image_list(*, tenant: Tenant, pool_id: str) -> QuerySet[Image]:
+    """The catalogue of a pool the tenant owns or was offered."""
+    return Image.objects.filter(pool=access_pool_by_id(tenant=tenant, pool_id=pool_id))
+
+
+def access_image_by_id(*, tenant: Tenant, image_id: str, owned: bool = False) -> Image:
+    """An image of a pool the tenant owns (or, unless `owned`, was offered)."""
+    pools = Pool.objects.filter(tenant=tenant) if owned else pool_list(tenant=tenant)
+    return one_visible(Image.objects.filter(pool__in=pools).select_related("pool"), image_id,
+                       noun="image", field="imageId")
 
 
 def node_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Node]:

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from compute.api.inputs import Input
-from fleet.models import Device, JoinToken, Node, Pool, Site
+from fleet.models import Device, Image, JoinToken, Node, Pool, Site
 
 ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network",
                      "diag.dcgm")
@@ -29,6 +29,17 @@ class HostShareIn(Input):
     memory_gi_b_per_gpu = serializers.IntegerField(min_value=0, max_value=16384)
 
 
+class SandboxPolicyIn(Input):
+    max_vcpus = serializers.IntegerField(required=False, min_value=1, max_value=1024)
+    max_memory_gi_b = serializers.IntegerField(required=False, min_value=1, max_value=16384)
+    images = serializers.ListField(child=serializers.CharField(max_length=63), required=False,
+                                   help_text="Image names sandboxes may boot (default: any "
+                                             "image of the pool).")
+    public_forwards = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Port forwards listen on every address of the node, not only loopback.")
+
+
 class PolicyIn(Input):
     """A pool's policy. Stored in the wire form it was given, once validated."""
 
@@ -41,6 +52,7 @@ class PolicyIn(Input):
         help_text="A GPU turns unhealthy: keep its bookings (the default), or re-place the "
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
+    sandboxes = SandboxPolicyIn(required=False)
 
 
 def present_site(site: Site) -> dict[str, Any]:
@@ -60,7 +72,7 @@ def present_node(node: Node) -> dict[str, Any]:
         "hostname": node.hostname, "provisionState": node.provision_state,
         "connectivity": node.connectivity, "health": node.health, "cordoned": node.cordoned,
         "schedulable": node.schedulable, "labels": node.labels,
-        "simulated": bool(node.simulated_root),
+        "simulated": bool(node.simulated_root), "virtualization": node.virtualization or None,
         "vcpus": node.vcpus, "memoryGiB": node.memory_gib,
         "vcpusAllocated": node.vcpus_allocated, "memoryGiBAllocated": node.memory_gib_allocated,
         "serial": node.serial or None, "productUuid": node.product_uuid or None,
@@ -110,3 +122,8 @@ def present_join_token(token: JoinToken) -> dict[str, Any]:
             "expectProductUuid": token.expect_product_uuid or None,
             "expectMac": token.expect_mac or None, "nodes": token.nodes,
             "createdAt": token.created_at}
+
+
+def present_image(image: Image) -> dict[str, Any]:
+    return {"id": image.id, "poolId": image.pool_id, "name": image.name, **image.parts(),
+            "readyLine": image.ready_line, "createdAt": image.created_at}

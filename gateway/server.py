@@ -29,7 +29,7 @@ from compute.errors import ComputeError
 from fleet import selectors
 from fleet.services import sessions
 from gateway.sessions import BULK_WINDOW, Session
-from reservations.services import binding
+from reservations.services import binding, sandbox_reports
 
 logger = logging.getLogger("gateway")
 
@@ -209,11 +209,12 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                                 signature=result.signature)
             session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
                 report_id=message.report_id, duplicate=not new)))
-        elif kind in ("bound", "released", "failed"):
+        elif kind in ("bound", "released", "failed", "vm"):
             report = getattr(message, kind)
             record = {"bound": binding.allocation_bound_record,
                       "released": binding.allocation_released_record,
-                      "failed": binding.allocation_failed_record}[kind]
+                      "failed": binding.allocation_failed_record,
+                      "vm": sandbox_reports.vm_report_record}[kind]
             try:
                 await self.db(record, node_id=node, body=report.json,
                               signature=report.signature)

@@ -9,8 +9,19 @@ from compute.fields import id_field
 
 
 class SandboxState(models.TextChoices):
+    """placed: counters claimed, the VM is in the node's spec; starting: QEMU runs on the
+    node; running: the guest said it booted (only the node's signed report sets it);
+    stopping: released, the node is stopping it; stopped; failed (with a reason)."""
+
+    PLACED = "placed"
+    STARTING = "starting"
     RUNNING = "running"
-    RELEASED = "released"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+LIVE = (SandboxState.PLACED, SandboxState.STARTING, SandboxState.RUNNING)
 
 
 class Sandbox(models.Model):
@@ -19,13 +30,21 @@ class Sandbox(models.Model):
                                related_name="sandboxes")
     pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="sandboxes")
     node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="sandboxes")
+    image = models.ForeignKey("fleet.Image", on_delete=models.SET_NULL, null=True,
+                              related_name="sandboxes")
     name = models.CharField(max_length=200, blank=True)
     vcpus = models.PositiveIntegerField()
     memory_gib = models.PositiveIntegerField()
+    forwards = models.JSONField(default=list, blank=True)  # [{hostPort, guestPort}]
     state = models.CharField(max_length=16, choices=SandboxState.choices,
-                             default=SandboxState.RUNNING)
+                             default=SandboxState.PLACED)
+    failure_reason = models.CharField(max_length=300, blank=True)
+    exit_status = models.IntegerField(null=True, blank=True)
+    accelerator = models.CharField(max_length=8, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)  # the node said it booted
     released_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)  # stopped or failed: counters freed
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -40,7 +40,11 @@ def present_sandbox(sandbox: Sandbox) -> dict[str, Any]:
     return {"id": sandbox.id, "tenantId": sandbox.tenant_id, "poolId": sandbox.pool_id,
             "nodeId": sandbox.node_id, "name": sandbox.name, "vcpus": sandbox.vcpus,
             "memoryGiB": sandbox.memory_gib, "state": sandbox.state,
-            "createdAt": sandbox.created_at, "releasedAt": sandbox.released_at}
+            "imageId": sandbox.image_id, "forwards": sandbox.forwards,
+            "accelerator": sandbox.accelerator or None,
+            "failureReason": sandbox.failure_reason or None, "exitStatus": sandbox.exit_status,
+            "createdAt": sandbox.created_at, "startedAt": sandbox.started_at,
+            "releasedAt": sandbox.released_at, "endedAt": sandbox.ended_at}
 
 
 def present_usage(record: UsageRecord) -> dict[str, Any]:

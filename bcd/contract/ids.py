@@ -22,6 +22,7 @@ PREFIXES: dict[str, str] = {
     "dec": "IAM decision",
     "dev": "device",
     "evt": "event",
+    "img": "image",
     "jtk": "join token",
     "node": "node",
     "off": "offering",

@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from compute import pg
+from compute.cli import guestimage
 from compute.cli.artifact import served_artifacts, write_artifacts
 from compute.cli.client import Client, CliError, Config
 
@@ -157,6 +158,28 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     raise CliError(f"the simulated nodes were not adopted within {READY_TIMEOUT:.0f}s")
 
 
+def _default_image(api: Client, pool_id: str, downloads: Path, base_url: str) -> None:
+    """Build the small sandbox image (a distribution kernel and a busybox initramfs) into
+    the downloads folder and add it to the CPU pool as `default`, once."""
+    if api.call("images.list", {"poolId": pool_id})["items"]:
+        return
+    try:
+        parts = guestimage.build(downloads / "guest")
+    except FileNotFoundError as missing:
+        click.echo(f"no sandbox image: {missing}", err=True)
+        return
+    body: dict[str, Any] = {"poolId": pool_id, "name": "default",
+                            "readyLine": guestimage.BOOT_LINE}
+    for part, path in parts.items():
+        served = downloads / f"guest-{path.name}"
+        path.replace(served)
+        body[part] = {"url": f"{base_url}/downloads/{served.name}",
+                      "sha256": guestimage.sha256_of(served)}
+    image = api.call("images.create", body)
+    click.echo(f"sandbox image {image['name']} ({image['id']}): {parts['kernel'].name} "
+               "from /boot and a busybox initramfs")
+
+
 # Also in the README's tutorial, which a test runs as written.
 JOIN_ONE_MORE = """\
   better-compute join-tokens create --pool $POOL --ttl 1h --out ./join-token
@@ -228,6 +251,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
                    "liveness) and the django-q2 cluster (hourly audit checkpoints)")
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
+        if "cpuPoolId" in ids:
+            _default_image(api, ids["cpuPoolId"], downloads, f"http://{host}:{port}")
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,

@@ -161,8 +161,10 @@ def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None
 
 
 def wait_for(api: Any, result: dict[str, Any], seconds: float, tenant: str | None,
-             settling: tuple[str, ...] = ("pending",)) -> dict[str, Any]:
-    """Poll while the reservation is settling, with a progress line on a terminal."""
+             settling: tuple[str, ...] = ("pending",), *,
+             get: tuple[str, str] = ("reservations.get", "reservationId")) -> dict[str, Any]:
+    """Poll while the reservation (or what `get` reads) is settling, with a progress line
+    on a terminal."""
     deadline = time.monotonic() + seconds
     frames, tick = "|/-\\", 0
     tty = sys.stderr.isatty()
@@ -173,7 +175,7 @@ def wait_for(api: Any, result: dict[str, Any], seconds: float, tenant: str | Non
                        f"{left:4.0f}s", err=True, nl=False)
             tick += 1
         time.sleep(0.5)
-        result = api.call("reservations.get", {"reservationId": result["id"]}, tenant=tenant)
+        result = api.call(get[0], {get[1]: result["id"]}, tenant=tenant)
     if tty and tick:
         click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
     if result["state"] == "pending":
@@ -232,18 +234,61 @@ def sandboxes() -> None:
     """Sandbox VMs: vCPUs and memory from the same ledger."""
 
 
-@api_command(sandboxes, "create", "sandboxes.create")
+def forward_pair(text: str) -> dict[str, int]:
+    host, sep, guest = text.partition(":")
+    if not sep or not host.isdigit() or not guest.isdigit():
+        raise click.BadParameter(f"{text!r} is not HOST_PORT:GUEST_PORT, e.g. 2222:22")
+    return {"hostPort": int(host), "guestPort": int(guest)}
+
+
+@sandboxes.command("create")
 @click.option("--pool", "pool_id", required=True)
-@click.option("--vcpus", type=click.IntRange(1, 1024), required=True)
-@click.option("--memory", "memory", type=click.IntRange(1, 16384), required=True,
+@click.option("--vcpus", type=click.IntRange(1, 256), required=True)
+@click.option("--memory", "memory", type=click.IntRange(1, 4096), required=True,
               help="GiB.")
+@click.option("--image", default=None, help="Image name or id (default: the pool's default).")
+@click.option("--forward", "forwards", multiple=True, metavar="HOST:GUEST",
+              help="Forward a TCP port of the node to the guest, e.g. 2222:22 (repeatable).")
 @click.option("--name", default=None)
-@click.option("--key", default=None, help="Idempotency key.")
-def sandboxes_create(pool_id: str, vcpus: int, memory: int, name: str | None,
-                     key: str | None) -> dict[str, Any]:
-    """Claim vCPUs and memory on one node for a sandbox."""
-    return {"poolId": pool_id, "vcpus": vcpus, "memoryGiB": memory, "name": name,
-            "idempotencyKey": key}
+@click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
+@click.option("--wait", "wait", is_flag=True, help="Wait until the guest has booted.")
+@click.option("--timeout", type=click.FloatRange(0, 3600), default=300.0, show_default=True,
+              help="Seconds --wait waits at most.")
+@output_options
+def sandboxes_create(pool_id: str, vcpus: int, memory: int, image: str | None,
+                     forwards: tuple[str, ...], name: str | None, key: str | None, wait: bool,
+                     timeout: float, output: str | None, query: str | None,
+                     tenant: str | None) -> None:
+    """Start a sandbox VM with vCPUs and memory claimed on one node."""
+    key = key or str(uuid.uuid4())
+    click.echo(f"idempotency key: {key}", err=True)
+    api = make_client()
+    result = api.call("sandboxes.create", {
+        "poolId": pool_id, "vcpus": vcpus, "memoryGiB": memory, "image": image,
+        "forwards": [forward_pair(f) for f in forwards] or None, "name": name,
+        "idempotencyKey": key}, tenant=tenant)
+    if wait:
+        result = wait_for(api, result, timeout, tenant, ("placed", "starting"),
+                          get=("sandboxes.get", "sandboxId"))
+        if result["state"] == "failed":
+            show(result, output=output, query=query)
+            raise SystemExit(f"sandbox {result['id']} failed: {result['failureReason']}")
+    show(result, output=output, query=query)
+
+
+@sandboxes.command("logs")
+@click.argument("sandbox_id")
+@click.option("--lines", "-n", type=click.IntRange(1, 2000), default=50, show_default=True)
+@output_options
+def sandboxes_logs(sandbox_id: str, lines: int, output: str | None, query: str | None,
+                   tenant: str | None) -> None:
+    """The last lines of the VM's serial console (as text; --output json for the object)."""
+    result = make_client().call("sandboxes.logs", {"sandboxId": sandbox_id, "lines": lines},
+                                tenant=tenant)
+    if output or query:
+        show(result, output=output, query=query)
+    else:
+        click.echo("\n".join(result["lines"]))
 
 
 @api_command(sandboxes, "get", "sandboxes.get")
@@ -254,7 +299,7 @@ def sandboxes_get(sandbox_id: str) -> dict[str, Any]:
 
 
 @api_command(sandboxes, "list", "sandboxes.list",
-             columns=["id", "state", "nodeId", "vcpus", "memoryGiB", "createdAt"])
+             columns=["id", "state", "nodeId", "vcpus", "memoryGiB", "startedAt"])
 def sandboxes_list() -> dict[str, Any]:
     """Your sandboxes."""
     return {}
@@ -263,7 +308,7 @@ def sandboxes_list() -> dict[str, Any]:
 @api_command(sandboxes, "release", "sandboxes.release")
 @click.argument("sandbox_id")
 def sandboxes_release(sandbox_id: str) -> dict[str, Any]:
-    """Give back a sandbox's vCPUs and memory."""
+    """Stop the VM; its vCPUs and memory come back once the node stopped it."""
     return {"sandboxId": sandbox_id}
 
 

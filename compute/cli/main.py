@@ -11,6 +11,7 @@ from compute.cli.audit import audit
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment
 from compute.cli.dev import dev
+from compute.cli.images import images
 from compute.cli.install_script import daemon
 from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
 from compute.cli.resources import GROUPS
@@ -41,7 +42,7 @@ def cli() -> None:
     """
 
 
-for command in [*GROUPS, *LEDGER_COMMANDS, audit, daemon]:
+for command in [*GROUPS, *LEDGER_COMMANDS, images, audit, daemon]:
     cli.add_command(command)
 cli.add_command(dev)
 

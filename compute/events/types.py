@@ -47,7 +47,13 @@ class EventType(models.TextChoices):
     RESERVATION_FAILED = "reservation.failed"
     ALLOCATION_RELEASED = "allocation.released"
     SANDBOX_CREATED = "sandbox.created"
+    SANDBOX_STARTING = "sandbox.starting"
+    SANDBOX_RUNNING = "sandbox.running"
     SANDBOX_RELEASED = "sandbox.released"
+    SANDBOX_STOPPED = "sandbox.stopped"
+    SANDBOX_FAILED = "sandbox.failed"
+    IMAGE_CREATED = "image.created"
+    IMAGE_DELETED = "image.deleted"
 
 
 def parse_type_globs(types: str | None) -> list[str]:

@@ -1,7 +1,9 @@
-"""GET /downloads/<name>: agent artifacts from the downloads folder (BC_DOWNLOADS_DIR).
+"""GET /downloads/<name>: agent artifacts and sandbox image parts from the downloads folder
+(BC_DOWNLOADS_DIR).
 
-Files are named like goreleaser's (`bcd_<version>_linux_<arch>`); the install script pins
-each one's SHA-256, so serving them over plain HTTP inside a network is safe.
+Artifacts are named like goreleaser's (`bcd_<version>_linux_<arch>`); the install script
+pins each one's SHA-256, and nodes check each image part against the sha256 its image
+names, so serving them over plain HTTP inside a network is safe.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 from fleet.models.agent import CommandState, NodeCommand, NodeReport
 from fleet.models.devices import Device, DeviceClass
+from fleet.models.images import Image
 from fleet.models.join_tokens import JoinToken
 from fleet.models.nodes import SCHEDULABLE, Connectivity, Health, Node, ProvisionState
 from fleet.models.pools import Pool, PoolClass
@@ -8,5 +9,5 @@ from fleet.models.sites import Site
 from fleet.models.specs import NodeSpec
 
 __all__ = ["SCHEDULABLE", "CommandState", "Connectivity", "Device", "DeviceClass", "Health",
-           "JoinToken", "Node", "NodeCommand", "NodeReport", "NodeSpec", "Pool", "PoolClass",
-           "ProvisionState", "Site", "SpentSeal"]
+           "Image", "JoinToken", "Node", "NodeCommand", "NodeReport", "NodeSpec", "Pool",
+           "PoolClass", "ProvisionState", "Site", "SpentSeal"]

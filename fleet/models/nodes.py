@@ -49,6 +49,9 @@ class Node(models.Model):
         max_length=300, blank=True,
         help_text="A simulated machine's private root (empty: a real machine).")
     vcpus = models.PositiveIntegerField(default=0)
+    virtualization = models.CharField(
+        max_length=8, blank=True,
+        help_text="How the node runs sandbox VMs: kvm, tcg (emulated), none; as it reports.")
     memory_gib = models.PositiveIntegerField(default=0)
     vcpus_allocated = models.PositiveIntegerField(default=0)
     memory_gib_allocated = models.PositiveIntegerField(default=0)

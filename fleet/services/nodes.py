@@ -66,9 +66,11 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     node.product_uuid = report.product_uuid or node.product_uuid
     node.macs = list(report.macs) or node.macs
     node.simulated_root = report.simulated_root
+    node.virtualization = report.virtualization
     node.inventory_generation += 1
     node.save(update_fields=["hostname", "vcpus", "memory_gib", "serial", "product_uuid",
-                             "macs", "simulated_root", "inventory_generation"])
+                             "macs", "simulated_root", "virtualization",
+                             "inventory_generation"])
     seen: set[str] = set()
     for gpu in report.gpus:
         parent = _upsert_device(node, uuid=gpu.uuid, device_class=DeviceClass.GPU,

@@ -10,19 +10,26 @@ from fleet.models import Node, NodeSpec
 
 
 def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
-                            remove: str | None = None) -> NodeSpec:
-    """Write the next generation with `add` and without allocation `remove` (with neither:
-    generation 1 of a newly adopted node, or an unchanged copy).
+                            remove: str | None = None, vm_add: dict[str, Any] | None = None,
+                            vm_remove: str | None = None) -> NodeSpec:
+    """Write the next generation with hold `add` and VM `vm_add`, without allocation
+    `remove` and sandbox `vm_remove` (with none: generation 1 of a newly adopted node, or
+    an unchanged copy).
 
     The caller holds the node row's lock, which orders generations; the unique constraint
     on (node, generation) is the backstop.
     """
     latest = node.specs.order_by("-generation").first()
-    allocations = list(latest.spec.get("allocations", [])) if latest else []
-    if remove:
-        allocations = [a for a in allocations if a["allocationId"] != remove]
-    if add:
-        allocations = [a for a in allocations if a["allocationId"] != add["allocationId"]]
-        allocations.append(add)
+    spec = latest.spec if latest else {}
+    allocations = _changed(spec.get("allocations", []), "allocationId", add, remove)
+    vms = _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)
     return NodeSpec.objects.create(node=node, generation=(latest.generation + 1) if latest else 1,
-                                   spec={"allocations": allocations}, txid=CURRENT_TXID)
+                                   spec={"allocations": allocations, "vms": vms},
+                                   txid=CURRENT_TXID)
+
+
+def _changed(entries: list[dict[str, Any]], key: str, add: dict[str, Any] | None,
+             remove: str | None) -> list[dict[str, Any]]:
+    gone = {remove, add[key] if add else None} - {None}
+    kept = [entry for entry in entries if entry[key] not in gone]
+    return [*kept, add] if add else kept

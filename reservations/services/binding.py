@@ -64,7 +64,7 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
     return rsv
 
 
-def _verified(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:
+def verified_report(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:
     node = Node.objects.get(pk=node_id)
     if not node.public_key or not verify_bytes(node.public_key, body.encode(), signature):
         raise BindingRefused(f"not signed by {node_id}'s key")
@@ -89,7 +89,7 @@ def allocation_bound_record(*, node_id: str, body: str, signature: str) -> Reser
 
 @audited
 def _bind(node_id: str, body: str, signature: str) -> Reservation:
-    node, payload = _verified(node_id, body, signature)
+    node, payload = verified_report(node_id, body, signature)
     allocation = (Allocation.objects.filter(pk=payload.get("allocationId"), node=node,
                                             ended_at__isnull=True).first())
     if allocation is None:
@@ -120,7 +120,7 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
 @audited
 def allocation_released_record(*, node_id: str, body: str, signature: str) -> str:
     """The node gave an allocation's GPUs back (signed)."""
-    node, payload = _verified(node_id, body, signature)
+    node, payload = verified_report(node_id, body, signature)
     node = Node.objects.select_related("pool").get(pk=node.pk)
     allocation_id = str(payload.get("allocationId", ""))[:32]
     audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="allocation.release",
@@ -183,7 +183,7 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
 
 def allocation_failed_record(*, node_id: str, body: str, signature: str) -> Reservation | None:
     """The node says (signed) it could not hold an allocation."""
-    node, payload = _verified(node_id, body, signature)
+    node, payload = verified_report(node_id, body, signature)
     allocation = Allocation.objects.filter(pk=payload.get("allocationId"), node=node,
                                            ended_at__isnull=True).first()
     if allocation is None:

@@ -1,21 +1,32 @@
-"""Sandboxes: VMs that claim vCPUs and memory from the nodes' guarded host counters."""
+"""Sandboxes: VMs that claim vCPUs and memory from the nodes' guarded host counters.
+
+Creating one claims the counters and puts the VM into its node's desired state; bcd starts
+QEMU and reports (signed) when the guest has booted, which alone makes the sandbox
+`running`. Releasing one takes the VM out of the desired state; the counters are given back
+when the node reports it stopped (or that it failed or exited), never before, so a VM that
+still runs is never counted as gone.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from audit.services import audit_record, audited
+from bcd.contract.vms import ImagePart, Vm
 from compute.db import database_now
-from compute.errors import CapacityConflict, InvalidState
+from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
-from fleet.models import SCHEDULABLE, Node
+from fleet.models import SCHEDULABLE, Image, Node, Pool
 from fleet.selectors import access_pool_by_id
+from fleet.services.specs import node_spec_change_locked
 from reservations.quotas import quota_consume, quota_refund
-from reservations.sandboxes import Sandbox, SandboxState
+from reservations.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.selectors import access_sandbox_by_id
 from reservations.services.metering import usage_record
 from reservations.work import pool_replan
@@ -23,11 +34,21 @@ from reservations.work import pool_replan
 MAX_RACES = 8
 
 
-def _claim_host(pool_id: str, vcpus: int, memory_gib: int) -> Node | None:
-    """The schedulable node that fits most tightly, with its counters already raised."""
+def _claim_host(pool_id: str, vcpus: int, memory_gib: int,
+                host_ports: list[int]) -> Node | None:
+    """The schedulable node that fits most tightly (and has none of `host_ports` forwarded
+    already), with its counters already raised."""
     tried: set[str] = set()
+    taken = Q()
+    for port in host_ports:
+        taken |= Q(sandboxes__state__in=[*LIVE, SandboxState.STOPPING],
+                   sandboxes__forwards__contains=[{"hostPort": port}])
     for _ in range(MAX_RACES):
-        node = (Node.objects.filter(pool_id=pool_id).filter(SCHEDULABLE).exclude(pk__in=tried)
+        candidates = (Node.objects.filter(pool_id=pool_id).filter(SCHEDULABLE)
+                      .exclude(pk__in=tried).exclude(virtualization="none"))
+        if host_ports:
+            candidates = candidates.exclude(pk__in=Node.objects.filter(taken).values("pk"))
+        node = (candidates
                 .annotate(vcpus_free=F("vcpus") - F("vcpus_allocated"),
                           memory_free=F("memory_gib") - F("memory_gib_allocated"))
                 .filter(vcpus_free__gte=vcpus, memory_free__gte=memory_gib)
@@ -46,63 +67,136 @@ def _claim_host(pool_id: str, vcpus: int, memory_gib: int) -> Node | None:
     return None
 
 
+def _bounded(pool: Pool, vcpus: int, memory_gib: int) -> dict[str, Any]:
+    """The pool's sandbox policy, once the request is checked against its bounds."""
+    policy = dict(pool.policy.get("sandboxes") or {})
+    for field, asked, limit in (("vcpus", vcpus, policy.get("maxVcpus")),
+                                ("memoryGiB", memory_gib, policy.get("maxMemoryGiB"))):
+        if limit is not None and asked > limit:
+            bound = "maxVcpus" if field == "vcpus" else "maxMemoryGiB"
+            raise InvalidArgument(f"{field}: {asked} is above pool {pool.id}'s {bound} "
+                                  f"({limit})", field=field, limit=limit)
+    return policy
+
+
+def _image_for(pool: Pool, ref: str | None, allowed: list[str] | None) -> Image:
+    """The image named (by id or name) or the pool's default: the one named `default`,
+    or its only image."""
+    images = Image.objects.filter(pool=pool)
+    if ref:
+        image = images.filter(Q(pk=ref) | Q(name=ref)).first()
+        if image is None:
+            known = ", ".join(images.values_list("name", flat=True)) or "none"
+            raise InvalidArgument(f"image: pool {pool.id} has no image {ref!r} (it has: "
+                                  f"{known})", field="image")
+    else:
+        image = images.filter(name="default").first() or (
+            images.first() if images.count() == 1 else None)
+        if image is None:
+            raise InvalidArgument(f"image: pool {pool.id} has {images.count()} images and "
+                                  "none named default; name one (images list)", field="image")
+    if allowed is not None and image.name not in allowed:
+        raise InvalidArgument(f"image: pool {pool.id}'s policy allows only "
+                              f"{', '.join(allowed) or 'no image'}", field="image")
+    return image
+
+
+def vm_of(sandbox: Sandbox, image: Image, *, listen: str) -> dict[str, Any]:
+    """The VM as the node's spec carries it (checked by the same contract bcd checks)."""
+    parts = image.parts()
+    return Vm(sandbox.id, sandbox.vcpus, sandbox.memory_gib * 1024,
+              ImagePart(**parts["kernel"]), ImagePart(**parts["initrd"]),
+              ImagePart(**parts["disk"]) if "disk" in parts else None,
+              ready_line=image.ready_line, listen=listen,
+              forwards=tuple((f["hostPort"], f["guestPort"]) for f in sandbox.forwards)
+              ).wire()
+
+
 @audited
 def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int,
-                   memory_gib: int, name: str = "", idempotency_key: str | None = None
-                   ) -> Sandbox:
-    """Start a sandbox VM's claim: `vcpus` and `memory_gib` on one node of the pool.
+                   memory_gib: int, image: str | None = None,
+                   forwards: list[dict[str, int]] | None = None, name: str = "",
+                   idempotency_key: str | None = None) -> Sandbox:
+    """Claim `vcpus` and `memory_gib` on one node of the pool and put the VM into that
+    node's desired state.
 
     The same host counters carry GPU reservations' host share, so neither can take what
     the other holds. Quota resources are `vcpu` and `memory` (GiB).
     """
-    inputs = {"pool_id": pool_id, "vcpus": vcpus, "memory_gib": memory_gib, "name": name}
+    forwards = forwards or []
+    inputs = {"pool_id": pool_id, "vcpus": vcpus, "memory_gib": memory_gib, "name": name,
+              "image": image, "forwards": forwards}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="sandboxes.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
         return Sandbox.objects.get(pk=existing)
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
+    policy = _bounded(pool, vcpus, memory_gib)
+    chosen = _image_for(pool, image, policy.get("images"))
+    ports = [f["hostPort"] for f in forwards]
+    if len(set(ports)) != len(ports):
+        raise InvalidArgument("forwards: a host port is forwarded twice", field="forwards")
     quota_consume(tenant=tenant, pool=pool, resource="vcpu", amount=vcpus)
     quota_consume(tenant=tenant, pool=pool, resource="memory", amount=memory_gib)
-    node = _claim_host(pool.id, vcpus, memory_gib)
+    node = _claim_host(pool.id, vcpus, memory_gib, ports)
     if node is None:
         raise CapacityConflict(
-            f"no schedulable node of pool {pool.id} has {vcpus} vCPUs and {memory_gib} GiB free",
+            f"no schedulable node of pool {pool.id} that runs VMs has {vcpus} vCPUs and "
+            f"{memory_gib} GiB free" + (f" and host ports {ports} unused" if ports else ""),
             vcpus=vcpus, memoryGiB=memory_gib)
     sandbox = Sandbox.objects.create(tenant=tenant, pool=pool, node=node, name=name,
-                                     vcpus=vcpus, memory_gib=memory_gib,
-                                     created_at=database_now())
+                                     image=chosen, vcpus=vcpus, memory_gib=memory_gib,
+                                     forwards=forwards, created_at=database_now())
+    locked = Node.objects.select_for_update().get(pk=node.pk)
+    listen = "0.0.0.0" if policy.get("publicForwards") else "127.0.0.1"  # noqa: S104
+    spec = node_spec_change_locked(locked, vm_add=vm_of(sandbox, chosen, listen=listen))
     idempotent_remember(tenant_id=tenant.id, scope="sandboxes.create", key=idempotency_key,
                         inputs=inputs, object_id=sandbox.id)
+    data = {"nodeId": node.id, "vcpus": vcpus, "memoryGiB": memory_gib,
+            "imageId": chosen.id, "generation": spec.generation}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.create",
-                 target=sandbox.id, data={"nodeId": node.id, "vcpus": vcpus,
-                                          "memoryGiB": memory_gib})
+                 target=sandbox.id, data=data)
     event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_CREATED, subject=sandbox.id,
-               payload={"poolId": pool.id, "nodeId": node.id, "vcpus": vcpus,
-                        "memoryGiB": memory_gib})
+               payload={"poolId": pool.id, **data})
     return sandbox
 
 
 @audited
 def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> Sandbox:
-    """Give back a sandbox's vCPUs and memory, and meter its vCPU hours."""
+    """Stop a sandbox: its VM leaves the node's desired state; its vCPUs and memory come
+    back when the node reports the VM stopped."""
     sandbox = access_sandbox_by_id(tenant=tenant, sandbox_id=sandbox_id, lock=True)
-    if sandbox.state != SandboxState.RUNNING:
+    if sandbox.state not in LIVE:
         raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}", state=sandbox.state)
+    node = Node.objects.select_for_update().get(pk=sandbox.node_id)
+    spec = node_spec_change_locked(node, vm_remove=sandbox.id)
+    sandbox.state = SandboxState.STOPPING
+    sandbox.released_at = database_now()
+    sandbox.save(update_fields=["state", "released_at"])
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.release",
+                 target=sandbox.id, data={"generation": spec.generation})
+    event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_RELEASED, subject=sandbox.id,
+               payload={"poolId": sandbox.pool_id, "nodeId": sandbox.node_id})
+    return sandbox
+
+
+def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "") -> None:
+    """End a locked sandbox: give back its counters and quota, and meter its running
+    window (from the node's boot report to now)."""
     now = database_now()
-    quota_refund(tenant_id=tenant.id, pool=sandbox.pool, resource="vcpu", amount=sandbox.vcpus)
-    quota_refund(tenant_id=tenant.id, pool=sandbox.pool, resource="memory",
+    pool = sandbox.pool
+    quota_refund(tenant_id=sandbox.tenant_id, pool=pool, resource="vcpu", amount=sandbox.vcpus)
+    quota_refund(tenant_id=sandbox.tenant_id, pool=pool, resource="memory",
                  amount=sandbox.memory_gib)
     Node.objects.filter(pk=sandbox.node_id).update(
         vcpus_allocated=F("vcpus_allocated") - sandbox.vcpus,
         memory_gib_allocated=F("memory_gib_allocated") - sandbox.memory_gib)
-    sandbox.state = SandboxState.RELEASED
-    sandbox.released_at = now
-    sandbox.save(update_fields=["state", "released_at"])
-    usage_record(tenant_id=tenant.id, subject=sandbox.id, meter="vcpu.hours",
-                 units=sandbox.vcpus, start=sandbox.created_at, end=now)
+    if sandbox.started_at is not None:
+        for meter, units in (("vcpu.hours", sandbox.vcpus),
+                             ("memory.gib-hours", sandbox.memory_gib)):
+            usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
+                         units=units, start=sandbox.started_at, end=now)
+    sandbox.state, sandbox.ended_at = to, now
+    sandbox.failure_reason = reason[:300]
+    sandbox.save(update_fields=["state", "ended_at", "failure_reason", "exit_status"])
     pool_replan(sandbox.pool_id)
-    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.release",
-                 target=sandbox.id)
-    event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_RELEASED, subject=sandbox.id,
-               payload={"poolId": sandbox.pool_id, "nodeId": sandbox.node_id})
-    return sandbox

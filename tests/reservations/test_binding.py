@@ -113,7 +113,7 @@ def test_the_nodes_signed_report_makes_it_active_once(root, bound):
         allocation_released_record(node_id=node.id, body=body,
                                    signature=sign_bytes(key, body.encode()))
     latest = NodeSpec.objects.filter(node=node).latest("generation")
-    assert (latest.generation, latest.spec) == (3, {"allocations": []})
+    assert (latest.generation, latest.spec) == (3, {"allocations": [], "vms": []})
 
 
 def test_unanswered_commands_are_redelivered_to_the_same_journal_only(pool):

@@ -1,0 +1,218 @@
+"""QEMU on the node: which accelerator works, starting a VM, and controlling it over QMP.
+
+Each VM lives in `var/lib/bcd/vms/<sandbox id>/`: its copy-on-write disk, its console log,
+its QMP socket, QEMU's pidfile and the exit status. QEMU runs in a session of its own
+(under a systemd scope in the sandbox's slice where systemd runs), so an agent that dies
+or restarts leaves it running and adopts it again by its pidfile. QEMU locks its pidfile,
+so a second QEMU for the same sandbox cannot start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bcd.config import Paths
+from bcd.contract.vms import Vm
+
+QEMU = "qemu-system-x86_64"
+PROBE_SECONDS = 5.0
+MACHINE = {"kvm": ["-machine", "q35", "-cpu", "host"], "tcg": ["-machine", "q35", "-cpu", "max"]}
+CONSOLE_LIMIT = 4 << 20  # bytes of console log read back at most
+
+
+def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
+    """`kvm` when a guest really runs under KVM, `tcg` when only emulation works, `none`
+    without QEMU. On some virtual machines /dev/kvm exists but a nested guest hangs: the
+    probe boots the firmware under KVM and waits for its first debug output."""
+    if shutil.which(QEMU) is None:
+        return "none"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    probe = [QEMU, "-accel", "kvm", *MACHINE["kvm"], "-nodefaults", "-display", "none",
+             "-no-reboot",
+             "-m", "64", "-chardev", "stdio,id=bios", "-device",
+             "isa-debugcon,iobase=0x402,chardev=bios"]
+    try:
+        process = subprocess.Popen(probe, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   stdin=subprocess.DEVNULL)
+    except OSError:
+        return "tcg"
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    return "kvm" if b"SeaBIOS" in output else "tcg"
+
+
+@dataclass(frozen=True)
+class VmFiles:
+    folder: Path
+
+    @classmethod
+    def of(cls, paths: Paths, sandbox_id: str) -> VmFiles:
+        return cls(paths.state_dir / "vms" / sandbox_id)
+
+    @property
+    def disk(self) -> Path:
+        return self.folder / "disk.qcow2"
+
+    @property
+    def console(self) -> Path:
+        return self.folder / "console.log"
+
+    @property
+    def qmp(self) -> Path:
+        return self.folder / "qmp.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.folder / "qemu.pid"
+
+    @property
+    def exit_status(self) -> Path:
+        return self.folder / "exit-status"
+
+
+def qemu_argv(vm: Vm, files: VmFiles, *, accel: str, kernel: Path, initrd: Path) -> list[str]:
+    forwards = "".join(f",hostfwd=tcp:{vm.listen}:{host}-:{guest}"
+                       for host, guest in vm.forwards)
+    return [QEMU, "-name", f"{vm.sandbox_id},process=bcd-{vm.sandbox_id}",
+            "-accel", accel, *MACHINE[accel],
+            "-smp", str(vm.vcpus), "-m", str(vm.memory_mib),
+            "-kernel", str(kernel), "-initrd", str(initrd),
+            "-append", f"console=ttyS0 quiet panic=-1 bc.sandbox={vm.sandbox_id}",
+            "-nodefaults", "-display", "none", "-no-reboot",
+            "-chardev", f"file,id=console,path={files.console}", "-serial", "chardev:console",
+            "-qmp", f"unix:{files.qmp},server=on,wait=off",
+            "-pidfile", str(files.pidfile),
+            "-drive", f"file={files.disk},if=virtio,format=qcow2",
+            "-netdev", f"user,id=net0{forwards}", "-device", "virtio-net-pci,netdev=net0"]
+
+
+class QemuFailed(RuntimeError):
+    """QEMU could not be started; the message says why."""
+
+
+def prepare_disk(vm: Vm, files: VmFiles, base: Path | None) -> None:
+    """The VM's own disk: a qcow2 overlay over the image's disk, or an empty one."""
+    files.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if files.disk.exists():
+        return  # made before a restart
+    args = ["qemu-img", "create", "-q", "-f", "qcow2"]
+    if base is not None:
+        args += ["-b", str(base), "-F", "raw"]
+    args += [str(files.disk.with_suffix(".tmp"))]
+    if base is None:
+        args.append(f"{vm.disk_gib}G")
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise QemuFailed(f"qemu-img could not create the disk: {done.stderr.strip()[-200:]}")
+    files.disk.with_suffix(".tmp").rename(files.disk)
+
+
+def launch(vm: Vm, files: VmFiles, argv: list[str], *, slice_name: str | None) -> None:
+    """Start QEMU detached from the agent; a shell around it writes its exit status."""
+    files.exit_status.unlink(missing_ok=True)
+    files.console.unlink(missing_ok=True)
+    command = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', str(files.exit_status), *argv]
+    if slice_name is not None:
+        command = ["systemd-run", "--scope", "--quiet", f"--unit={vm.unit_name}",
+                   f"--slice={slice_name}", *command]
+    log = (files.folder / "qemu.err").open("ab")
+    try:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         start_new_session=True, close_fds=True)
+    except OSError as error:
+        raise QemuFailed(f"cannot run {QEMU}: {error}") from None
+    finally:
+        log.close()
+
+
+def running_pid(files: VmFiles) -> int | None:
+    """QEMU's pid when the process in its pidfile is still this sandbox's QEMU."""
+    try:
+        pid = int(files.pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if b"qemu" not in cmdline or str(files.pidfile).encode() not in cmdline:
+        return None
+    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    return None if status and status[0] == "Z" else pid
+
+
+def exit_status(files: VmFiles) -> int | None:
+    try:
+        return int(files.exit_status.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def console_tail(files: VmFiles, lines: int) -> list[str]:
+    try:
+        with files.console.open("rb") as handle:
+            handle.seek(max(0, files.console.stat().st_size - CONSOLE_LIMIT))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    cleaned = [line.rstrip("\r") for line in text.replace("\x1b[6n", "").splitlines()]
+    return cleaned[-lines:] if lines else []
+
+
+def console_has(files: VmFiles, line: str) -> bool:
+    try:
+        return line.encode() in files.console.read_bytes()[-CONSOLE_LIMIT:]
+    except OSError:
+        return False
+
+
+def qmp(files: VmFiles, command: str, *, timeout: float = 5.0) -> dict[str, Any]:
+    """One QMP command (after the capabilities handshake); its `return` object."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(files.qmp))
+        stream = sock.makefile("rw")
+        stream.readline()  # the greeting
+        for name in ("qmp_capabilities", command):
+            stream.write(json.dumps({"execute": name}) + "\n")
+            stream.flush()
+            while True:
+                answer = json.loads(stream.readline() or "{}")
+                if "return" in answer or "error" in answer or not answer:
+                    break  # skip asynchronous events
+        if "error" in answer:
+            raise QemuFailed(f"QMP {command}: {answer['error'].get('desc', answer['error'])}")
+        result = answer.get("return", {})
+        return result if isinstance(result, dict) else {}
+
+
+def stop(files: VmFiles, *, grace: float) -> None:
+    """ACPI shutdown, then QMP quit after `grace` seconds, then SIGKILL."""
+    pid = running_pid(files)
+    if pid is None:
+        return
+    for step in ("system_powerdown", "quit"):
+        with contextlib.suppress(OSError, ValueError, QemuFailed):
+            qmp(files, step)
+        deadline = time.monotonic() + (grace if step == "system_powerdown" else 5.0)
+        while time.monotonic() < deadline:
+            if running_pid(files) is None:
+                return
+            time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def remove(files: VmFiles) -> None:
+    shutil.rmtree(files.folder, ignore_errors=True)

@@ -1,0 +1,225 @@
+"""Sandbox VMs on the node: converge the running QEMUs to the spec's `vms[]`, journaled.
+
+Every step is journaled before it acts (`vm-start`, `vm-stop` begin) and after (done), so
+an agent killed mid-start adopts the QEMU it started (found by its pidfile) instead of
+starting a second, and one killed mid-stop finishes the stop. What the node reports about
+a VM (signed: starting, started, failed, exited, stopped) is kept per sandbox and sent
+again on every new session; the control plane treats a repeat as a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bcd import images, qemu
+from bcd.config import Paths
+from bcd.contract.vms import Vm
+from bcd.holds import systemd_present
+from bcd.journal import Journal
+
+logger = logging.getLogger("bcd.vms")
+Report = tuple[str, str, str]  # (kind, json, signature)
+
+
+@dataclass(frozen=True)
+class VmTuning:
+    """`BCD_VM_BOOT_TIMEOUT_SECONDS` (a guest that has not said it booted by then fails),
+    `BCD_VM_SHUTDOWN_SECONDS` (ACPI shutdown's grace before QEMU is told to quit)."""
+
+    boot_timeout: float = 180.0
+    shutdown_grace: float = 20.0
+
+    @classmethod
+    def from_env(cls) -> VmTuning:
+        return cls(float(os.environ.get("BCD_VM_BOOT_TIMEOUT_SECONDS", cls.boot_timeout)),
+                   float(os.environ.get("BCD_VM_SHUTDOWN_SECONDS", cls.shutdown_grace)))
+
+
+def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
+    """Per sandbox, from the journal: state (launching, starting, running, stopping,
+    stopped, ended), the VM, when its start was begun, and how it ended."""
+    states: dict[str, dict[str, Any]] = {}
+    for record in journal.records:
+        kind, key, phase = record.get("kind"), record.get("key", ""), record.get("phase")
+        if kind == "vm-start":
+            if phase == "begin":
+                states[key] = {"state": "launching", "vm": record["vm"], "at": record["at"]}
+            elif key in states:
+                states[key]["state"] = "starting"
+        elif key in states and kind == "vm-ready":
+            states[key]["state"] = "running"
+        elif key in states and kind == "vm-stop":
+            states[key]["state"] = "stopping" if phase == "begin" else "stopped"
+        elif key in states and kind == "vm-end":
+            states[key].update(state="ended", end=record.get("end", "failed"),
+                               reason=record.get("reason", ""),
+                               exitStatus=record.get("exitStatus"))
+    return states
+
+
+class VmKeeper:
+    def __init__(self, *, paths: Paths, journal: Journal,
+                 sign: Callable[[str, dict[str, Any]], Report],
+                 send: Callable[[list[Report]], None],
+                 tuning: VmTuning | None = None) -> None:
+        self.paths = paths
+        self.journal = journal
+        self.sign = sign
+        self.send = send
+        self.tuning = tuning or VmTuning.from_env()
+        self.wanted: dict[str, Vm] | None = None  # unknown until this run's first spec
+        self.accelerator = os.environ.get("BCD_VIRTUALIZATION", "")
+        self.reports: dict[str, Report] = {}
+        self.wake = asyncio.Event()
+        self._rebuild_reports()
+
+    def want(self, vms: list[Vm]) -> None:
+        self.wanted = {vm.sandbox_id: vm for vm in vms}
+        self.wake.set()
+
+    def _rebuild_reports(self) -> None:
+        """After a restart: what was last said about each VM, to say it again."""
+        phase = {"launching": "starting", "starting": "starting", "running": "started",
+                 "stopping": "", "stopped": "stopped"}
+        for sandbox, state in vm_states(self.journal).items():
+            said = state.get("end") if state["state"] == "ended" else phase[state["state"]]
+            if said:
+                self.reports[sandbox] = self._report(sandbox, said, state.get("reason", ""),
+                                                     state.get("exitStatus"))
+
+    def _report(self, sandbox: str, phase: str, reason: str = "",
+                exit_status: int | None = None) -> Report:
+        payload: dict[str, Any] = {"sandboxId": sandbox, "phase": phase,
+                                   "nodeId": "", "accelerator": self.accelerator}
+        if reason:
+            payload["reason"] = reason[:300]
+        if exit_status is not None:
+            payload["exitStatus"] = exit_status
+        return self.sign("vm", payload)
+
+    def _say(self, sandbox: str, phase: str, reason: str = "",
+             exit_status: int | None = None) -> None:
+        report = self._report(sandbox, phase, reason, exit_status)
+        self.reports[sandbox] = report
+        self.send([report])
+
+    def resend(self) -> None:
+        self.send(list(self.reports.values()))
+
+    async def run(self, *, interval: float = 1.0) -> None:
+        if not self.accelerator:
+            self.accelerator = await asyncio.to_thread(qemu.probe_accelerator)
+        logger.info("virtualization: %s", self.accelerator)
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=interval)
+            self.wake.clear()
+            try:
+                await self.converge()
+            except Exception:  # one bad pass must not stop the agent; the next retries
+                logger.exception("converging VMs failed; retrying")
+
+    async def converge(self) -> None:
+        for sandbox, state in vm_states(self.journal).items():
+            files = qemu.VmFiles.of(self.paths, sandbox)
+            unwanted = self.wanted is not None and sandbox not in self.wanted
+            live = state["state"] in ("launching", "starting", "running")
+            if (live and unwanted) or state["state"] == "stopping":
+                await self._stop(sandbox, files)
+            elif state["state"] == "launching":
+                await self._launch(Vm.from_wire(state["vm"]), files, begun=True)
+            elif state["state"] in ("starting", "running"):
+                await self._watch(sandbox, state, files)
+        known = vm_states(self.journal)
+        for sandbox, vm in (self.wanted or {}).items():
+            if sandbox not in known:
+                await self._launch(vm, qemu.VmFiles.of(self.paths, sandbox), begun=False)
+
+    async def _launch(self, vm: Vm, files: qemu.VmFiles, *, begun: bool) -> None:
+        sandbox = vm.sandbox_id
+        if not begun:
+            self.journal.begin("vm-start", sandbox, vm=vm.wire(), at=time.time())
+        elif await asyncio.to_thread(qemu.running_pid, files) is not None:
+            logger.info("%s: adopting the QEMU that still runs", sandbox)
+            self.journal.done("vm-start", sandbox, adopted=True)
+            return
+        try:
+            if self.accelerator == "none":
+                raise qemu.QemuFailed("this node cannot run VMs (no qemu-system-x86_64)")
+            kernel = await asyncio.to_thread(images.fetch, vm.kernel, self.paths, "kernel")
+            initrd = await asyncio.to_thread(images.fetch, vm.initrd, self.paths, "initrd")
+            base = (await asyncio.to_thread(images.fetch, vm.disk, self.paths, "disk")
+                    if vm.disk else None)
+            await asyncio.to_thread(qemu.prepare_disk, vm, files, base)
+            argv = qemu.qemu_argv(vm, files, accel=self.accelerator, kernel=kernel,
+                                  initrd=initrd)
+            slice_name = f"{vm.unit_name}.slice" if systemd_present(self.paths) else None
+            await asyncio.to_thread(qemu.launch, vm, files, argv, slice_name=slice_name)
+        except (images.ImageRefused, qemu.QemuFailed, OSError) as refusal:
+            self._end(sandbox, files, "failed", str(refusal))
+            return
+        self.journal.done("vm-start", sandbox)
+        logger.info("%s: QEMU started (%d vCPUs, %d MiB, %s)", sandbox, vm.vcpus,
+                    vm.memory_mib, self.accelerator)
+        self._say(sandbox, "starting")
+
+    async def _watch(self, sandbox: str, state: dict[str, Any], files: qemu.VmFiles) -> None:
+        vm = Vm.from_wire(state["vm"])
+        if await asyncio.to_thread(qemu.running_pid, files) is None:
+            await asyncio.sleep(0.3)  # the wrapper writes the status just after QEMU exits
+            status = qemu.exit_status(files)
+            if state["state"] == "running":
+                self._end(sandbox, files, "exited", f"the VM exited on its own (status "
+                          f"{status if status is not None else 'unknown'})", status)
+            else:
+                said = " | ".join(qemu.console_tail(files, 3)) or _qemu_error(files)
+                self._end(sandbox, files, "failed", f"QEMU exited (status {status}) before "
+                          f"the guest booted: {said}", status)
+        elif state["state"] == "starting":
+            if await asyncio.to_thread(qemu.console_has, files, vm.ready_line):
+                self.journal.done("vm-ready", sandbox)
+                logger.info("%s: the guest booted", sandbox)
+                self._say(sandbox, "started")
+            elif time.time() - float(state["at"]) > self.tuning.boot_timeout:
+                await asyncio.to_thread(qemu.stop, files, grace=0)
+                self._end(sandbox, files, "failed", f"the guest did not boot within "
+                          f"{self.tuning.boot_timeout:.0f} s")
+
+    async def _stop(self, sandbox: str, files: qemu.VmFiles) -> None:
+        self.journal.begin("vm-stop", sandbox)
+        await asyncio.to_thread(qemu.stop, files, grace=self.tuning.shutdown_grace)
+        await asyncio.to_thread(qemu.remove, files)
+        self.journal.done("vm-stop", sandbox)
+        logger.info("%s: stopped", sandbox)
+        self._say(sandbox, "stopped")
+
+    def _end(self, sandbox: str, files: qemu.VmFiles, end: str, reason: str,
+             status: int | None = None) -> None:
+        logger.warning("%s: %s: %s", sandbox, end, reason)
+        qemu.remove(files)
+        self.journal.done("vm-end", sandbox, end=end, reason=reason[:300], exitStatus=status)
+        self._say(sandbox, end, reason, status)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"sandboxId": sandbox, "state": state["state"],
+                 "vcpus": state["vm"]["vcpus"], "memoryMiB": state["vm"]["memoryMiB"],
+                 "pid": qemu.running_pid(qemu.VmFiles.of(self.paths, sandbox))}
+                for sandbox, state in vm_states(self.journal).items()
+                if state["state"] not in ("stopped", "ended")]
+
+    def console(self, sandbox: str, lines: int) -> list[str]:
+        return qemu.console_tail(qemu.VmFiles.of(self.paths, sandbox), lines)
+
+
+def _qemu_error(files: qemu.VmFiles) -> str:
+    try:
+        return (files.folder / "qemu.err").read_text()[-300:].strip() or "no output"
+    except OSError:
+        return "no output"

@@ -1,0 +1,33 @@
+"""Reading something only the node knows (a VM's console): a command whose answer the call
+waits for, a short while."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from compute.errors import Unavailable
+from fleet.models import CommandState, NodeCommand
+
+ASK_SECONDS = 15.0
+
+
+def node_ask(*, node_id: str, kind: str, payload: dict[str, Any],
+             timeout: float = ASK_SECONDS) -> dict[str, Any]:
+    """Queue a read-only command for the node and wait for its signed result's output.
+    The node runs it at most once, like every command; no ledger state changes."""
+    command = NodeCommand.objects.create(node_id=node_id, kind=kind, payload=payload)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        command.refresh_from_db(fields=["state", "result"])
+        if command.state == CommandState.SUCCEEDED:
+            return dict((command.result or {}).get("output") or {})
+        if command.state in (CommandState.FAILED, CommandState.UNKNOWN):
+            error = ((command.result or {}).get("output") or {}).get("error", command.state)
+            raise Unavailable(f"node {node_id} could not answer: {error}", nodeId=node_id)
+    NodeCommand.objects.filter(pk=command.pk, state=CommandState.QUEUED).update(
+        state=CommandState.FAILED, result={"status": "failed",
+                                           "output": {"error": "not answered in time"}})
+    raise Unavailable(f"node {node_id} did not answer within {timeout:.0f} s (is it "
+                      "connected?)", nodeId=node_id)

@@ -1,0 +1,50 @@
+"""A pool's image catalogue: what sandboxes boot. Nodes fetch each part by its URL and
+accept it only if its sha256 matches."""
+
+from __future__ import annotations
+
+from audit.services import audit_record, audited
+from compute.errors import AlreadyExists, InvalidState
+from compute.events.services import event_emit
+from compute.events.types import EventType
+from compute.tenancy.models import Principal, Tenant
+from fleet.models import Image
+from fleet.selectors import access_image_by_id, access_pool_by_id
+
+
+@audited
+def image_create(*, tenant: Tenant, actor: Principal, pool_id: str, name: str,
+                 kernel: dict[str, str], initrd: dict[str, str],
+                 disk: dict[str, str] | None = None,
+                 ready_line: str = "better-compute guest ready") -> Image:
+    """Add an image to a pool the tenant owns; its name is unique in the pool."""
+    pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True, lock=True)
+    if Image.objects.filter(pool=pool, name=name).exists():
+        raise AlreadyExists(f"pool {pool.id} already has an image named {name!r}", name=name)
+    disk = disk or {}
+    image = Image.objects.create(
+        pool=pool, name=name, kernel_url=kernel["url"], kernel_sha256=kernel["sha256"],
+        initrd_url=initrd["url"], initrd_sha256=initrd["sha256"],
+        disk_url=disk.get("url", ""), disk_sha256=disk.get("sha256", ""),
+        ready_line=ready_line)
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="image.create",
+                 target=image.id, data={"poolId": pool.id, "name": name})
+    event_emit(tenant_id=tenant.id, type=EventType.IMAGE_CREATED, subject=image.id,
+               payload={"poolId": pool.id, "name": name})
+    return image
+
+
+@audited
+def image_delete(*, tenant: Tenant, actor: Principal, image_id: str) -> Image:
+    """Remove an image no live sandbox boots from (past sandboxes keep their history)."""
+    image = access_image_by_id(tenant=tenant, image_id=image_id, owned=True)
+    live = image.sandboxes.filter(state__in=("placed", "starting", "running", "stopping"))
+    if live.exists():
+        raise InvalidState(f"image {image.id} is in use by {live.count()} sandbox(es), such "
+                           f"as {live.first().pk}", state="in-use")
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="image.delete",
+                 target=image.id, data={"poolId": image.pool_id, "name": image.name})
+    event_emit(tenant_id=tenant.id, type=EventType.IMAGE_DELETED, subject=image.id,
+               payload={"poolId": image.pool_id, "name": image.name})
+    image.delete()
+    return image

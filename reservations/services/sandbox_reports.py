@@ -1,0 +1,79 @@
+"""What a node reports (signed) about a sandbox's VM moves the sandbox, and nothing else does:
+starting, then running once the guest said it booted; stopped after a release; failed when
+it never booted or exited on its own. A repeated or stale report changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from audit.services import audit_record, audited
+from compute.db import database_now
+from compute.events.services import event_emit
+from compute.events.types import EventType
+from fleet.models import Node
+from fleet.services.sessions import node_report_refused
+from fleet.services.specs import node_spec_change_locked
+from reservations.sandboxes import LIVE, Sandbox, SandboxState
+from reservations.services.binding import BindingRefused, verified_report
+from reservations.services.sandboxes import sandbox_free_locked
+
+S = SandboxState
+# phase -> (states it moves from, state it moves to, event, audit action)
+MOVES: dict[str, tuple[tuple[str, ...], str, str, str]] = {
+    "starting": ((S.PLACED,), S.STARTING, EventType.SANDBOX_STARTING, "sandbox.start"),
+    "started": ((S.PLACED, S.STARTING), S.RUNNING, EventType.SANDBOX_RUNNING, "sandbox.run"),
+    "stopped": ((S.STOPPING,), S.STOPPED, EventType.SANDBOX_STOPPED, "sandbox.stop"),
+    "failed": ((*LIVE, S.STOPPING), S.FAILED, EventType.SANDBOX_FAILED, "sandbox.fail"),
+    "exited": ((*LIVE, S.STOPPING), S.FAILED, EventType.SANDBOX_FAILED, "sandbox.fail"),
+}
+
+
+def vm_report_record(*, node_id: str, body: str, signature: str) -> Sandbox | None:
+    """Apply one signed VM report; a report that proves nothing is refused and audited."""
+    try:
+        return _apply(node_id, body, signature)
+    except BindingRefused as refusal:
+        node_report_refused(node_id=node_id, action="sandbox.report", reason=str(refusal))
+        raise
+
+
+@audited
+def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
+    _node, payload = verified_report(node_id, body, signature)
+    phase = payload.get("phase")
+    if phase not in MOVES:
+        raise BindingRefused(f"unknown VM phase {str(phase)[:40]!r}")
+    sandbox = (Sandbox.objects.select_for_update().select_related("pool")
+               .filter(pk=str(payload.get("sandboxId", ""))[:40], node_id=node_id).first())
+    if sandbox is None:
+        raise BindingRefused("no sandbox of this node has that id")
+    sources, target, event, action = MOVES[phase]
+    if sandbox.state not in sources:
+        return sandbox  # a repeat, or news older than what the ledger knows
+    reason = str(payload.get("reason") or "")[:300]
+    status = payload.get("exitStatus")
+    sandbox.exit_status = status if isinstance(status, int) else None
+    if phase == "exited":
+        reason = reason or "the VM exited on its own"
+    data: dict[str, Any] = {"nodeId": node_id, "phase": phase}
+    if reason:
+        data["reason"] = reason
+    if sandbox.exit_status is not None:
+        data["exitStatus"] = sandbox.exit_status
+    if phase in ("starting", "started"):
+        sandbox.state = target
+        sandbox.accelerator = str(payload.get("accelerator") or "")[:8]
+        fields = ["state", "accelerator"]
+        if phase == "started":
+            sandbox.started_at = database_now()
+            fields.append("started_at")
+        sandbox.save(update_fields=fields)
+    else:
+        if sandbox.state != S.STOPPING:  # the node ended it: it leaves the desired state
+            node_spec_change_locked(Node.objects.select_for_update().get(pk=node_id),
+                                    vm_remove=sandbox.id)
+        sandbox_free_locked(sandbox, to=target, reason=reason)
+    audit_record(tenant_id=sandbox.tenant_id, actor_id=node_id, action=action,
+                 target=sandbox.id, data=data, reason=reason or "signed by node")
+    event_emit(tenant_id=sandbox.tenant_id, type=event, subject=sandbox.id, payload=data)
+    return sandbox
