@@ -5,6 +5,7 @@ from compute.admin import ADMIN_REASON, audited_action
 from compute.tenancy.models import Tenant
 from fleet.models import (
     Device,
+    Image,
     JoinToken,
     Node,
     NodeCommand,
@@ -101,6 +102,13 @@ class NodeReportAdmin(ReadOnlyAdmin):
 class NodeSpecAdmin(ReadOnlyAdmin):
     list_display = ("node", "generation", "created_at")
     search_fields = ("node__id",)
+
+
+@admin.register(Image)
+class ImageAdmin(ReadOnlyAdmin):
+    list_display = ("id", "name", "pool", "created_at")
+    list_filter = ("pool",)
+    search_fields = ("id", "name")
 
 
 @admin.register(SpentSeal)

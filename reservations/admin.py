@@ -65,7 +65,8 @@ class BookingAdmin(LedgerReadOnly):
 
 @admin.register(Sandbox)
 class SandboxAdmin(LedgerReadOnly):
-    list_display = ("id", "tenant", "pool", "node", "vcpus", "memory_gib", "state")
+    list_display = ("id", "tenant", "pool", "node", "vcpus", "memory_gib", "state",
+                    "failure_reason")
     list_filter = ("state", "pool")
     search_fields = ("id", "tenant__slug", "node__id")
 

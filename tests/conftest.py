@@ -73,12 +73,17 @@ def globex(root: Any) -> Any:
 
 @pytest.fixture
 def pool(root):
+    from tests.factories import with_default_image
+
     site = root("sites.create", kind="shared", region="eu-1")
-    return root("pools.create", siteId=site["id"], gpuModel="H100", policy=POLICY,
-                **{"class": "metal-host"})
+    return with_default_image(root, root("pools.create", siteId=site["id"], gpuModel="H100",
+                                         policy=POLICY, **{"class": "metal-host"}))
 
 
 @pytest.fixture
 def cpu_pool(root):
+    from tests.factories import with_default_image
+
     site = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site")
-    return root("pools.create", siteId=site["id"], **{"class": "cpu-host"})
+    return with_default_image(root, root("pools.create", siteId=site["id"],
+                                         **{"class": "cpu-host"}))

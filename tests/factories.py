@@ -79,3 +79,14 @@ def make_unreachable(node: Node) -> None:
     """A connected node silent past its lease is swept to unreachable."""
     Node.objects.filter(pk=node.pk).update(connectivity=Connectivity.CONNECTED)
     assert lapse_lease(node.id) is not None
+
+
+IMAGE_PART = {"url": "file:///var/lib/images/part", "sha256": "0" * 64}
+
+
+def with_default_image(api: Any, pool: dict[str, Any]) -> dict[str, Any]:
+    """The pool, now with an image named default (its parts are never fetched: no agent
+    runs in these tests)."""
+    api("images.create", poolId=pool["id"], name="default", kernel=IMAGE_PART,
+        initrd=IMAGE_PART)
+    return pool

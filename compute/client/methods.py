@@ -72,6 +72,35 @@ class Events(Group):
             "limit": limit, "tenantId": tenant_id}, retry=True)
 
 
+class Images(Group):
+    """images.* methods."""
+
+    def create(self, *, pool_id: str, name: str, kernel: dict[str, Any], initrd: dict[str, Any],
+            disk: dict[str, Any] | None = None, ready_line: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Add a bootable image (kernel, initrd, optional disk; each by URL and sha256) to a
+        pool's catalogue.
+        """
+        return self._call("images.create", {"poolId": pool_id, "name": name, "kernel": kernel,
+            "initrd": initrd, "disk": disk, "readyLine": ready_line,
+            "tenantId": tenant_id}, retry=False)
+
+    def delete(self, *, image_id: str, tenant_id: str | None = None) -> Any:
+        """Remove an image that no live sandbox uses."""
+        return self._call("images.delete", {"imageId": image_id,
+            "tenantId": tenant_id}, retry=False)
+
+    def get(self, *, image_id: str, tenant_id: str | None = None) -> Any:
+        """One image."""
+        return self._call("images.get", {"imageId": image_id, "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, pool_id: str, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """A pool's images."""
+        return self._call("images.list", {"poolId": pool_id, "limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+
 class JoinTokens(Group):
     """joinTokens.* methods."""
 
@@ -225,11 +254,13 @@ class Reservations(Group):
 class Sandboxes(Group):
     """sandboxes.* methods."""
 
-    def create(self, *, pool_id: str, vcpus: int, memory_gi_b: int, name: str | None = None,
+    def create(self, *, pool_id: str, vcpus: int, memory_gi_b: int, image: str | None = None,
+            forwards: builtins.list[dict[str, Any]] | None = None, name: str | None = None,
             idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
-        """Claim vCPUs and memory on one node of a pool for a sandbox VM."""
+        """Claim vCPUs and memory on one node of a pool and start a sandbox VM there."""
         return self._call("sandboxes.create", {"poolId": pool_id, "vcpus": vcpus,
-            "memoryGiB": memory_gi_b, "name": name, "idempotencyKey": idempotency_key,
+            "memoryGiB": memory_gi_b, "image": image, "forwards": forwards, "name": name,
+            "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)
 
     def get(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
@@ -243,8 +274,14 @@ class Sandboxes(Group):
         return self._call("sandboxes.list", {"limit": limit, "after": after,
             "tenantId": tenant_id}, retry=True)
 
+    def logs(self, *, sandbox_id: str, lines: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """The last lines of a sandbox VM's serial console, read from its node."""
+        return self._call("sandboxes.logs", {"sandboxId": sandbox_id, "lines": lines,
+            "tenantId": tenant_id}, retry=True)
+
     def release(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
-        """Give back a sandbox's vCPUs and memory."""
+        """Stop a sandbox's VM; its vCPUs and memory come back once the node stopped it."""
         return self._call("sandboxes.release", {"sandboxId": sandbox_id,
             "tenantId": tenant_id}, retry=False)
 
@@ -334,6 +371,7 @@ GROUPS: dict[str, type[Group]] = {
     "audit": Audit,
     "capacity": Capacity,
     "events": Events,
+    "images": Images,
     "join_tokens": JoinTokens,
     "nodes": Nodes,
     "offerings": Offerings,

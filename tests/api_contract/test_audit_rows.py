@@ -29,6 +29,7 @@ def failed_acceptance(world: dict[str, str]) -> str:
 
 # name -> (the audit action it writes, (client, body) of one valid call); `world` holds
 # the objects made beforehand.
+PART = {"url": "https://images.example/part", "sha256": "1" * 64}
 CALLS: dict[str, tuple[str, Call]] = {
     "sites.create": ("site.create", lambda c, w: (
         c.root, {"kind": "shared", "region": "eu-2"})),
@@ -60,6 +61,9 @@ CALLS: dict[str, tuple[str, Call]] = {
     "sandboxes.release": ("sandbox.release", lambda c, w: (
         c.root, {"sandboxId": w["sandbox"]})),
     "audit.checkpoint": ("audit.checkpoint", lambda c, w: (c.root, {})),
+    "images.create": ("image.create", lambda c, w: (
+        c.root, {"poolId": w["cpuPool"], "name": "tiny", "kernel": PART, "initrd": PART})),
+    "images.delete": ("image.delete", lambda c, w: (c.root, {"imageId": w["unusedImage"]})),
 }
 
 
@@ -83,6 +87,8 @@ def world(root, acme, pool, cpu_pool) -> dict[str, str]:
         "rsv": acme("reservations.create", poolId=pool["id"], **SHAPE)["id"],
         "sandbox": root("sandboxes.create", poolId=cpu_pool["id"], vcpus=2,
                         memoryGiB=4)["id"],
+        "unusedImage": root("images.create", poolId=pool["id"], name="unused", kernel=PART,
+                            initrd=PART)["id"],
     }
 
 

@@ -9,7 +9,7 @@ import pytest
 from audit.models import AuditEvent
 from compute.api.inputs import PublicIdField
 from compute.api.registry import REGISTRY
-from tests.factories import make_node
+from tests.factories import IMAGE_PART, make_node, with_default_image
 
 # Extra fields a method needs besides `id` to get past validation.
 SHAPE = {"devices": [{"class": "gpu", "count": 1}], "duration": 3_600_000}
@@ -22,6 +22,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     "sandboxes.create": {"vcpus": 1, "memoryGiB": 1},
     "joinTokens.create": {"ttl": 3_600_000},
     "nodes.adopt": {"reason": "reseated"},
+    "images.create": {"name": "intruder", "kernel": IMAGE_PART, "initrd": IMAGE_PART},
+    "sandboxes.logs": {"lines": 5},
 }
 
 # Valid bodies for methods that act on the tenant as a whole.
@@ -43,7 +45,9 @@ TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
 def make_objects(root, acme) -> dict[str, str]:
     """One object of each kind owned by root or acme (never by globex)."""
     site = root("sites.create", kind="shared", region="eu-1")
-    pool = root("pools.create", siteId=site["id"], gpuModel="H100", **{"class": "metal-host"})
+    pool = with_default_image(root, root("pools.create", siteId=site["id"], gpuModel="H100",
+                                         **{"class": "metal-host"}))
+    image = root("images.list", poolId=pool["id"])["items"][0]
     node = make_node(pool["id"])
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
     rsv = acme("reservations.create", poolId=pool["id"], **SHAPE)
@@ -53,7 +57,7 @@ def make_objects(root, acme) -> dict[str, str]:
     audit = AuditEvent.objects.filter(tenant_id=acme.tenant_id).latest("seq")
     return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
             "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id,
-            "jtk": join_token["id"]}
+            "jtk": join_token["id"], "img": image["id"]}
 
 
 def target(endpoint) -> tuple[str, str] | None:

@@ -1,26 +1,147 @@
-"""Sandboxes share the host counters with GPU reservations' host share."""
+"""Sandboxes share the host counters with GPU reservations' host share; only the node's
+signed VM reports move a sandbox past `placed`, and its counters come back only when the
+node says the VM is gone."""
 
 from __future__ import annotations
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.db import connection
 
-from fleet.models import Node
-from tests.factories import make_node
+from bcd.contract.crypto import canonical, public_pem, sign_bytes
+from bcd.contract.vms import Vm
+from fleet.models import Node, NodeSpec
+from reservations.services.binding import BindingRefused
+from reservations.services.sandbox_reports import vm_report_record
+from tests.factories import IMAGE_PART, make_node
 from tests.reservations.conftest import reserve
 from tests.support.writes import assert_wrote
 
 
-def test_sandbox_claims_vcpus_on_a_cpu_pool(root, cpu_pool):
+def vm_report(key, node_id: str, sandbox_id: str, phase: str, **extra) -> dict[str, str]:
+    body = canonical({"sandboxId": sandbox_id, "nodeId": node_id, "phase": phase,
+                      "accelerator": "tcg", **extra}).decode()
+    return {"node_id": node_id, "body": body, "signature": sign_bytes(key, body.encode())}
+
+
+@pytest.fixture
+def keyed_cpu_node(cpu_pool):
+    key = ec.generate_private_key(ec.SECP256R1())
     node = make_node(cpu_pool["id"], gpus=0, vcpus=32, memory_gib=128)
-    with assert_wrote(audit="sandbox.create", events=["sandbox.created"]):
-        sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16)
-    assert (sandbox["nodeId"], sandbox["state"]) == (node.id, "running")
+    Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+    return key, node
+
+
+def counters(node) -> tuple[int, int]:
     node.refresh_from_db()
-    assert (node.vcpus_allocated, node.memory_gib_allocated) == (8, 16)
-    with assert_wrote(audit=None):
-        answer = root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=30, memoryGiB=16)
+    return node.vcpus_allocated, node.memory_gib_allocated
+
+
+def test_create_claims_and_puts_the_vm_in_the_nodes_spec(root, cpu_pool, keyed_cpu_node):
+    _, node = keyed_cpu_node
+    with assert_wrote(audit="sandbox.create", events=["sandbox.created"]):
+        sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16,
+                       forwards=[{"hostPort": 2222, "guestPort": 22}])
+    assert (sandbox["nodeId"], sandbox["state"]) == (node.id, "placed")
+    assert counters(node) == (8, 16)
+    spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+    vm = Vm.from_wire(spec["vms"][0])  # what bcd will accept
+    assert (vm.sandbox_id, vm.vcpus, vm.memory_mib) == (sandbox["id"], 8, 16 * 1024)
+    assert (vm.forwards, vm.listen, vm.kernel.sha256) == (((2222, 22),), "127.0.0.1",
+                                                          IMAGE_PART["sha256"])
+    answer = root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=30, memoryGiB=16)
     assert (answer.status, answer.code) == (409, "capacity_conflict")
+    assert counters(node) == (8, 16)
+
+
+def test_only_the_nodes_signed_reports_move_a_sandbox(root, cpu_pool, keyed_cpu_node):
+    key, node = keyed_cpu_node
+    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=2, memoryGiB=1)
+    forged = vm_report(ec.generate_private_key(ec.SECP256R1()), node.id, sandbox["id"],
+                       "started")
+    with pytest.raises(BindingRefused), assert_wrote(audit="sandbox.report", denied=True):
+        vm_report_record(**forged)
+    assert root("sandboxes.get", sandboxId=sandbox["id"])["state"] == "placed"
+    with assert_wrote(audit="sandbox.start", events=["sandbox.starting"]):
+        vm_report_record(**vm_report(key, node.id, sandbox["id"], "starting"))
+    with assert_wrote(audit="sandbox.run", events=["sandbox.running"]):
+        vm_report_record(**vm_report(key, node.id, sandbox["id"], "started"))
+    with assert_wrote(audit=None, events=[]):  # a repeat, and news older than the ledger's
+        vm_report_record(**vm_report(key, node.id, sandbox["id"], "started"))
+        vm_report_record(**vm_report(key, node.id, sandbox["id"], "starting"))
+    running = root("sandboxes.get", sandboxId=sandbox["id"])
+    assert (running["state"], running["accelerator"]) == ("running", "tcg")
+    assert running["startedAt"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release_frees_only_when_the_node_says_stopped_and_meters_the_run(
+        root, cpu_pool, keyed_cpu_node):
+    key, node = keyed_cpu_node
+    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16)
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "started"))
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE reservations_sandbox SET started_at = now() - interval '30 min'")
+    with assert_wrote(audit="sandbox.release", events=["sandbox.released"]):
+        released = root("sandboxes.release", sandboxId=sandbox["id"])
+    assert released["state"] == "stopping"
+    assert counters(node) == (8, 16)  # the VM may still run: nothing is freed yet
+    assert NodeSpec.objects.filter(node=node).latest("generation").spec["vms"] == []
+    assert root.call("sandboxes.release", sandboxId=sandbox["id"]).code == "invalid_state"
+    with assert_wrote(audit="sandbox.stop", events=["sandbox.stopped"]):
+        vm_report_record(**vm_report(key, node.id, sandbox["id"], "stopped"))
+    assert counters(node) == (0, 0)
+    assert root("sandboxes.get", sandboxId=sandbox["id"])["state"] == "stopped"
+    usage = {u["meter"]: float(u["quantity"]) for u in root("usage.list")["items"]}
+    assert 3.99 < usage["vcpu.hours"] < 4.01
+    assert 7.99 < usage["memory.gib-hours"] < 8.01
+
+
+def test_a_vm_that_exits_on_its_own_fails_the_sandbox_and_frees_it(root, cpu_pool,
+                                                                   keyed_cpu_node):
+    key, node = keyed_cpu_node
+    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=4, memoryGiB=2)
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "started"))
+    with assert_wrote(audit="sandbox.fail", events=["sandbox.failed"]):
+        vm_report_record(**vm_report(key, node.id, sandbox["id"], "exited", exitStatus=137,
+                                     reason="the VM exited on its own (status 137)"))
+    failed = root("sandboxes.get", sandboxId=sandbox["id"])
+    assert (failed["state"], failed["exitStatus"]) == ("failed", 137)
+    assert "137" in failed["failureReason"]
+    assert counters(node) == (0, 0)
+    assert NodeSpec.objects.filter(node=node).latest("generation").spec["vms"] == []
+
+
+def test_bounds_images_and_ports_are_refused_before_anything_is_claimed(root, cpu_pool):
+    node = make_node(cpu_pool["id"], gpus=0, vcpus=32, memory_gib=128)
+    root("images.create", poolId=cpu_pool["id"], name="other", kernel=IMAGE_PART,
+         initrd=IMAGE_PART)
+    Node.objects.filter(pk=node.pk).update(virtualization="tcg")
+    from fleet.models import Pool
+
+    Pool.objects.filter(pk=cpu_pool["id"]).update(
+        policy={"sandboxes": {"maxVcpus": 8, "maxMemoryGiB": 16, "images": ["default"]}})
+    cases = [({"vcpus": 9, "memoryGiB": 1}, "maxVcpus (8)"),
+             ({"vcpus": 1, "memoryGiB": 17}, "maxMemoryGiB (16)"),
+             ({"vcpus": 1, "memoryGiB": 1, "image": "missing"}, "has no image 'missing'"),
+             ({"vcpus": 1, "memoryGiB": 1, "image": "other"}, "allows only default"),
+             ({"vcpus": 1, "memoryGiB": 1, "forwards": [{"hostPort": 80, "guestPort": 80}]},
+              "hostPort")]
+    for body, said in cases:
+        with assert_wrote(audit=None):
+            answer = root.call("sandboxes.create", poolId=cpu_pool["id"], **body)
+        assert (answer.status, answer.code) == (400, "invalid_argument"), answer.body
+        assert said in answer.body["error"]["message"], answer.body
+    forward = [{"hostPort": 2222, "guestPort": 22}]
+    assert root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=1, memoryGiB=1,
+                     forwards=forward).ok
+    taken = root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=1, memoryGiB=1,
+                      forwards=forward)
+    assert taken.code == "capacity_conflict" and "2222" in taken.body["error"]["message"]
+    Node.objects.filter(pk=node.pk).update(virtualization="none")
+    assert root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=1,
+                     memoryGiB=1).code == "capacity_conflict"
+    assert counters(node) == (1, 1)
 
 
 def test_sandbox_and_gpu_host_share_never_take_each_others(root, pool):
@@ -32,21 +153,6 @@ def test_sandbox_and_gpu_host_share_never_take_each_others(root, pool):
     assert answer.code == "capacity_conflict"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_release_meters_vcpu_hours_and_gives_back(root, cpu_pool):
-    node = make_node(cpu_pool["id"], gpus=0, vcpus=32, memory_gib=128)
-    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=8, memoryGiB=16)
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE reservations_sandbox SET created_at = now() - interval '30 min'")
-    with assert_wrote(audit="sandbox.release", events=["sandbox.released"]):
-        released = root("sandboxes.release", sandboxId=sandbox["id"])
-    assert released["state"] == "released"
-    assert Node.objects.get(pk=node.pk).vcpus_allocated == 0
-    usage = root("usage.list", meter="vcpu.hours")["items"]
-    assert len(usage) == 1
-    assert 3.99 < float(usage[0]["quantity"]) < 4.01
-
-
 def test_cpu_pool_offering_takes_vcpu_and_memory_quotas(root, cpu_pool, acme):
     make_node(cpu_pool["id"], gpus=0, vcpus=32, memory_gib=128)
     root("pools.offer", poolId=cpu_pool["id"], to="acme", quota={"vcpu": 8, "memory": 32})
@@ -55,3 +161,22 @@ def test_cpu_pool_offering_takes_vcpu_and_memory_quotas(root, cpu_pool, acme):
     assert answer.code == "quota_exceeded"
     gpu = root.call("pools.offer", poolId=cpu_pool["id"], to="acme", quota={"gpu": 1})
     assert gpu.code == "invalid_argument"
+
+
+def test_image_catalogue_is_per_pool_and_in_use_images_stay(root, cpu_pool, acme):
+    make_node(cpu_pool["id"], gpus=0, vcpus=32, memory_gib=128)
+    images = root("images.list", poolId=cpu_pool["id"])["items"]
+    assert [i["name"] for i in images] == ["default"]
+    dup = root.call("images.create", poolId=cpu_pool["id"], name="default",
+                    kernel=IMAGE_PART, initrd=IMAGE_PART)
+    assert dup.code == "already_exists"
+    bad = root.call("images.create", poolId=cpu_pool["id"], name="x",
+                    kernel={"url": "ftp://a/b", "sha256": "z"}, initrd=IMAGE_PART)
+    assert bad.status == 400 and "kernel" in str(bad.body["error"])
+    root("sandboxes.create", poolId=cpu_pool["id"], vcpus=1, memoryGiB=1)
+    in_use = root.call("images.delete", imageId=images[0]["id"])
+    assert in_use.code == "invalid_state" and "in use" in in_use.body["error"]["message"]
+    root("pools.offer", poolId=cpu_pool["id"], to="acme", quota={"vcpu": 8, "memory": 8})
+    assert acme("images.list", poolId=cpu_pool["id"])["items"][0]["name"] == "default"
+    assert acme.call("images.create", poolId=cpu_pool["id"], name="mine", kernel=IMAGE_PART,
+                     initrd=IMAGE_PART).status in (403, 404)

@@ -75,7 +75,8 @@ def reservation(request: HttpRequest, page: Page, reservation_id: str) -> HttpRe
 @console_page
 def sandboxes(request: HttpRequest, page: Page) -> HttpResponse:
     """Sandboxes: vCPUs and memory claimed from the same ledger."""
-    return _newest_first_with_pools(page, "console/sandboxes.html", "sandboxes")
+    return _newest_first_with_pools(page, "console/sandboxes.html", "sandboxes",
+                                    live_states=["placed", "starting", "running"])
 
 
 @console_page
@@ -99,12 +100,13 @@ def join_tokens(request: HttpRequest, page: Page) -> HttpResponse:
     return _newest_first_with_pools(page, "console/join_tokens.html", "joinTokens")
 
 
-def _newest_first_with_pools(page: Page, template: str, group: str) -> HttpResponse:
+def _newest_first_with_pools(page: Page, template: str, group: str,
+                             **extra: Any) -> HttpResponse:
     """A list page with a create form over the tenant's pools (shown only if allowed)."""
     return page.render(template, {
         "items": list(reversed(page.call(f"{group}.list", limit=1000)["items"])),
         "pools": page.call("pools.list", limit=1000)["items"],
-        "can_act": page.can(f"{group}.create")})
+        "can_act": page.can(f"{group}.create"), **extra})
 
 
 @console_page
