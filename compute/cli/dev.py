@@ -9,6 +9,7 @@ child process; Ctrl-C (or SIGTERM) stops them all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -279,11 +280,21 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _wait_for_signal(stack)
     finally:
         stack.stop()
+        if state_dir is not None:
+            _power_off_simulated_vms(state_dir)
         if env_file is not None:  # it names a server that is gone now
             env_file.unlink(missing_ok=True)
         if started_here:
             server.stop()
         click.echo("stopped", err=True)
+
+
+def _power_off_simulated_vms(state_dir: Path) -> None:
+    """The simulated machines go down with `dev`, and so do the VMs they ran (a real
+    agent that stops leaves its VMs running; these would outlive their machine)."""
+    for pidfile in (state_dir / "sim").glob("*/var/lib/bcd/vms/*/qemu.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
 
 
 def _wait_for_signal(stack: Stack) -> None:

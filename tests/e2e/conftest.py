@@ -31,18 +31,19 @@ class Stack:
     state_dir: Path
 
     def cli(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["better-compute", *args], env=env or self.env, input=stdin,
-                              capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              cwd=cwd)
 
     def ok(self, *args: str, cwd: Path | None = None) -> str:
         result = self.cli(*args, cwd=cwd)
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         return result.stdout.strip()
 
-    def json(self, *args: str, env: dict[str, str] | None = None) -> Any:
+    def json(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> Any:
         """A CLI command's result, as JSON (`--output json`)."""
-        result = self.cli(*args, "--output", "json", env=env)
+        result = self.cli(*args, "--output", "json", env=env, timeout=timeout)
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         return json.loads(result.stdout)
 
