@@ -27,6 +27,7 @@ from bcd.contract.vms import Vm
 QEMU = "qemu-system-x86_64"
 PROBE_SECONDS = 5.0
 MACHINE = {"kvm": ["-machine", "q35", "-cpu", "host"], "tcg": ["-machine", "q35", "-cpu", "max"]}
+START_SECONDS = 30.0
 CONSOLE_LIMIT = 4 << 20  # bytes of console log read back at most
 
 
@@ -94,7 +95,7 @@ def qemu_argv(vm: Vm, files: VmFiles, *, accel: str, kernel: Path, initrd: Path)
             "-append", f"console=ttyS0 quiet panic=-1 bc.sandbox={vm.sandbox_id}",
             "-nodefaults", "-display", "none", "-no-reboot",
             "-chardev", f"file,id=console,path={files.console}", "-serial", "chardev:console",
-            "-qmp", f"unix:{files.qmp},server=on,wait=off",
+            "-qmp", f"unix:{files.qmp.name},server=on,wait=off",  # relative: see qmp()
             "-pidfile", str(files.pidfile),
             "-drive", f"file={files.disk},if=virtio,format=qcow2",
             "-netdev", f"user,id=net0{forwards}", "-device", "virtio-net-pci,netdev=net0"]
@@ -121,8 +122,10 @@ def prepare_disk(vm: Vm, files: VmFiles, base: Path | None) -> None:
     files.disk.with_suffix(".tmp").rename(files.disk)
 
 
-def launch(vm: Vm, files: VmFiles, argv: list[str], *, slice_name: str | None) -> None:
-    """Start QEMU detached from the agent; a shell around it writes its exit status."""
+def launch(vm: Vm, files: VmFiles, argv: list[str], *, slice_name: str | None,
+           timeout: float = START_SECONDS) -> None:
+    """Start QEMU detached from the agent (a shell around it writes its exit status) and
+    return once its pidfile names it, or once it has already exited."""
     files.exit_status.unlink(missing_ok=True)
     files.console.unlink(missing_ok=True)
     command = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', str(files.exit_status), *argv]
@@ -131,12 +134,18 @@ def launch(vm: Vm, files: VmFiles, argv: list[str], *, slice_name: str | None) -
                    f"--slice={slice_name}", *command]
     log = (files.folder / "qemu.err").open("ab")
     try:
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True, close_fds=True)
+        wrapper = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   start_new_session=True, close_fds=True, cwd=files.folder)
     except OSError as error:
         raise QemuFailed(f"cannot run {QEMU}: {error}") from None
     finally:
         log.close()
+    deadline = time.monotonic() + timeout
+    while running_pid(files) is None and wrapper.poll() is None:
+        if time.monotonic() > deadline:
+            os.killpg(wrapper.pid, signal.SIGKILL)
+            raise QemuFailed(f"QEMU did not start within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def running_pid(files: VmFiles) -> int | None:
@@ -178,23 +187,35 @@ def console_has(files: VmFiles, line: str) -> bool:
 
 
 def qmp(files: VmFiles, command: str, *, timeout: float = 5.0) -> dict[str, Any]:
-    """One QMP command (after the capabilities handshake); its `return` object."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(timeout)
-        sock.connect(str(files.qmp))
-        stream = sock.makefile("rw")
-        stream.readline()  # the greeting
-        for name in ("qmp_capabilities", command):
-            stream.write(json.dumps({"execute": name}) + "\n")
-            stream.flush()
-            while True:
-                answer = json.loads(stream.readline() or "{}")
-                if "return" in answer or "error" in answer or not answer:
-                    break  # skip asynchronous events
-        if "error" in answer:
-            raise QemuFailed(f"QMP {command}: {answer['error'].get('desc', answer['error'])}")
-        result = answer.get("return", {})
-        return result if isinstance(result, dict) else {}
+    """One QMP command (after the capabilities handshake); its `return` object.
+
+    A socket's path must fit in 108 bytes, which a simulated machine's deep root can
+    exceed: QEMU binds it relative to the VM's folder, and it is reached here through
+    that folder's descriptor."""
+    folder = os.open(files.folder, os.O_PATH)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(timeout)
+            sock.connect(f"/proc/self/fd/{folder}/{files.qmp.name}")
+            return _converse(sock, command)
+    finally:
+        os.close(folder)
+
+
+def _converse(sock: socket.socket, command: str) -> dict[str, Any]:
+    stream = sock.makefile("rw")
+    stream.readline()  # the greeting
+    for name in ("qmp_capabilities", command):
+        stream.write(json.dumps({"execute": name}) + "\n")
+        stream.flush()
+        while True:
+            answer = json.loads(stream.readline() or "{}")
+            if "return" in answer or "error" in answer or not answer:
+                break  # skip asynchronous events
+    if "error" in answer:
+        raise QemuFailed(f"QMP {command}: {answer['error'].get('desc', answer['error'])}")
+    result = answer.get("return", {})
+    return result if isinstance(result, dict) else {}
 
 
 def stop(files: VmFiles, *, grace: float) -> None:
@@ -212,7 +233,16 @@ def stop(files: VmFiles, *, grace: float) -> None:
             time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while running_pid(files) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def remove(files: VmFiles) -> None:
-    shutil.rmtree(files.folder, ignore_errors=True)
+    """Remove the VM's folder; its wrapper shell may still write the exit status into it
+    just after QEMU ended, so look again."""
+    for _ in range(10):
+        shutil.rmtree(files.folder, ignore_errors=True)
+        if not files.folder.exists():
+            return
+        time.sleep(0.2)

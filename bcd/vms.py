@@ -53,6 +53,8 @@ def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
                 states[key] = {"state": "launching", "vm": record["vm"], "at": record["at"]}
             elif key in states:
                 states[key]["state"] = "starting"
+        elif kind == "vm-never" and key not in states:  # released before it was started
+            states[key] = {"state": "stopped", "vm": record["vm"], "at": record.get("at", 0)}
         elif key in states and kind == "vm-ready":
             states[key]["state"] = "running"
         elif key in states and kind == "vm-stop":
@@ -75,13 +77,15 @@ class VmKeeper:
         self.send = send
         self.tuning = tuning or VmTuning.from_env()
         self.wanted: dict[str, Vm] | None = None  # unknown until this run's first spec
+        self.stopping: dict[str, Vm] = {}  # released: desired stopped
         self.accelerator = os.environ.get("BCD_VIRTUALIZATION", "")
         self.reports: dict[str, Report] = {}
         self.wake = asyncio.Event()
         self._rebuild_reports()
 
     def want(self, vms: list[Vm]) -> None:
-        self.wanted = {vm.sandbox_id: vm for vm in vms}
+        self.wanted = {vm.sandbox_id: vm for vm in vms if vm.desired == "running"}
+        self.stopping = {vm.sandbox_id: vm for vm in vms if vm.desired == "stopped"}
         self.wake.set()
 
     def _rebuild_reports(self) -> None:
@@ -138,9 +142,14 @@ class VmKeeper:
             elif state["state"] in ("starting", "running"):
                 await self._watch(sandbox, state, files)
         known = vm_states(self.journal)
-        for sandbox, vm in (self.wanted or {}).items():
+        for sandbox, vm in list((self.wanted or {}).items()):
             if sandbox not in known:
                 await self._launch(vm, qemu.VmFiles.of(self.paths, sandbox), begun=False)
+        known = vm_states(self.journal)  # the launches above awaited: the spec may be newer
+        for sandbox, vm in list(self.stopping.items()):
+            if sandbox not in known:  # released before this node started it
+                self.journal.done("vm-never", sandbox, vm=vm.wire(), at=time.time())
+                self._say(sandbox, "stopped")
 
     async def _launch(self, vm: Vm, files: qemu.VmFiles, *, begun: bool) -> None:
         sandbox = vm.sandbox_id
@@ -175,6 +184,8 @@ class VmKeeper:
         if await asyncio.to_thread(qemu.running_pid, files) is None:
             await asyncio.sleep(0.3)  # the wrapper writes the status just after QEMU exits
             status = qemu.exit_status(files)
+            if status is None and time.time() - float(state["at"]) < qemu.START_SECONDS:
+                return  # adopted while QEMU was still starting: its pidfile is not there yet
             if state["state"] == "running":
                 self._end(sandbox, files, "exited", f"the VM exited on its own (status "
                           f"{status if status is not None else 'unknown'})", status)

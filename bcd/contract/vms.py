@@ -67,6 +67,7 @@ class Vm:
     ready_line: str = "better-compute guest ready"
     forwards: tuple[tuple[int, int], ...] = ()
     listen: str = "127.0.0.1"
+    desired: str = "running"  # or "stopped": released, kept in the spec until the node says so
 
     @classmethod
     def from_wire(cls, entry: object) -> Vm:
@@ -89,6 +90,9 @@ class Vm:
                       if isinstance(f, dict) else (0, 0) for f in forwards)
         if (0, 0) in pairs:
             raise BadVm(f"{sandbox_id}: each forward is an object with hostPort and guestPort")
+        desired = entry.get("desired", "running")
+        if desired not in ("running", "stopped"):
+            raise BadVm(f"{sandbox_id}: desired must be running or stopped")
         disk = entry.get("disk")
         return cls(sandbox_id, _int(entry, "vcpus", 1, MAX_VCPUS),
                    _int(entry, "memoryMiB", 64, MAX_MEMORY_MIB),
@@ -96,13 +100,14 @@ class Vm:
                    ImagePart.from_wire(entry.get("initrd"), "initrd"),
                    ImagePart.from_wire(disk, "disk") if disk is not None else None,
                    _int(entry, "diskGiB", 1, 4096) if "diskGiB" in entry else 1,
-                   ready_line, pairs, listen)
+                   ready_line, pairs, listen, desired)
 
     def wire(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "sandboxId": self.sandbox_id, "vcpus": self.vcpus, "memoryMiB": self.memory_mib,
             "kernel": self.kernel.wire(), "initrd": self.initrd.wire(),
             "diskGiB": self.disk_gib, "readyLine": self.ready_line, "listen": self.listen,
+            "desired": self.desired,
             "forwards": [{"hostPort": h, "guestPort": g} for h, g in self.forwards]}
         if self.disk is not None:
             entry["disk"] = self.disk.wire()

@@ -4,6 +4,7 @@ a private root)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,10 +35,16 @@ def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
     if sim:
         from bcd.inventory.fake import SimulatedInventory
 
+        # BCD_SIM_VCPUS and BCD_SIM_MEMORY_GIB size a simulated machine's host (its VMs are
+        # real, so a small host lets sandboxes and GPU host shares compete for it).
+        size = {"vcpus": int(os.environ.get("BCD_SIM_VCPUS", 32 if sim_variant == "cpu" else 96)),
+                "memory_gib": int(os.environ.get("BCD_SIM_MEMORY_GIB",
+                                                 128 if sim_variant == "cpu" else 1024))}
         if sim_variant == "cpu":
-            return SimulatedInventory(hostname, gpus=0, vcpus=32, memory_gib=128, root=root)
+            return SimulatedInventory(hostname, gpus=0, root=root, **size)
         domain = 4 if sim_variant == "gpu-2x4" else sim_gpus
-        return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain, root=root)
+        return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain, root=root,
+                                  **size)
     try:
         import pynvml  # the `nvml` extra: nvidia-ml-py
     except ImportError:

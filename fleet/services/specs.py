@@ -11,10 +11,14 @@ from fleet.models import Node, NodeSpec
 
 def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
                             remove: str | None = None, vm_add: dict[str, Any] | None = None,
-                            vm_remove: str | None = None) -> NodeSpec:
-    """Write the next generation with hold `add` and VM `vm_add`, without allocation
-    `remove` and sandbox `vm_remove` (with none: generation 1 of a newly adopted node, or
-    an unchanged copy).
+                            vm_stop: str | None = None, vm_remove: str | None = None
+                            ) -> NodeSpec:
+    """Write the next generation with hold `add` and VM `vm_add`, sandbox `vm_stop`
+    desired stopped, without allocation `remove` and sandbox `vm_remove` (with none:
+    generation 1 of a newly adopted node, or an unchanged copy).
+
+    A released VM stays in the spec, desired stopped, until its node reports it stopped:
+    an agent that never started it (or restarted meanwhile) still learns to say so.
 
     The caller holds the node row's lock, which orders generations; the unique constraint
     on (node, generation) is the backstop.
@@ -22,7 +26,8 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     latest = node.specs.order_by("-generation").first()
     spec = latest.spec if latest else {}
     allocations = _changed(spec.get("allocations", []), "allocationId", add, remove)
-    vms = _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)
+    vms = [{**vm, "desired": "stopped"} if vm["sandboxId"] == vm_stop else vm
+           for vm in _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)]
     return NodeSpec.objects.create(node=node, generation=(latest.generation + 1) if latest else 1,
                                    spec={"allocations": allocations, "vms": vms},
                                    txid=CURRENT_TXID)

@@ -69,9 +69,8 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
             fields.append("started_at")
         sandbox.save(update_fields=fields)
     else:
-        if sandbox.state != S.STOPPING:  # the node ended it: it leaves the desired state
-            node_spec_change_locked(Node.objects.select_for_update().get(pk=node_id),
-                                    vm_remove=sandbox.id)
+        node_spec_change_locked(Node.objects.select_for_update().get(pk=node_id),
+                                vm_remove=sandbox.id)  # the node is done with it
         sandbox_free_locked(sandbox, to=target, reason=reason)
     audit_record(tenant_id=sandbox.tenant_id, actor_id=node_id, action=action,
                  target=sandbox.id, data=data, reason=reason or "signed by node")

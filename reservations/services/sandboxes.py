@@ -169,7 +169,7 @@ def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> San
     if sandbox.state not in LIVE:
         raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}", state=sandbox.state)
     node = Node.objects.select_for_update().get(pk=sandbox.node_id)
-    spec = node_spec_change_locked(node, vm_remove=sandbox.id)
+    spec = node_spec_change_locked(node, vm_stop=sandbox.id)
     sandbox.state = SandboxState.STOPPING
     sandbox.released_at = database_now()
     sandbox.save(update_fields=["state", "released_at"])

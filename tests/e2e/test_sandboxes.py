@@ -3,9 +3,17 @@ simulated CPU machines; the sandbox is `running` only once the guest said it boo
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import random
 import signal
+import subprocess
+import sys
+import threading
+import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,11 +99,14 @@ def test_a_sandbox_boots_a_real_vm_and_release_leaves_nothing(cpu_stack):
     assert (created["state"], created["accelerator"]) == ("running", "tcg"), created
     [pid] = qemu_processes(created["id"])
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert argv[argv.index(b"-smp") + 1] == b"2" and argv[argv.index(b"-m") + 1] == b"1024"
+    assert argv[argv.index(b"-smp") + 1] == b"2"
+    assert argv[argv.index(b"-m") + 1] == b"1024"
     folder = vm_folder(cpu_stack, created["id"])
-    assert folder is not None and (folder / "disk.qcow2").is_file()
+    assert folder is not None
+    assert (folder / "disk.qcow2").is_file()
     logs = cpu_stack.ok("sandboxes", "logs", created["id"], "--lines", "200")
-    assert "better-compute guest ready" in logs and "2 vCPUs" in logs
+    assert "better-compute guest ready" in logs
+    assert "2 vCPUs" in logs
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
         assert page.read().decode().strip() == f"sandbox {created['id']}"
     assert allocated(cpu_stack)[created["nodeId"]] == (
@@ -148,13 +159,15 @@ def test_qemu_killed_fails_the_sandbox_frees_it_and_says_why(cpu_stack):
     [pid] = qemu_processes(created["id"])
     os.kill(pid, signal.SIGKILL)
     failed = settled(cpu_stack, created["id"], ("failed",), timeout=30)
-    assert failed["exitStatus"] == 137 and "exited on its own" in failed["failureReason"]
+    assert failed["exitStatus"] == 137
+    assert "exited on its own" in failed["failureReason"]
     assert allocated(cpu_stack) == before
     events = cpu_stack.json("events", "list", "--subject", created["id"])["items"]
     assert "sandbox.failed" in [e["type"] for e in events]
     rows = cpu_stack.json("audit", "list", "--target", created["id"])["items"]
     failure = [r for r in rows if r["action"] == "sandbox.fail"]
-    assert len(failure) == 1 and "137" in failure[0]["reason"]
+    assert len(failure) == 1
+    assert "137" in failure[0]["reason"]
     assert failure[0]["actorId"] == created["nodeId"]  # said by the node, signed
 
 
@@ -176,9 +189,137 @@ def test_bad_images_and_requests_that_do_not_fit_leave_nothing_claimed(cpu_stack
         result = cpu_stack.cli("sandboxes", "create", "--pool", pool, "--vcpus", "1",
                                "--memory", "1", "--image", name, "--wait", "--timeout", "30",
                                timeout=60)
-        assert result.returncode != 0 and "failed" in result.stderr, result
+        assert result.returncode != 0, result
+        assert "failed" in result.stderr, result
         assert said in result.stderr, result.stderr
     too_big = cpu_stack.cli("sandboxes", "create", "--pool", pool, "--vcpus", "64",
                             "--memory", "1")
-    assert too_big.returncode != 0 and "capacity_conflict" in too_big.stderr + too_big.stdout
+    assert too_big.returncode != 0
+    assert "capacity_conflict" in too_big.stderr + too_big.stdout
     assert allocated(cpu_stack) == before
+
+
+@pytest.fixture
+def small_gpu_node(cpu_stack, tmp_path) -> Iterator[tuple[str, str]]:
+    """A GPU pool whose one simulated machine has 16 vCPUs and 16 GiB for 8 GPUs (2 and 2
+    per GPU), with the dev image: GPU host shares and VMs compete for the same counters."""
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"hostShare": {"vcpusPerGpu": 2, "memoryGiBPerGpu": 2}}))
+    pool = cpu_stack.json("pools", "create", "--site", cpu_stack.env["SITE"], "--class",
+                          "metal-host", "--gpu-model", "H100", "--policy-file", str(policy))
+    guest = sorted((cpu_stack.state_dir / "downloads").glob("guest-*"))
+    cpu_stack.json("images", "create", "--pool", pool["id"], "--name", "default",
+                   "--kernel", str(guest[-1]), "--initrd", str(guest[0]))
+    pins = cpu_stack.json("pki", "show")
+    token = cpu_stack.json("join-tokens", "create", "--pool", pool["id"], "--ttl", "1h")
+    root = tmp_path / "machine"
+    env = {**cpu_stack.env, "BCD_JOIN_TOKEN": token["token"], "BCD_SIM_VCPUS": "16",
+           "BCD_SIM_MEMORY_GIB": "16", "BCD_VM_SHUTDOWN_SECONDS": "5"}
+    joined = subprocess.run(
+        [sys.executable, "-m", "bcd", "--root", str(root), "join", "--server",
+         cpu_stack.env["BETTER_COMPUTE_URL"], "--sim", "--hostname", "gpu-small",
+         "--serving-ca-pin", pins["servingCaSpkiPin"],
+         "--join-signing-pin", pins["joinSigningKeyPin"],
+         "--join-encryption-pin", pins["joinEncryptionKeyPin"]],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert joined.returncode == 0, joined.stderr
+    agent = subprocess.Popen([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: [n for n in cpu_stack.json("nodes", "list", "--pool",
+                                                              pool["id"])["items"]
+                                   if n["provisionState"] == "adopted"], 60, interval=0.5)
+        yield pool["id"], root
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        for pidfile in root.glob("var/lib/bcd/vms/*/qemu.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+DRIFT = """
+SELECT n.vcpus_allocated, n.memory_gib_allocated, n.vcpus, n.memory_gib,
+  (SELECT coalesce(sum(vcpus), 0) FROM reservations_allocation a
+    WHERE a.node_id = n.id AND a.ended_at IS NULL)
+  + (SELECT coalesce(sum(vcpus), 0) FROM reservations_sandbox s
+    WHERE s.node_id = n.id AND s.ended_at IS NULL),
+  (SELECT coalesce(sum(memory_gib), 0) FROM reservations_allocation a
+    WHERE a.node_id = n.id AND a.ended_at IS NULL)
+  + (SELECT coalesce(sum(memory_gib), 0) FROM reservations_sandbox s
+    WHERE s.node_id = n.id AND s.ended_at IS NULL)
+FROM fleet_node n WHERE n.pool_id = %s"""
+
+
+def test_gpu_bookings_and_real_vms_racing_never_exceed_the_host_counters(cpu_stack,
+                                                                        small_gpu_node):
+    import psycopg
+
+    from compute.client import ApiError, Client
+
+    pool, root = small_gpu_node
+    client = Client(cpu_stack.env["BETTER_COMPUTE_URL"], cpu_stack.env["BETTER_COMPUTE_TOKEN"])
+    stop, samples, problems = threading.Event(), [], []
+    made: dict[str, list[str]] = {"rsv": [], "sbx": []}
+
+    def gpus(rng: random.Random) -> None:
+        while not stop.is_set():
+            try:
+                rsv = client.reservations.create(
+                    pool_id=pool, duration=3_600_000, idempotency_key=uuid.uuid4().hex,
+                    devices=[{"class": "gpu", "count": rng.choice([1, 2, 4])}])
+                made["rsv"].append(rsv["id"])
+                time.sleep(rng.uniform(0, 1.5))
+                client.reservations.release(reservation_id=rsv["id"])
+            except ApiError as error:
+                if error.code not in ("capacity_conflict", "invalid_state"):
+                    problems.append(f"{error.code}: {error}")
+
+    def vms(rng: random.Random) -> None:
+        while not stop.is_set():
+            try:
+                box = client.sandboxes.create(pool_id=pool, vcpus=2, memory_gi_b=2,
+                                              idempotency_key=uuid.uuid4().hex)
+                made["sbx"].append(box["id"])
+                time.sleep(rng.choice([0.5, 2, 25]))  # some guests boot, most do not
+                client.sandboxes.release(sandbox_id=box["id"])
+            except ApiError as error:
+                if error.code not in ("capacity_conflict", "invalid_state"):
+                    problems.append(f"{error.code}: {error}")
+            time.sleep(0.2)
+
+    def sample() -> None:
+        with psycopg.connect(cpu_stack.env["DATABASE_URL"], autocommit=True) as db:
+            while not stop.is_set():
+                samples.extend(db.execute(DRIFT, [pool]).fetchall())
+                time.sleep(0.1)
+
+    threads = [threading.Thread(target=gpus, args=(random.Random(seed),)) for seed in (1, 2)]
+    threads += [threading.Thread(target=vms, args=(random.Random(seed),)) for seed in (3, 4)]
+    threads.append(threading.Thread(target=sample))
+    for thread in threads:
+        thread.start()
+    time.sleep(45)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not problems, problems
+    assert len(made["sbx"]) >= 4, made
+    assert len(made["rsv"]) >= 4, made
+    for used_v, used_m, size_v, size_m, claimed_v, claimed_m in samples:
+        assert used_v <= size_v
+        assert used_m <= size_m
+        assert (used_v, used_m) == (claimed_v, claimed_m)
+    for box in made["sbx"]:  # every VM stops, and then its counters are back
+        settled(cpu_stack, box, ("stopped", "failed"), timeout=60)
+    with psycopg.connect(cpu_stack.env["DATABASE_URL"]) as db:
+        [(used_v, used_m, *_)] = db.execute(DRIFT, [pool]).fetchall()
+        overlaps = db.execute(
+            "SELECT count(*) FROM reservations_booking a JOIN reservations_booking b "
+            "ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during").fetchone()
+    assert (used_v, used_m, overlaps[0]) == (0, 0, 0)
+    assert not list(root.glob("var/lib/bcd/vms/*"))
+    left = {box: qemu_processes(box) for box in made["sbx"] if qemu_processes(box)}
+    assert not left, [sandbox(cpu_stack, box) for box in left]
+    ends = [sandbox(cpu_stack, b) for b in made["sbx"]]
+    assert [b for b in ends if b["startedAt"]], [b["failureReason"] for b in ends]  # booted

@@ -86,12 +86,14 @@ def test_release_frees_only_when_the_node_says_stopped_and_meters_the_run(
         released = root("sandboxes.release", sandboxId=sandbox["id"])
     assert released["state"] == "stopping"
     assert counters(node) == (8, 16)  # the VM may still run: nothing is freed yet
-    assert NodeSpec.objects.filter(node=node).latest("generation").spec["vms"] == []
+    [vm] = NodeSpec.objects.filter(node=node).latest("generation").spec["vms"]
+    assert (vm["sandboxId"], vm["desired"]) == (sandbox["id"], "stopped")
     assert root.call("sandboxes.release", sandboxId=sandbox["id"]).code == "invalid_state"
     with assert_wrote(audit="sandbox.stop", events=["sandbox.stopped"]):
         vm_report_record(**vm_report(key, node.id, sandbox["id"], "stopped"))
     assert counters(node) == (0, 0)
     assert root("sandboxes.get", sandboxId=sandbox["id"])["state"] == "stopped"
+    assert NodeSpec.objects.filter(node=node).latest("generation").spec["vms"] == []
     usage = {u["meter"]: float(u["quantity"]) for u in root("usage.list")["items"]}
     assert 3.99 < usage["vcpu.hours"] < 4.01
     assert 7.99 < usage["memory.gib-hours"] < 8.01
@@ -137,7 +139,8 @@ def test_bounds_images_and_ports_are_refused_before_anything_is_claimed(root, cp
                      forwards=forward).ok
     taken = root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=1, memoryGiB=1,
                       forwards=forward)
-    assert taken.code == "capacity_conflict" and "2222" in taken.body["error"]["message"]
+    assert taken.code == "capacity_conflict"
+    assert "2222" in taken.body["error"]["message"]
     Node.objects.filter(pk=node.pk).update(virtualization="none")
     assert root.call("sandboxes.create", poolId=cpu_pool["id"], vcpus=1,
                      memoryGiB=1).code == "capacity_conflict"
@@ -172,10 +175,12 @@ def test_image_catalogue_is_per_pool_and_in_use_images_stay(root, cpu_pool, acme
     assert dup.code == "already_exists"
     bad = root.call("images.create", poolId=cpu_pool["id"], name="x",
                     kernel={"url": "ftp://a/b", "sha256": "z"}, initrd=IMAGE_PART)
-    assert bad.status == 400 and "kernel" in str(bad.body["error"])
+    assert bad.status == 400
+    assert "kernel" in str(bad.body["error"])
     root("sandboxes.create", poolId=cpu_pool["id"], vcpus=1, memoryGiB=1)
     in_use = root.call("images.delete", imageId=images[0]["id"])
-    assert in_use.code == "invalid_state" and "in use" in in_use.body["error"]["message"]
+    assert in_use.code == "invalid_state"
+    assert "in use" in in_use.body["error"]["message"]
     root("pools.offer", poolId=cpu_pool["id"], to="acme", quota={"vcpu": 8, "memory": 8})
     assert acme("images.list", poolId=cpu_pool["id"])["items"][0]["name"] == "default"
     assert acme.call("images.create", poolId=cpu_pool["id"], name="mine", kernel=IMAGE_PART,
