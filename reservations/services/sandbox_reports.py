@@ -43,7 +43,7 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
     phase = payload.get("phase")
     if phase not in MOVES:
         raise BindingRefused(f"unknown VM phase {str(phase)[:40]!r}")
-    sandbox = (Sandbox.objects.select_for_update().select_related("pool")
+    sandbox = (Sandbox.objects.select_for_update(of=("self",)).select_related("pool")
                .filter(pk=str(payload.get("sandboxId", ""))[:40], node_id=node_id).first())
     if sandbox is None:
         raise BindingRefused("no sandbox of this node has that id")

@@ -29,6 +29,7 @@ class World:
     root_actor: Any
     acme_actor: Any
     pool_id: str
+    node_keys: dict[str, Any] = field(default_factory=dict)  # node id -> its signing key
 
 
 @dataclass
@@ -45,6 +46,11 @@ def build_world(*, nodes: int = 3) -> World:
     from compute.tenancy.models import Tenant
     from compute.tenancy.selectors import root_tenant
     from compute.tenancy.services import root_bootstrap, tenant_create, token_create
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from bcd.contract.crypto import public_pem
+    from fleet.models import Node
+    from fleet.services.images import image_create
     from fleet.services.pools import pool_create
     from fleet.services.sites import site_create
     from reservations.services.offerings import pool_offer
@@ -58,11 +64,18 @@ def build_world(*, nodes: int = 3) -> World:
     pool = pool_create(tenant=root, actor=admin, site_id=site.id, pool_class="metal-host",
                        gpu_model="H100",
                        policy={"hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}})
+    keys = {}
     for _ in range(nodes):
-        make_node(pool)
+        key = ec.generate_private_key(ec.SECP256R1())
+        node = make_node(pool)
+        Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+        keys[node.id] = key
+    part = {"url": "https://images.example/part", "sha256": "0" * 64}
+    image_create(tenant=root, actor=admin, pool_id=pool.id, name="default", kernel=part,
+                 initrd=part)
     pool_offer(tenant=root, actor=admin, pool_id=pool.id, to=acme, quota={"gpu": QUOTA_LIMIT})
     return World(root=root, acme=Tenant.objects.get(pk=acme.pk), root_actor=admin,
-                 acme_actor=acme_actor, pool_id=pool.id)
+                 acme_actor=acme_actor, pool_id=pool.id, node_keys=keys)
 
 
 def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[str],
@@ -71,6 +84,9 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
     from reservations.services.book import pending_place, reservation_create
     from reservations.services.extend import reservation_extend
     from reservations.services.release import reservation_release
+    from bcd.contract.crypto import canonical, sign_bytes
+    from reservations.sandboxes import Sandbox
+    from reservations.services.sandbox_reports import vm_report_record
     from reservations.services.sandboxes import sandbox_create, sandbox_release
 
     tenant, actor = ((world.acme, world.acme_actor) if rng.random() < 0.5
@@ -98,10 +114,25 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
                                       cancel=roll > 0.88)
             outcomes[f"release.{rsv.state}"] += 1
             pending_place(pool_id=world.pool_id, limit=5)
-        elif sandboxes and rng.random() < 0.5:
-            sandbox_release(tenant=world.root, actor=world.root_actor,
-                            sandbox_id=sandboxes.pop(0))
-            outcomes["sandbox.released"] += 1
+        elif sandboxes and rng.random() < 0.6:
+            # The node's side, racing the bookers: it boots, stops or loses a VM (signed).
+            sandbox_id = rng.choice(sandboxes)
+            sandbox = Sandbox.objects.get(pk=sandbox_id)
+            if sandbox.state == "stopping" or rng.random() < 0.2:
+                phase = "stopped" if sandbox.state == "stopping" else "exited"
+                sandboxes.remove(sandbox_id)
+            elif sandbox.state in ("placed", "starting") and rng.random() < 0.7:
+                phase = "started"
+            else:
+                sandbox_release(tenant=world.root, actor=world.root_actor,
+                                sandbox_id=sandbox_id)
+                outcomes["sandbox.released"] += 1
+                return
+            body = canonical({"sandboxId": sandbox_id, "nodeId": sandbox.node_id,
+                              "phase": phase}).decode()
+            vm_report_record(node_id=sandbox.node_id, body=body, signature=sign_bytes(
+                world.node_keys[sandbox.node_id], body.encode()))
+            outcomes[f"sandbox.{phase}"] += 1
         else:
             sandbox = sandbox_create(tenant=world.root, actor=world.root_actor,
                                      pool_id=world.pool_id, vcpus=rng.randint(1, 4),
@@ -200,13 +231,13 @@ def findings(world: World) -> dict[str, Any]:
             "(SELECT coalesce(sum(vcpus), 0) FROM reservations_allocation a "
             " WHERE a.node_id = n.id AND a.ended_at IS NULL) + "
             "(SELECT coalesce(sum(vcpus), 0) FROM reservations_sandbox s "
-            " WHERE s.node_id = n.id AND s.state = 'running')"),
+            " WHERE s.node_id = n.id AND s.ended_at IS NULL)"),
         "memoryCounterDrift": scalar(
             "SELECT count(*) FROM fleet_node n WHERE n.memory_gib_allocated <> "
             "(SELECT coalesce(sum(memory_gib), 0) FROM reservations_allocation a "
             " WHERE a.node_id = n.id AND a.ended_at IS NULL) + "
             "(SELECT coalesce(sum(memory_gib), 0) FROM reservations_sandbox s "
-            " WHERE s.node_id = n.id AND s.state = 'running')"),
+            " WHERE s.node_id = n.id AND s.ended_at IS NULL)"),
         "quotaDrift": scalar(
             "SELECT q.used - coalesce((SELECT sum(gpu_count) FROM reservations_reservation r "
             " WHERE r.tenant_id = q.tenant_id AND r.pool_id = q.pool_id AND r.state IN "
