@@ -29,7 +29,7 @@ def cache_dir(paths: Paths) -> Path:
 
 def fetch(part: ImagePart, paths: Paths, what: str) -> Path:
     """The verified local file of `part`."""
-    target = cache_dir(paths) / part.sha256
+    target = (cache_dir(paths) / part.sha256).absolute()
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)

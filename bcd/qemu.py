@@ -62,7 +62,7 @@ class VmFiles:
 
     @classmethod
     def of(cls, paths: Paths, sandbox_id: str) -> VmFiles:
-        return cls(paths.state_dir / "vms" / sandbox_id)
+        return cls((paths.state_dir / "vms" / sandbox_id).absolute())  # QEMU runs in it
 
     @property
     def disk(self) -> Path:

@@ -159,26 +159,29 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     raise CliError(f"the simulated nodes were not adopted within {READY_TIMEOUT:.0f}s")
 
 
-def _default_image(api: Client, pool_id: str, downloads: Path, base_url: str) -> None:
+def _default_image(api: Client, pool_ids: list[str], downloads: Path,
+                   base_url: str) -> dict[str, str]:
     """Build the small sandbox image (a distribution kernel and a busybox initramfs) into
-    the downloads folder and add it to the CPU pool as `default`, once."""
-    if api.call("images.list", {"poolId": pool_id})["items"]:
-        return
+    the downloads folder, add it as `default` to each pool that has no image yet, and
+    return the exports naming its files."""
     try:
         parts = guestimage.build(downloads / "guest")
     except FileNotFoundError as missing:
         click.echo(f"no sandbox image: {missing}", err=True)
-        return
-    body: dict[str, Any] = {"poolId": pool_id, "name": "default",
-                            "readyLine": guestimage.BOOT_LINE}
+        return {}
+    bare = [pool for pool in pool_ids if not api.call("images.list", {"poolId": pool})["items"]]
+    body: dict[str, Any] = {"name": "default", "readyLine": guestimage.BOOT_LINE}
     for part, path in parts.items():
         served = downloads / f"guest-{path.name}"
         path.replace(served)
         body[part] = {"url": f"{base_url}/downloads/{served.name}",
                       "sha256": guestimage.sha256_of(served)}
-    image = api.call("images.create", body)
-    click.echo(f"sandbox image {image['name']} ({image['id']}): {parts['kernel'].name} "
-               "from /boot and a busybox initramfs")
+    for pool in bare:
+        api.call("images.create", {**body, "poolId": pool})
+    click.echo(f"sandbox image default: {guestimage.find_kernel().name} and a busybox "
+               f"initramfs, added to {len(bare)} pool(s)")
+    return {"GUEST_KERNEL": str(downloads / "guest-vmlinuz"),
+            "GUEST_INITRD": str(downloads / "guest-initrd.gz")}
 
 
 # Also in the README's tutorial, which a test runs as written.
@@ -252,8 +255,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
                    "liveness) and the django-q2 cluster (hourly audit checkpoints)")
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
-        if "cpuPoolId" in ids:
-            _default_image(api, ids["cpuPoolId"], downloads, f"http://{host}:{port}")
+        guest = _default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
+                               downloads, f"http://{host}:{port}")
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
@@ -263,6 +266,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"]}
         if "cpuPoolId" in ids:
             exports["CPU_POOL"] = ids["cpuPoolId"]
+        exports.update(guest)
         env_file = state_dir / "env"
         _write_env_file(env_file, exports)
         click.echo(f"better-compute listening on {url}")

@@ -33,7 +33,7 @@ def test_the_readme_tutorial_runs_as_written_against_dev(tmp_path):
     try:
         result = subprocess.run(["bash", "-c", script], cwd=work, env=clean, text=True,
                                 capture_output=True, timeout=240, check=False)
-        assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+        assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-6000:])
         assert "proof verifies" in result.stdout
         assert (work / "machine-1" / "etc/bcd/config.toml").exists()
         printed = "".join(stack.output)  # dev prints the same join command
