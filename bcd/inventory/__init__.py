@@ -37,14 +37,15 @@ def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
 
         # BCD_SIM_VCPUS and BCD_SIM_MEMORY_GIB size a simulated machine's host (its VMs are
         # real, so a small host lets sandboxes and GPU host shares compete for it).
-        size = {"vcpus": int(os.environ.get("BCD_SIM_VCPUS", 32 if sim_variant == "cpu" else 96)),
-                "memory_gib": int(os.environ.get("BCD_SIM_MEMORY_GIB",
-                                                 128 if sim_variant == "cpu" else 1024))}
-        if sim_variant == "cpu":
-            return SimulatedInventory(hostname, gpus=0, root=root, **size)
+        cpu = sim_variant == "cpu"
+        vcpus = int(os.environ.get("BCD_SIM_VCPUS", 32 if cpu else 96))
+        memory_gib = int(os.environ.get("BCD_SIM_MEMORY_GIB", 128 if cpu else 1024))
+        if cpu:
+            return SimulatedInventory(hostname, gpus=0, root=root, vcpus=vcpus,
+                                      memory_gib=memory_gib)
         domain = 4 if sim_variant == "gpu-2x4" else sim_gpus
         return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain, root=root,
-                                  **size)
+                                  vcpus=vcpus, memory_gib=memory_gib)
     try:
         import pynvml  # the `nvml` extra: nvidia-ml-py
     except ImportError:

@@ -38,10 +38,11 @@ def image_create(*, tenant: Tenant, actor: Principal, pool_id: str, name: str,
 def image_delete(*, tenant: Tenant, actor: Principal, image_id: str) -> Image:
     """Remove an image no live sandbox boots from (past sandboxes keep their history)."""
     image = access_image_by_id(tenant=tenant, image_id=image_id, owned=True)
-    live = image.sandboxes.filter(state__in=("placed", "starting", "running", "stopping"))
-    if live.exists():
-        raise InvalidState(f"image {image.id} is in use by {live.count()} sandbox(es), such "
-                           f"as {live.first().pk}", state="in-use")
+    live = list(image.sandboxes.filter(state__in=("placed", "starting", "running", "stopping"))
+                .values_list("id", flat=True)[:1000])
+    if live:
+        raise InvalidState(f"image {image.id} is in use by {len(live)} sandbox(es), such "
+                           f"as {live[0]}", state="in-use")
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="image.delete",
                  target=image.id, data={"poolId": image.pool_id, "name": image.name})
     event_emit(tenant_id=tenant.id, type=EventType.IMAGE_DELETED, subject=image.id,

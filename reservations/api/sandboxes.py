@@ -33,7 +33,7 @@ class SandboxCreateIn(Input):
     image = serializers.CharField(required=False, max_length=63, min_length=1,
                                   help_text="An image id or name of the pool (default: its "
                                             "image named default, or its only image).")
-    forwards = ForwardIn(many=True, required=False, max_length=16,
+    forwards = ForwardIn(many=True, required=False, max_length=16,  # type: ignore[call-arg]
                          help_text="TCP ports of the node forwarded to the guest (on loopback "
                                    "unless the pool's policy says publicForwards).")
     name = serializers.CharField(required=False, default="", max_length=200, allow_blank=True)

@@ -19,7 +19,7 @@ from reservations.services.sandboxes import sandbox_free_locked
 
 S = SandboxState
 # phase -> (states it moves from, state it moves to, event, audit action)
-MOVES: dict[str, tuple[tuple[str, ...], str, str, str]] = {
+MOVES: dict[str, tuple[tuple[str, ...], str, EventType, str]] = {
     "starting": ((S.PLACED,), S.STARTING, EventType.SANDBOX_STARTING, "sandbox.start"),
     "started": ((S.PLACED, S.STARTING), S.RUNNING, EventType.SANDBOX_RUNNING, "sandbox.run"),
     "stopped": ((S.STOPPING,), S.STOPPED, EventType.SANDBOX_STOPPED, "sandbox.stop"),

@@ -43,12 +43,12 @@ class Report:
 
 
 def build_world(*, nodes: int = 3) -> World:
-    from compute.tenancy.models import Tenant
-    from compute.tenancy.selectors import root_tenant
-    from compute.tenancy.services import root_bootstrap, tenant_create, token_create
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from bcd.contract.crypto import public_pem
+    from compute.tenancy.models import Tenant
+    from compute.tenancy.selectors import root_tenant
+    from compute.tenancy.services import root_bootstrap, tenant_create, token_create
     from fleet.models import Node
     from fleet.services.images import image_create
     from fleet.services.pools import pool_create
@@ -80,12 +80,12 @@ def build_world(*, nodes: int = 3) -> World:
 
 def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[str],
             outcomes: Counter[str], unexpected: list[str]) -> None:
+    from bcd.contract.crypto import canonical, sign_bytes
     from compute.errors import ComputeError
+    from reservations.sandboxes import Sandbox
     from reservations.services.book import pending_place, reservation_create
     from reservations.services.extend import reservation_extend
     from reservations.services.release import reservation_release
-    from bcd.contract.crypto import canonical, sign_bytes
-    from reservations.sandboxes import Sandbox
     from reservations.services.sandbox_reports import vm_report_record
     from reservations.services.sandboxes import sandbox_create, sandbox_release
 
