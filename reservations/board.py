@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 
@@ -11,6 +12,7 @@ from compute.tenancy.models import Tenant
 from fleet.models import DeviceClass, Node
 from fleet.selectors import node_list
 from reservations.ledger import Reservation, ReservationState
+from reservations.sandboxes import Sandbox
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,13 @@ def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
         for node_id, *fields in cursor.fetchall():
             by_node.setdefault(node_id, []).append(Gpu(*fields))
     return by_node
+
+
+def sandboxes_on_node(node_id: str) -> list[dict[str, Any]]:
+    """The sandboxes that hold part of a node now (any tenant's: the node's owner sees what
+    runs on its machine), oldest first."""
+    return [{"id": s.id, "tenant": s.tenant.slug, "state": s.state, "vcpus": s.vcpus,
+             "memoryGiB": s.memory_gib, "accelerator": s.accelerator or None,
+             "startedAt": s.started_at}
+            for s in Sandbox.objects.filter(node_id=node_id, ended_at__isnull=True)
+            .select_related("tenant").order_by("created_at", "id")]

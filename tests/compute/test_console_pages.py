@@ -179,6 +179,10 @@ def test_sandboxes_and_checkpoints_have_their_pages(root, root_token, pool):
     page = text(browser, "/console/sandboxes")
     assert f'id="{sandbox["id"]}"' in page
     assert 'data-action="sandboxes.release"' in page
+    node_page = text(browser, f"/console/nodes/{sandbox['nodeId']}")  # where it runs
+    assert f'<tr id="{sandbox["id"]}">' in node_page
+    root("sandboxes.release", sandboxId=sandbox["id"])  # stopping: still holds the node
+    assert f'<tr id="{sandbox["id"]}">' in text(browser, f"/console/nodes/{sandbox['nodeId']}")
     audit_page = text(browser, "/console/audit")
     (checkpoint,) = root("audit.checkpoints")["items"]
     assert checkpoint["rootHash"] in audit_page

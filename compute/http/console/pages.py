@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from compute.events.selectors import latest_events
 from compute.events.serializers import present_event
 from compute.http.console.session import Page, console_page
-from reservations.board import fleet_board, gpus_held_now
+from reservations.board import fleet_board, gpus_held_now, sandboxes_on_node
 from reservations.ledger import ReservationState, Topology
 
 FEED_LENGTH = 50
@@ -92,6 +92,7 @@ def node(request: HttpRequest, page: Page, node_id: str) -> HttpResponse:
     events = page.call("nodes.events", nodeId=node_id, limit=100)["items"]
     held = gpus_held_now(found["id"])  # the node is the tenant's: nodes.get said so
     return page.render("console/node.html", {"node": found, "events": events, "held": held,
+                                             "sandboxes": sandboxes_on_node(found["id"]),
                                              "can_act": page.can("nodes.cordon")})
 
 
