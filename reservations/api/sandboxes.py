@@ -85,6 +85,8 @@ def sandboxes_logs(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     if sandbox.state not in LIVE:
         raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}: its console is gone",
                            state=sandbox.state)
-    lines = node_ask(node_id=sandbox.node_id, kind="vm.console",
-                     payload={"sandboxId": sandbox.id, "lines": data["lines"]})
-    return {"sandboxId": sandbox.id, "nodeId": sandbox.node_id, "lines": lines["lines"]}
+    said = node_ask(node_id=sandbox.node_id, kind="vm.console",
+                    payload={"sandboxId": sandbox.id, "lines": data["lines"]})
+    lines = said.get("lines")
+    return {"sandboxId": sandbox.id, "nodeId": sandbox.node_id,
+            "lines": [str(line) for line in lines] if isinstance(lines, list) else []}
