@@ -55,8 +55,8 @@ class Agent:
         self._last_inventory = b""
         self._inventory: dict[str, Any] | None = None
         self._telemetry: dict[str, dict[str, float]] = {}
-        self.vms = VmKeeper(paths=self.paths, journal=self.journal, sign=self._signed,
-                            send=self._send_reports)
+        self.vms = VmKeeper(paths=self.paths, journal=self.journal, node_id=config.node_id,
+                            sign=self._signed, send=self._send_reports)
 
     def _send_reports(self, reports: list[tuple[str, str, str]]) -> None:
         """Reports made outside a spec's application (VMs): sent if a session is up, and
@@ -71,7 +71,11 @@ class Agent:
 
     async def run_command(self, command_id: str, kind: str,
                           payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Run a one-shot command at most once, whatever crashes or redeliveries happen."""
+        """Run a one-shot command at most once, whatever crashes or redeliveries happen.
+        A read (a VM's console) changes nothing on the node and is simply answered."""
+        if kind == "vm.console":
+            return "succeeded", {"lines": self.vms.console(
+                str(payload.get("sandboxId", "")), min(int(payload.get("lines", 50)), 2000))}
         seen = self.journal.state("command", command_id)
         if seen is not None and seen["phase"] == "done":
             return seen["status"], seen["output"]  # a redelivery: report, do not rerun
@@ -92,9 +96,6 @@ class Agent:
         }
         if kind in diagnostics:  # they read hardware and files: off the event loop
             return await asyncio.to_thread(diagnostics[kind])
-        if kind == "vm.console":
-            return "succeeded", {"lines": self.vms.console(
-                str(payload.get("sandboxId", "")), min(int(payload.get("lines", 50)), 2000))}
         if kind == "sim.mark" and self.config.sim:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}
@@ -120,8 +121,6 @@ class Agent:
         return self._key
 
     def _signed(self, kind: str, payload: dict[str, Any]) -> tuple[str, str, str]:
-        if "nodeId" in payload:
-            payload = {**payload, "nodeId": self.config.node_id}
         body = canonical(payload).decode()
         return kind, body, sign_bytes(self.node_key(), body.encode())
 

@@ -33,9 +33,10 @@ CONSOLE_LIMIT = 4 << 20  # bytes of console log read back at most
 
 def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
     """`kvm` when a guest really runs under KVM, `tcg` when only emulation works, `none`
-    without QEMU. On some virtual machines /dev/kvm exists but a nested guest hangs: the
-    probe boots the firmware under KVM and waits for its first debug output."""
-    if shutil.which(QEMU) is None:
+    without QEMU (or qemu-img, which makes the VMs' disks). On some virtual machines
+    /dev/kvm exists but a nested guest hangs or QEMU aborts: the probe boots the firmware
+    under KVM, with the machine and CPU model VMs get, and waits for its first output."""
+    if shutil.which(QEMU) is None or shutil.which("qemu-img") is None:
         return "none"
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"

@@ -67,12 +67,13 @@ def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
 
 
 class VmKeeper:
-    def __init__(self, *, paths: Paths, journal: Journal,
+    def __init__(self, *, paths: Paths, journal: Journal, node_id: str,
                  sign: Callable[[str, dict[str, Any]], Report],
                  send: Callable[[list[Report]], None],
                  tuning: VmTuning | None = None) -> None:
         self.paths = paths
         self.journal = journal
+        self.node_id = node_id
         self.sign = sign
         self.send = send
         self.tuning = tuning or VmTuning.from_env()
@@ -101,7 +102,7 @@ class VmKeeper:
     def _report(self, sandbox: str, phase: str, reason: str = "",
                 exit_status: int | None = None) -> Report:
         payload: dict[str, Any] = {"sandboxId": sandbox, "phase": phase,
-                                   "nodeId": "", "accelerator": self.accelerator}
+                                   "nodeId": self.node_id, "accelerator": self.accelerator}
         if reason:
             payload["reason"] = reason[:300]
         if exit_status is not None:

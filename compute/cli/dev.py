@@ -166,8 +166,8 @@ def _default_image(api: Client, pool_ids: list[str], downloads: Path,
     return the exports naming its files."""
     try:
         parts = guestimage.build(downloads / "guest")
-    except FileNotFoundError as missing:
-        click.echo(f"no sandbox image: {missing}", err=True)
+    except OSError as missing:  # no kernel or busybox, or a root-only kernel in /boot
+        click.echo(f"no sandbox image (sandboxes cannot boot): {missing}", err=True)
         return {}
     bare = [pool for pool in pool_ids if not api.call("images.list", {"poolId": pool})["items"]]
     body: dict[str, Any] = {"name": "default", "readyLine": guestimage.BOOT_LINE}

@@ -38,7 +38,7 @@ def image_create(*, tenant: Tenant, actor: Principal, pool_id: str, name: str,
 def image_delete(*, tenant: Tenant, actor: Principal, image_id: str) -> Image:
     """Remove an image no live sandbox boots from (past sandboxes keep their history)."""
     image = access_image_by_id(tenant=tenant, image_id=image_id, owned=True)
-    live = list(image.sandboxes.filter(state__in=("placed", "starting", "running", "stopping"))
+    live = list(image.sandboxes.filter(ended_at__isnull=True)
                 .values_list("id", flat=True)[:1000])
     if live:
         raise InvalidState(f"image {image.id} is in use by {len(live)} sandbox(es), such "

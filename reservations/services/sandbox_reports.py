@@ -52,14 +52,14 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
         return sandbox  # a repeat, or news older than what the ledger knows
     reason = str(payload.get("reason") or "")[:300]
     status = payload.get("exitStatus")
-    sandbox.exit_status = status if isinstance(status, int) else None
+    exit_status = status if isinstance(status, int) and not isinstance(status, bool) else None
     if phase == "exited":
         reason = reason or "the VM exited on its own"
     data: dict[str, Any] = {"nodeId": node_id, "phase": phase}
     if reason:
         data["reason"] = reason
-    if sandbox.exit_status is not None:
-        data["exitStatus"] = sandbox.exit_status
+    if exit_status is not None:
+        data["exitStatus"] = exit_status
     if phase in ("starting", "started"):
         sandbox.state = target
         sandbox.accelerator = str(payload.get("accelerator") or "")[:8]
@@ -71,7 +71,7 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
     else:
         node_spec_change_locked(Node.objects.select_for_update().get(pk=node_id),
                                 vm_remove=sandbox.id)  # the node is done with it
-        sandbox_free_locked(sandbox, to=target, reason=reason)
+        sandbox_free_locked(sandbox, to=target, reason=reason, exit_status=exit_status)
     audit_record(tenant_id=sandbox.tenant_id, actor_id=node_id, action=action,
                  target=sandbox.id, data=data, reason=reason or "signed by node")
     event_emit(tenant_id=sandbox.tenant_id, type=event, subject=sandbox.id, payload=data)

@@ -41,7 +41,7 @@ def _claim_host(pool_id: str, vcpus: int, memory_gib: int,
     tried: set[str] = set()
     taken = Q()
     for port in host_ports:
-        taken |= Q(sandboxes__state__in=[*LIVE, SandboxState.STOPPING],
+        taken |= Q(sandboxes__ended_at__isnull=True,  # still holds the node
                    sandboxes__forwards__contains=[{"hostPort": port}])
     for _ in range(MAX_RACES):
         candidates = (Node.objects.filter(pool_id=pool_id).filter(SCHEDULABLE)
@@ -180,7 +180,8 @@ def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> San
     return sandbox
 
 
-def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "") -> None:
+def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
+                        exit_status: int | None = None) -> None:
     """End a locked sandbox: give back its counters and quota, and meter its running
     window (from the node's boot report to now)."""
     now = database_now()
@@ -197,6 +198,6 @@ def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "") -> None:
             usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
                          units=units, start=sandbox.started_at, end=now)
     sandbox.state, sandbox.ended_at = to, now
-    sandbox.failure_reason = reason[:300]
+    sandbox.failure_reason, sandbox.exit_status = reason[:300], exit_status
     sandbox.save(update_fields=["state", "ended_at", "failure_reason", "exit_status"])
     pool_replan(sandbox.pool_id)

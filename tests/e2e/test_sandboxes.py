@@ -3,6 +3,7 @@ simulated CPU machines; the sandbox is `running` only once the guest said it boo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -323,3 +324,67 @@ def test_gpu_bookings_and_real_vms_racing_never_exceed_the_host_counters(cpu_sta
     assert not left, [sandbox(cpu_stack, box) for box in left]
     ends = [sandbox(cpu_stack, b) for b in made["sbx"]]
     assert [b for b in ends if b["startedAt"]], [b["failureReason"] for b in ends]  # booted
+
+
+def test_an_agent_killed_between_starting_qemu_and_journaling_it_adopts_never_starts_two(
+        tmp_path):
+    """The gap the journal cannot close by itself: QEMU runs, `vm-start` is not yet done.
+    The restarted keeper finds it by its pidfile; and QEMU's own lock on that pidfile
+    refuses a second QEMU for the sandbox even if one were started."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from bcd import qemu
+    from bcd.config import Paths
+    from bcd.contract import ids
+    from bcd.contract.crypto import canonical, sign_bytes
+    from bcd.contract.vms import Vm
+    from bcd.journal import Journal
+    from bcd.vms import VmKeeper, VmTuning, vm_states
+    from compute.cli.guestimage import build, sha256_of
+
+    parts = build(tmp_path / "image")
+    wire = {name: {"url": path.as_uri(), "sha256": sha256_of(path)}
+            for name, path in parts.items()}
+    vm = Vm.from_wire({"sandboxId": ids.new("sbx"), "vcpus": 1, "memoryMiB": 256, **wire})
+    paths = Paths(tmp_path / "node")
+    key = ec.generate_private_key(ec.SECP256R1())
+
+    def keeper() -> tuple[VmKeeper, list[tuple[str, str, str]]]:
+        sent: list[tuple[str, str, str]] = []
+        made = VmKeeper(paths=paths, journal=Journal(paths.state_dir / "journal.jsonl"),
+                        node_id="node_x", send=sent.extend, sign=lambda kind, payload: (
+                            kind, canonical(payload).decode(),
+                            sign_bytes(key, canonical(payload))),
+                        tuning=VmTuning(shutdown_grace=2))
+        made.accelerator = "tcg"
+        return made, sent
+
+    first, _ = keeper()
+    first.journal.begin("vm-start", vm.sandbox_id, vm=vm.wire(), at=time.time())
+    files = qemu.VmFiles.of(paths, vm.sandbox_id)
+    qemu.prepare_disk(vm, files, None)
+    argv = qemu.qemu_argv(vm, files, accel="tcg", kernel=parts["kernel"],
+                          initrd=parts["initrd"])
+    try:
+        qemu.launch(vm, files, argv, slice_name=None)  # ... and the agent dies here
+        [pid] = qemu_processes(vm.sandbox_id)
+
+        second = subprocess.run(argv, cwd=files.folder, capture_output=True, text=True,
+                                timeout=30, check=False)
+        assert second.returncode != 0
+        assert "pid" in second.stderr.lower()  # "Cannot lock pid file"
+        assert qemu_processes(vm.sandbox_id) == [pid]
+
+        restarted, sent = keeper()
+        restarted.want([vm])
+        asyncio.run(restarted.converge())
+        assert qemu_processes(vm.sandbox_id) == [pid]  # adopted, not started again
+        assert vm_states(restarted.journal)[vm.sandbox_id]["state"] == "starting"
+        assert [json.loads(body)["phase"] for _, body, _ in sent] == []
+        restarted.want([])
+        asyncio.run(restarted.converge())
+        assert qemu_processes(vm.sandbox_id) == []
+        assert [json.loads(body)["phase"] for _, body, _ in sent] == ["stopped"]
+    finally:
+        for leftover in qemu_processes(vm.sandbox_id):
+            os.kill(leftover, signal.SIGKILL)
