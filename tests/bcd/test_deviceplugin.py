@@ -122,7 +122,7 @@ def test_the_plugin_end_to_end_with_a_kubelet_stand_in(root):
         await kubelet_server.stop(grace=None)
         (directory / "bcd-gpu.sock").unlink(missing_ok=True)
         kubelet, kubelet_server = await kubelet_at(directory)
-        await eventually(lambda: kubelet.requests, 5)
+        await eventually(lambda: kubelet.requests, 30)
         assert (directory / "bcd-gpu.sock").exists()
 
         # bcd restarts: a new agent from the same root lists the same GPUs.

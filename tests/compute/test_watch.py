@@ -60,12 +60,12 @@ def before_and_after(watcher: Watcher, create_site, between) -> bool:
         app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
                                                      watcher.send))
         await asyncio.to_thread(create_site, "before")
-        assert await eventually(lambda: len(watcher.events()) == 1, 10)
+        assert await eventually(lambda: len(watcher.events()) == 1, 30)
         await asyncio.to_thread(between)
         await asyncio.to_thread(create_site, "after")
-        arrived = await eventually(lambda: len(watcher.events()) == 2, 10)
+        arrived = await eventually(lambda: len(watcher.events()) == 2, 30)
         watcher.inbox.put_nowait({"type": "http.disconnect"})
-        await asyncio.wait_for(app, 10)
+        await asyncio.wait_for(app, 30)
         return arrived
 
     return asyncio.run(scenario())
@@ -127,16 +127,16 @@ def test_streams_share_one_connection_and_a_caller_past_its_limit_gets_429(root,
         watchers = [Watcher(viewer, "") for _ in range(HUB.per_principal + 5)]
         apps = [asyncio.create_task(watch.events_watch(w.scope, w.receive, w.send))
                 for w in watchers]
-        assert await eventually(lambda: all(w.sent for w in watchers), 20)
+        assert await eventually(lambda: all(w.sent for w in watchers), 30)
         await asyncio.sleep(1)  # every stream has paged and now waits
         during = await asyncio.to_thread(backends)
         # Another tenant is still served while this caller holds all it may.
         other = Watcher(root.token, "types=site.*")
         app = asyncio.create_task(watch.events_watch(other.scope, other.receive, other.send))
-        assert await eventually(lambda: bool(other.sent), 10)
+        assert await eventually(lambda: bool(other.sent), 30)
         for w in [*watchers, other]:
             w.inbox.put_nowait({"type": "http.disconnect"})
-        await asyncio.wait_for(asyncio.gather(*apps, app), 20)
+        await asyncio.wait_for(asyncio.gather(*apps, app), 30)
         return [w.sent[0]["status"] for w in watchers], during - before, other.sent[0]["status"]
 
     statuses, extra_connections, other_status = asyncio.run(scenario())
@@ -155,12 +155,12 @@ def test_a_stream_ends_when_its_token_is_revoked(root, monkeypatch):
     async def scenario() -> bool:
         app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
                                                      watcher.send))
-        assert await eventually(lambda: bool(watcher.sent), 10)
+        assert await eventually(lambda: bool(watcher.sent), 30)
         await asyncio.to_thread(revoke, minted["id"])
         ended = await eventually(lambda: any(
             m.get("more_body") is False for m in watcher.sent), 10)
         watcher.inbox.put_nowait({"type": "http.disconnect"})
-        await asyncio.wait_for(app, 10)
+        await asyncio.wait_for(app, 30)
         return ended
 
     def revoke(token_id: str) -> None:

@@ -37,14 +37,14 @@ def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
         await asyncio.to_thread(embedded_postgres.halt)
         try:
             session.send_inventory()  # reaches the gateway while Postgres is down
-            reason = await asyncio.wait_for(task, 20)  # before the fix it hung, unserved
+            reason = await asyncio.wait_for(task, 30)  # before the fix it hung, unserved
         finally:
             await asyncio.to_thread(embedded_postgres.start)  # the suite goes on after this
         again = session_for(fleet, credentials, inventory, await diag(inventory))
         resent: list[str] = []
         second = asyncio.create_task(again.run(
             on_welcome=lambda s: resent.append(again.send_inventory())))
-        assert await eventually(lambda: bool(resent) and resent[0] in again.state.acked, 20)
+        assert await eventually(lambda: bool(resent) and resent[0] in again.state.acked, 30)
         second.cancel()
         return before, reason
 

@@ -84,7 +84,7 @@ def session_refusal(fleet, credentials, inventory):
     async def attempt():
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         try:
-            return await asyncio.wait_for(session.run(), 10)
+            return await asyncio.wait_for(session.run(), 30)
         except grpc.aio.AioRpcError as error:
             return error.code().name
 
@@ -140,14 +140,14 @@ def test_an_older_session_epoch_cannot_act(fleet):
             await asyncio.sleep(0.05)
         second = session_for(fleet, credentials, inventory, await diag(inventory))
         second_task = asyncio.create_task(second.run())
-        refused = await asyncio.wait_for(first_task, 10)
+        refused = await asyncio.wait_for(first_task, 30)
         assert second.state.connected or await eventually(lambda: second.state.connected)
         # A message stamped with the old epoch, on the new session, ends it too.
         from bcd.contract.proto import agent_pb2 as pb
 
         second.send_control(pb.AgentMessage(epoch=first.state.epoch, report_id="old",
                                             heartbeat=pb.Heartbeat(sent_at_ms=1)))
-        stale = await asyncio.wait_for(second_task, 10)
+        stale = await asyncio.wait_for(second_task, 30)
         return first.state.epoch, second.state.epoch, refused, stale
 
     first_epoch, second_epoch, refused, stale = asyncio.run(scenario())
@@ -173,7 +173,7 @@ def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
             first.SerializeToString()))
         session.credit_event.set()
         acks = lambda: [dup for rid, dup in session.state.acks if rid == "inv-1"]  # noqa: E731
-        answered = await eventually(lambda: len(acks()) == 2, timeout=10)
+        answered = await eventually(lambda: len(acks()) == 2, timeout=30)
         task.cancel()
         return answered, acks()
 
@@ -275,7 +275,7 @@ def test_the_certificate_is_renewed_over_the_session_for_the_same_key(fleet):
         session.state.on_renewed = renewed.setdefault
         session.send_control(session._message(renew=pb.Renew(
             csr_der=csr.public_bytes(serialization.Encoding.DER))))
-        await eventually(lambda: "pem" in renewed, timeout=10)
+        await eventually(lambda: "pem" in renewed, timeout=30)
         task.cancel()
 
     asyncio.run(scenario())
@@ -342,7 +342,7 @@ def test_failed_acceptance_is_sticky_until_nodes_adopt(fleet, tmp_path):
     async def run_with(inventory, until):
         session = session_for(fleet, credentials, inventory, await diag(inventory))
         task = asyncio.create_task(session.run(on_welcome=lambda s: session.send_inventory()))
-        ok = await eventually(lambda: Node.objects.get(pk=node_id).provision_state == until, 20)
+        ok = await eventually(lambda: Node.objects.get(pk=node_id).provision_state == until, 30)
         task.cancel()
         return ok
 

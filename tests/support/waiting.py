@@ -17,7 +17,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, *,
     return False
 
 
-async def eventually(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
+async def eventually(predicate: Callable[[], object], timeout: float = 30.0) -> bool:
     """The asynchronous twin. The predicate runs in a worker thread, so it may read the
     database (the thread's connection is closed after each look)."""
 
