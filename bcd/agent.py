@@ -13,6 +13,7 @@ import os
 import random
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from bcd.contract.vms import Vm
 from bcd.deviceplugin import GpuSource, run_device_plugin
 from bcd.holds import FALLBACK, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
+from bcd.join.client import published_gateway
 from bcd.journal import Journal
 from bcd.notify import sd_notify, watchdog_seconds
 from bcd.session import AgentSession, Credentials
@@ -37,6 +39,7 @@ from bcd.vms import VmKeeper
 
 logger = logging.getLogger("bcd")
 BACKOFF_MAX = 30.0
+REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway is looked up
 
 
 class Agent:
@@ -246,6 +249,7 @@ class Agent:
 
     async def keep_session(self) -> None:
         delay = 1.0
+        unwelcomed = 0
         while True:
             self.session = AgentSession(
                 credentials=self.credentials(), target=self.config.gateway,
@@ -260,8 +264,21 @@ class Agent:
                 logger.warning("session lost: %s", error)
             if asyncio.get_running_loop().time() - started > 60:
                 delay = 1.0
+            unwelcomed = 0 if self.session.state.node_id else unwelcomed + 1
+            if unwelcomed and unwelcomed % REDISCOVER_AFTER == 0:
+                await asyncio.to_thread(self.follow_published_gateway)
             await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 (jitter)
             delay = min(BACKOFF_MAX, delay * 2)
+
+    def follow_published_gateway(self) -> None:
+        """The gateway may have moved: take the address the control plane publishes now. Its
+        certificate must still chain to the pinned CA, so a wrong address only fails."""
+        published = published_gateway(self.config)
+        if published and published != self.config.gateway:
+            logger.warning("the control plane publishes the gateway %s; moving from %s",
+                           published, self.config.gateway)
+            self.config = replace(self.config, gateway=published)
+            self.config.write(self.paths.config_file)
 
     async def renew_certificates(self) -> None:
         """Ask for a fresh certificate (same key) over the session before this one expires."""

@@ -40,7 +40,10 @@ def _running_as_root() -> bool:
 
 
 def state_root() -> Path:
-    """Where persistent embedded data lives for this user."""
+    """Where persistent embedded data lives: `BETTER_COMPUTE_HOME`, else a system folder for
+    root and the user's data folder for everyone else."""
+    if home := os.environ.get("BETTER_COMPUTE_HOME"):
+        return Path(home)
     if _running_as_root():
         return Path("/var/lib/better-compute")
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")

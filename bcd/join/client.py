@@ -66,6 +66,20 @@ def session_gateway(document: dict[str, Any], pinned: str | None) -> str:
     return grpc_target(chosen)
 
 
+def published_gateway(config: Config) -> str | None:
+    """The session gateway the control plane publishes now, its document's pins checked
+    against the node's; None when it cannot be read or names none."""
+    try:
+        document = fetch_wellknown(config.server)
+        check_wellknown(document, Pins(config.serving_ca_pin, config.join_signing_pin,
+                                       config.join_encryption_pin))
+    except (JoinError, KeyError, ValueError) as error:
+        print(f"bcd: cannot read where the gateway is: {error}", file=sys.stderr)
+        return None
+    published = document.get("gatewayUrl")
+    return grpc_target(published) if isinstance(published, str) and published else None
+
+
 def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus: int,
          sim_variant: str, hostname: str | None, gateway_url: str | None = None,
          expect_site: str | None = None) -> tuple[Config, str]:

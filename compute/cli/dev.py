@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from bcd.config import Paths, joined_config
 from compute import pg
 from compute.cli import guestimage
 from compute.cli.artifact import served_artifacts, write_artifacts
@@ -42,6 +43,30 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _gateway_ports(state_dir: Path, host: str) -> tuple[int, int]:
+    """The gateway's session and join ports: the last run's while they are free (the agents
+    that joined then keep their address), else new ones, kept for the next run."""
+    path = state_dir / "gateway-ports.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        kept = json.loads(path.read_text())
+        sessions, joins = int(kept["sessions"]), int(kept["joins"])
+        if _port_free(host, sessions) and _port_free(host, joins):
+            return sessions, joins
+    sessions, joins = free_port(), free_port()
+    path.write_text(json.dumps({"sessions": sessions, "joins": joins}))
+    return sessions, joins
 
 
 def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], what: str) -> None:
@@ -123,40 +148,61 @@ class Stack:
 
 def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: str,
               server: str, state_dir: Path, env: dict[str, str]) -> None:
-    """Start `count` bcd agents that join through the gateway, and wait for adoption."""
+    """Start `count` bcd agents (those that joined in an earlier run keep their identity; the
+    others join through the gateway) and wait until each is adopted with a live session."""
+    roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
+    newcomers = [root for root in roots if joined_config(Paths(root)) is None]
+    if newcomers:
+        _join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
+                        env=env)
+
+    def sessions() -> dict[str, tuple[int, str, str]]:
+        nodes = api.call("nodes.list", {"poolId": pool_id, "limit": 1000})["items"]
+        return {n["id"]: (n["sessionEpoch"], n["provisionState"], n["connectivity"])
+                for n in nodes}
+
+    before = sessions()  # a node left `connected` by the last run has no session yet
+    for root in roots:
+        stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                    name=f"sim-{root.name}")
+    ours = {config.node_id for root in roots if (config := joined_config(Paths(root)))}
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        stack.watch()
+        live = [node_id for node_id, (epoch, state, connectivity) in sessions().items()
+                if node_id in ours and epoch > before.get(node_id, (0,))[0]
+                and state == "adopted" and connectivity == "connected"]
+        if len(live) >= count:
+            click.echo(f"{count} simulated node(s) adopted and connected")
+            return
+        time.sleep(0.3)
+    raise CliError(f"the simulated nodes were not adopted and connected within "
+                   f"{READY_TIMEOUT:.0f}s")
+
+
+def _join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
+                    server: str, env: dict[str, str]) -> None:
     minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
-                                            "maxUses": count})
+                                            "maxUses": len(roots)})
     pins = api.call("pki.show")
     agent_env = {**env, "BCD_JOIN_TOKEN": minted["token"]}
     joins = []
-    for n in range(1, count + 1):
-        root = state_dir / "sim" / f"node-{n:02d}"
+    for root in roots:
         root.mkdir(parents=True, exist_ok=True)
-        hostname = f"{'cpu' if variant == 'cpu' else 'gpu'}-{n:02d}"
-        joins.append((root, subprocess.Popen(
+        hostname = f"{'cpu' if variant == 'cpu' else 'gpu'}-{root.name.removeprefix('node-')}"
+        joins.append(subprocess.Popen(
             [sys.executable, "-m", "bcd", "--root", str(root), "join", "--server", server,
              "--serving-ca-pin", pins["servingCaSpkiPin"],
              "--join-signing-pin", pins["joinSigningKeyPin"],
              "--join-encryption-pin", pins["joinEncryptionKeyPin"], "--sim",
              "--sim-variant", variant, "--hostname", hostname],
             env=agent_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)))
-    for root, process in joins:
+            stderr=subprocess.PIPE))
+    for process in joins:
         _out, err = process.communicate(timeout=60)
         if process.returncode != 0:
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
-        stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
-                    name=f"sim-{root.name}")
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        stack.watch()
-        nodes = api.call("nodes.list", {"poolId": pool_id, "limit": 1000})["items"]
-        if sum(n["provisionState"] == "adopted" for n in nodes) >= count:
-            click.echo(f"{count} simulated node(s) adopted")
-            return
-        time.sleep(0.3)
-    raise CliError(f"the simulated nodes were not adopted within {READY_TIMEOUT:.0f}s")
 
 
 def _default_image(api: Client, pool_ids: list[str], downloads: Path,
@@ -218,7 +264,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir = state_dir or pg.state_root() / "dev"
         stack.log_dir = state_dir / "logs"
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        gateway_port, join_port = free_port(), free_port()
+        gateway_port, join_port = _gateway_ports(state_dir, host)
         downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
                          or state_dir / "downloads")
         write_artifacts(downloads)  # the agent's wheel; executables that were built stay

@@ -56,14 +56,15 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None) -> Stack:
-    port = free_port()
+def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None,
+                memory: bool = True, port: int | None = None) -> Stack:
+    port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BETTER_COMPUTE",
                                                                      "DATABASE_URL"))}
     env.update(env_extra or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "compute.cli.main", "dev", "--memory", "--port", str(port),
-         "--state-dir", str(tmp / "state"), *extra],
+        [sys.executable, "-m", "compute.cli.main", "dev", *(["--memory"] if memory else []),
+         "--port", str(port), "--state-dir", str(tmp / "state"), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
     deadline = time.monotonic() + 60

@@ -18,7 +18,7 @@ POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 def test_dev_prints_where_it_listens_and_adopts_the_simulated_nodes(stack):
     text = "".join(stack.output)
     assert "better-compute listening on http://127.0.0.1:" in text
-    assert "2 simulated node(s) adopted" in text
+    assert "2 simulated node(s) adopted and connected" in text
     assert stack.env["BETTER_COMPUTE_URL"].endswith("/api/compute")
     assert stack.env["BETTER_COMPUTE_TOKEN"].startswith("biam_")
 

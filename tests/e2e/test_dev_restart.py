@@ -1,0 +1,70 @@
+"""`better-compute dev` run again on the state it kept: the same machines come back with a
+live session, whether the gateway got its old port back or had to take a new one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+
+from bcd.config import Config, Paths
+from tests.e2e.conftest import Stack, free_port, start_stack, stop_stack
+
+
+def hang_up_on_everyone(listener: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # until the listener closes
+        while True:
+            listener.accept()[0].close()
+
+
+def nodes(stack: Stack) -> list[dict]:
+    return stack.json("nodes", "list")["items"]
+
+
+def test_a_restart_on_kept_state_reconnects_the_same_machines(tmp_path):
+    home = {"BETTER_COMPUTE_HOME": str(tmp_path / "home")}  # its own database, kept
+    api_port = free_port()  # the address the agents joined through stays
+    agent_config = Paths(tmp_path / "state" / "sim" / "node-01").config_file
+    ports_file = tmp_path / "state" / "gateway-ports.json"
+
+    first = start_stack(tmp_path, "--sim", "1", env_extra=home, memory=False,
+                        port=api_port)
+    try:
+        [node] = nodes(first)
+        epoch = node["sessionEpoch"]
+        ports = json.loads(ports_file.read_text())
+    finally:
+        assert stop_stack(first) == 0
+
+    again = start_stack(tmp_path, "--sim", "1", env_extra=home, memory=False,
+                        port=api_port)
+    try:
+        assert "1 simulated node(s) adopted and connected" in "".join(again.output)
+        assert json.loads(ports_file.read_text()) == ports  # the agent's address still holds
+        [same] = nodes(again)
+        assert (same["id"], same["connectivity"]) == (node["id"], "connected")
+        assert same["sessionEpoch"] > epoch
+        epoch = same["sessionEpoch"]
+    finally:
+        assert stop_stack(again) == 0
+
+    with socket.socket() as squatter:  # another program took the gateway's port meanwhile
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", ports["sessions"]))
+        squatter.listen()
+        threading.Thread(target=hang_up_on_everyone, args=(squatter,), daemon=True).start()
+        moved = start_stack(tmp_path, "--sim", "1", env_extra=home, memory=False,
+                            port=api_port)
+        try:
+            assert "1 simulated node(s) adopted and connected" in "".join(moved.output)
+            new_port = json.loads(ports_file.read_text())["sessions"]
+            assert new_port != ports["sessions"]
+            [same] = nodes(moved)
+            assert (same["id"], same["connectivity"]) == (node["id"], "connected")
+            assert same["sessionEpoch"] > epoch
+            # The agent followed the address the control plane publishes, and kept it.
+            assert Config.read(agent_config).gateway == f"127.0.0.1:{new_port}"
+            assert "moving from" in (tmp_path / "state" / "logs" / "sim-node-01.log").read_text()
+        finally:
+            assert stop_stack(moved) == 0
