@@ -10,13 +10,40 @@ from audit import checkpoints
 from audit.selectors import audit_event_id_for, audit_event_list, checkpoint_list
 from compute.api.inputs import Input, ListInput
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import (
+    BOOLEAN,
+    INTEGER,
+    OBJECT,
+    STRING,
+    TIME,
+    array,
+    items_of,
+    nullable,
+    obj,
+)
 
 
 class CheckpointIn(Input):
     pass
 
 
-@endpoint("audit", "checkpoint", input=CheckpointIn, mutating=True)
+CHECKPOINT = obj(id=STRING, tenantId=STRING, treeSize=INTEGER, rootHash=STRING,
+                 previous=nullable(STRING), signedAt=TIME, signature=STRING)
+CHECKPOINT_SUMMARY = obj(id=STRING, treeSize=INTEGER, rootHash=STRING, signedAt=TIME)
+VERIFICATION = obj(ok=BOOLEAN, tenantId=STRING, checkedEvents=INTEGER,
+                   checkedCheckpoints=INTEGER, firstBadPosition=nullable(INTEGER),
+                   problem=nullable(STRING))
+LEAF = obj(v=INTEGER, tenantId=STRING, position=INTEGER, id=STRING, actorId=STRING,
+           action=STRING, target=STRING, allowed=BOOLEAN, reason=STRING, decisionId=STRING,
+           requestId=STRING, origin=STRING, data=OBJECT, createdAt=TIME)
+PROOF = obj(version=INTEGER, event=LEAF, leafIndex=INTEGER, treeSize=INTEGER,
+            auditPath=array(STRING), checkpoint=CHECKPOINT, publicKey=STRING)
+AUDIT_ROW = obj(id=STRING, position=INTEGER, action=STRING, allowed=BOOLEAN, actorId=STRING,
+                target=nullable(STRING), reason=nullable(STRING), requestId=nullable(STRING),
+                origin=STRING, data=OBJECT, createdAt=TIME)
+
+
+@endpoint("audit", "checkpoint", returns=nullable(CHECKPOINT), input=CheckpointIn, mutating=True)
 def audit_checkpoint(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any] | None:
     """Sign a checkpoint over the tenant's new audit events now (also done hourly)."""
     checkpoint = checkpoints.checkpoint_seal(tenant_id=ctx.tenant.id, actor_id=ctx.principal.id)
@@ -28,7 +55,7 @@ class VerifyIn(Input):
     to_position = serializers.IntegerField(required=False, min_value=1)
 
 
-@endpoint("audit", "verify", input=VerifyIn, mutating=False)
+@endpoint("audit", "verify", returns=VERIFICATION, input=VerifyIn, mutating=False)
 def audit_verify(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Recompute the tenant's audit log and checkpoints; name the first bad position."""
     return checkpoints.audit_verify(tenant_id=ctx.tenant.id, **data).wire()
@@ -40,7 +67,7 @@ class ProveIn(Input):
                                                 "the object it is about (its latest event).")
 
 
-@endpoint("audit", "prove", input=ProveIn, mutating=False)
+@endpoint("audit", "prove", returns=PROOF, input=ProveIn, mutating=False)
 def audit_prove(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """An inclusion proof of one audit event against the latest checkpoint."""
     event_id = audit_event_id_for(tenant_id=ctx.tenant.id, ref=data["event_id"])
@@ -57,7 +84,8 @@ class AuditListIn(ListInput):
                                      help_text="Rows after this position.")
 
 
-@endpoint("audit", "list", input=AuditListIn, mutating=False)
+@endpoint("audit", "list", returns=items_of(AUDIT_ROW, nextSince=INTEGER),
+          input=AuditListIn, mutating=False)
 def audit_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """The tenant's audit rows, oldest first: who did (or was refused) what, and why."""
     rows = audit_event_list(tenant_id=ctx.tenant.id, action=data.get("action"),
@@ -75,7 +103,8 @@ class CheckpointListIn(Input):
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=20)
 
 
-@endpoint("audit", "checkpoints", input=CheckpointListIn, mutating=False)
+@endpoint("audit", "checkpoints", returns=items_of(CHECKPOINT_SUMMARY),
+          input=CheckpointListIn, mutating=False)
 def audit_checkpoints(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """The tenant's signed checkpoints, newest first: how many events each covers and the
     Merkle root it signs."""

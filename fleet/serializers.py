@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from compute.api.inputs import Input
+from compute.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from fleet.models import Device, Image, JoinToken, Node, Pool, Site
 
 ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network",
@@ -53,6 +54,33 @@ class PolicyIn(Input):
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
     sandboxes = SandboxPolicyIn(required=False)
+
+
+SITE = obj(id=STRING, tenantId=STRING, kind=STRING, region=STRING, name=STRING,
+           createdAt=TIME)
+POOL = obj(id=STRING, tenantId=STRING, siteId=STRING, name=STRING, gpuModel=nullable(STRING),
+           policy=OBJECT, createdAt=TIME, **{"class": STRING})
+CONDITION = obj(type=STRING, status=BOOLEAN, reason=STRING)
+NODE = obj(
+    id=STRING, poolId=STRING, siteId=STRING, hostname=STRING, provisionState=STRING,
+    connectivity=STRING, health=STRING, cordoned=BOOLEAN, schedulable=BOOLEAN, labels=OBJECT,
+    simulated=BOOLEAN, virtualization=nullable(STRING), vcpus=INTEGER, memoryGiB=INTEGER,
+    vcpusAllocated=INTEGER, memoryGiBAllocated=INTEGER, serial=nullable(STRING),
+    productUuid=nullable(STRING), macs=array(STRING), createdAt=TIME,
+    lastHeartbeatAt=nullable(TIME), sessionEpoch=INTEGER, journalEpoch=INTEGER,
+    conditions=array(CONDITION))
+DEVICE = obj(id=STRING, uuid=STRING, index=INTEGER, product=STRING, model=STRING,
+             vramGiB=INTEGER, nvlinkDomain=nullable(STRING), migProfile=nullable(STRING),
+             health=STRING, healthReason=nullable(STRING), present=BOOLEAN,
+             **{"class": STRING})
+JOIN_TOKEN = obj(id=STRING, poolId=STRING, role=STRING, maxUses=INTEGER, uses=INTEGER,
+                 expiresAt=TIME, revokedAt=nullable(TIME), expectSerial=nullable(STRING),
+                 expectProductUuid=nullable(STRING), expectMac=nullable(STRING),
+                 nodes=array(STRING), createdAt=TIME)
+IMAGE_PART = obj(url=STRING, sha256=STRING)
+IMAGE = {**obj(id=STRING, poolId=STRING, name=STRING, kernel=IMAGE_PART, initrd=IMAGE_PART,
+               disk=IMAGE_PART, readyLine=STRING, createdAt=TIME),
+         "required": ["createdAt", "id", "initrd", "kernel", "name", "poolId", "readyLine"]}
 
 
 def present_site(site: Site) -> dict[str, Any]:

@@ -2,10 +2,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from compute.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from reservations.ledger import Reservation
 from reservations.offerings import Offering
 from reservations.sandboxes import Sandbox
 from reservations.usage import UsageRecord
+
+OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
+               quota={"type": "object", "additionalProperties": obj(limit=INTEGER,
+                                                                    used=INTEGER)},
+               createdAt=TIME, updatedAt=TIME)
+RESERVATION = obj(
+    id=STRING, tenantId=STRING, poolId=STRING, state=STRING,
+    devices=array(obj(**{"class": STRING, "count": INTEGER, "topology": STRING})),
+    model=nullable(STRING), product=nullable(STRING), selector=nullable(STRING),
+    kubernetes=BOOLEAN, bindingKind=STRING, start=nullable(TIME), end=nullable(TIME),
+    durationMs=nullable(INTEGER), nodeId=nullable(STRING), allocationId=nullable(STRING),
+    hostShare=nullable(obj(vcpus=INTEGER, memoryGiB=INTEGER)), binding=nullable(OBJECT),
+    placementAttempts=INTEGER, failureReason=nullable(STRING), createdAt=TIME,
+    placedAt=nullable(TIME), endedAt=nullable(TIME))
+SANDBOX = obj(
+    id=STRING, tenantId=STRING, poolId=STRING, nodeId=nullable(STRING), name=STRING,
+    vcpus=INTEGER, memoryGiB=INTEGER, state=STRING, imageId=nullable(STRING),
+    forwards=array(obj(hostPort=INTEGER, guestPort=INTEGER)),
+    accelerator=nullable(STRING), failureReason=nullable(STRING),
+    exitStatus=nullable(INTEGER), createdAt=TIME, startedAt=nullable(TIME),
+    releasedAt=nullable(TIME), endedAt=nullable(TIME))
+USAGE = obj(id=STRING, subject=STRING, meter=STRING, quantity=STRING, windowStart=TIME,
+            windowEnd=TIME)
 
 
 def present_offering(offering: Offering) -> dict[str, Any]:

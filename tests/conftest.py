@@ -40,6 +40,17 @@ POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
           "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def results_match_their_schemas() -> Iterator[None]:
+    """The OpenAPI document's result schemas are checked against every answer of the run."""
+    from tests.support.shapes import checking_results
+
+    with checking_results() as mismatches:
+        yield
+    assert not mismatches, "results that differ from their schema:\n" + "\n".join(
+        sorted(set(mismatches)))
+
+
 @pytest.fixture
 def api(client: Any) -> Any:
     from tests.support.client import ApiClient

@@ -67,6 +67,7 @@ class Endpoint:
     resource_kind: str = ""
     custom_draft: Draft | None = None
     emits: tuple[str, ...] = ()
+    returns: dict[str, Any] = field(default_factory=dict)  # the result's OpenAPI schema
 
     @property
     def action(self) -> str:
@@ -95,11 +96,12 @@ REGISTRY: dict[tuple[str, str], Endpoint] = {}
 
 
 def endpoint(group: str, method: str, *, input: type[Input], mutating: bool,
-             subject: Subject | None = None, resource_kind: str = "",
-             draft: Draft | None = None, emits: tuple[str, ...] = ()
-             ) -> Callable[[Handler], Handler]:
+             returns: dict[str, Any], subject: Subject | None = None,
+             resource_kind: str = "", draft: Draft | None = None,
+             emits: tuple[str, ...] = ()) -> Callable[[Handler], Handler]:
     """Register a handler. Its docstring's first paragraph is the method's summary. `draft`
-    replaces the subject-or-tenant draft for the rare method that acts elsewhere. A
+    replaces the subject-or-tenant draft for the rare method that acts elsewhere; `returns`
+    is the result's schema (compute.api.shapes). A
     mutating method names the event types a call may write (`emits`); every call that
     changes something writes exactly one audit row besides."""
 
@@ -110,7 +112,7 @@ def endpoint(group: str, method: str, *, input: type[Input], mutating: bool,
         REGISTRY[key] = Endpoint(
             group=group, method=method, handler=handler, input=input, mutating=mutating,
             subject=subject, resource_kind=resource_kind, custom_draft=draft,
-            emits=tuple(str(e) for e in emits),
+            emits=tuple(str(e) for e in emits), returns=returns,
             summary=" ".join((handler.__doc__ or f"{group}.{method}").strip()
                              .split("\n\n")[0].split()))
         return handler

@@ -38,7 +38,8 @@ def load_operations(url: str) -> dict[str, dict[str, Any]]:
     """operationId -> its operation, from the API's OpenAPI document."""
     base = url.rstrip("/").removesuffix("/api/compute")
     document = httpx.get(f"{base}/api/compute/openapi.json", timeout=30).json()
-    return {path["post"]["operationId"]: path["post"] for path in document["paths"].values()}
+    return {path["post"]["operationId"]: path["post"] for path in document["paths"].values()
+            if "post" in path}  # the envelope methods (the watch stream is a GET)
 
 
 def tool_of(operation: dict[str, Any]) -> types.Tool:

@@ -8,8 +8,9 @@ from rest_framework import serializers
 
 from compute.api.inputs import Input
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import INTEGER, items_of
 from compute.events.selectors import event_list
-from compute.events.serializers import present_event
+from compute.events.serializers import EVENT, present_event
 
 
 class EventListIn(Input):
@@ -21,7 +22,8 @@ class EventListIn(Input):
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
 
 
-@endpoint("events", "list", input=EventListIn, mutating=False)
+@endpoint("events", "list", returns=items_of(EVENT, nextSince=INTEGER),
+          input=EventListIn, mutating=False)
 def events_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Events of the tenant after `since`, oldest first."""
     rows = event_list(tenant=ctx.tenant, **data)

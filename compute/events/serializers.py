@@ -2,7 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from compute.api.shapes import INTEGER, OBJECT, STRING, TIME, obj
 from compute.events.models import Event
+
+EVENT = obj(seq=INTEGER, id=STRING, type=STRING, tenantId=STRING, subject=STRING,
+            payload=OBJECT, createdAt=TIME)
 
 
 def present_event(event: Event) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from compute.http.openapi import build_document
+from compute.http.openapi import envelope_operations
 
 TARGET = Path(__file__).resolve().parents[1] / "client" / "methods.py"
 TYPES = {"integer": "int", "string": "str", "boolean": "bool", "number": "float"}
@@ -72,8 +72,7 @@ def _method(operation: dict[str, Any]) -> list[str]:
 
 def render() -> str:
     groups: dict[str, list[dict[str, Any]]] = {}
-    for path in build_document()["paths"].values():
-        operation = path["post"]
+    for operation in envelope_operations():
         groups.setdefault(operation["operationId"].split(".")[0], []).append(operation)
     out = ['"""The typed client\'s methods, one per API method. Written by',
            '`python -m compute.http.clientgen` from the OpenAPI document; do not edit."""', "",

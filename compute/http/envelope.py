@@ -39,6 +39,9 @@ class EnvelopeView(APIView):
         principal = authenticate(django_request.headers,
                                  session=getattr(django_request, "session", None),
                                  user=getattr(django_request, "user", None))
+        if not django_request.body.strip():
+            raise InvalidArgument("the body must be a JSON object ({} when there is nothing "
+                                  "to send)")
         body = request.data
         if not isinstance(body, dict):
             raise InvalidArgument("body must be a JSON object")

@@ -23,28 +23,49 @@ _SCALARS: list[tuple[type, dict[str, Any]]] = [
 
 def field_schema(field: fields.Field) -> dict[str, Any]:
     if isinstance(field, serializers.ListSerializer):
-        return {"type": "array", "items": field_schema(field.child)}
+        schema = {"type": "array", "items": field_schema(field.child)}
+        return _bounded(field, schema, ("min_length", "minItems"), ("max_length", "maxItems"))
     if isinstance(field, Input):
         return input_schema(type(field))
     if isinstance(field, fields.ChoiceField):
         schema: dict[str, Any] = {"type": "string", "enum": [str(c) for c in field.choices]}
     elif isinstance(field, fields.ListField):
         schema = {"type": "array", "items": field_schema(field.child)}
+    elif isinstance(field, fields.DictField):
+        schema = {"type": "object", "additionalProperties": field_schema(field.child)}
+        if not field.allow_empty:
+            schema["minProperties"] = 1
     elif isinstance(field, PublicIdField):
         schema = {"type": "string", "pattern": f"^{field.prefix}_[0-9a-hjkmnp-tv-z]{{26}}$"}
     else:
         schema = next((dict(s) for cls, s in _SCALARS if isinstance(field, cls)),
                       {"type": "string"})
-    for attr, key in (("min_value", "minimum"), ("max_value", "maximum"),
-                      ("max_length", "maxLength"), ("min_length", "minLength")):
-        value = getattr(field, attr, None)
-        if value is not None:
-            schema[key] = value
+    if schema.get("type") == "array":
+        _bounded(field, schema, ("min_length", "minItems"), ("max_length", "maxItems"))
+    elif schema.get("type") == "string" and "pattern" not in schema:
+        _bounded(field, schema, ("min_length", "minLength"), ("max_length", "maxLength"))
+        if isinstance(field, fields.CharField) and not field.allow_blank:
+            schema.setdefault("minLength", 1)
+            schema["pattern"] = r"\S"  # only spaces is blank (DRF trims)
+    _bounded(field, schema, ("min_value", "minimum"), ("max_value", "maximum"))
+    if field.allow_null:
+        schema["nullable"] = True
     if field.help_text:
         schema["description"] = str(field.help_text)
     default = getattr(field, "default", fields.empty)
     if default is not fields.empty and not callable(default):
         schema["default"] = default
+    return schema
+
+
+def _bounded(field: fields.Field, schema: dict[str, Any], *pairs: tuple[str, str]
+             ) -> dict[str, Any]:
+    """Copy the field's bounds that apply to this schema's type (DRF reuses `min_length` for
+    strings and lists)."""
+    for attr, key in pairs:
+        value = getattr(field, attr, None)
+        if value is not None:
+            schema[key] = value
     return schema
 
 
@@ -56,7 +77,8 @@ def input_schema(input_class: type[Input], *, with_tenant: bool = False) -> dict
                 if field.required and not field.read_only]
     if with_tenant:
         properties["tenantId"] = {
-            "type": "string", "description": "Tenant id or slug; the caller's own by default."}
+            "type": "string", "nullable": True, "maxLength": 63,
+            "description": "Tenant id or slug; the caller's own when absent, null or empty."}
     schema: dict[str, Any] = {"type": "object", "properties": properties,
                               "additionalProperties": False}
     if required:
@@ -64,12 +86,16 @@ def input_schema(input_class: type[Input], *, with_tenant: bool = False) -> dict
     return schema
 
 
+def ok_schema(result: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["ok", "result", "requestId"],
+            "additionalProperties": False, "properties": {
+                "ok": {"type": "boolean", "enum": [True]}, "result": result,
+                "requestId": {"type": "string"}}}
+
+
 def _envelope_schemas() -> dict[str, Any]:
     codes = sorted({cls.code for cls in all_error_classes()})
     return {
-        "Ok": {"type": "object", "required": ["ok", "result", "requestId"], "properties": {
-            "ok": {"type": "boolean", "enum": [True]}, "result": {},
-            "requestId": {"type": "string"}}},
         "Error": {"type": "object", "required": ["ok", "error", "requestId"], "properties": {
             "ok": {"type": "boolean", "enum": [False]},
             "requestId": {"type": "string"},
@@ -87,8 +113,8 @@ def build_document() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for (group, method), ep in sorted(REGISTRY.items()):
         responses: dict[str, Any] = {"200": {
-            "description": "ok", "content": {"application/json": {"schema": {
-                "$ref": "#/components/schemas/Ok"}}}}}
+            "description": "ok", "content": {"application/json": {
+                "schema": ok_schema(ep.returns)}}}}
         responses.update({str(s): {"description": "error", **error_ref} for s in statuses})
         paths[f"/api/compute/{group}/{method}"] = {"post": {
             "operationId": f"{group}.{method}",
@@ -102,6 +128,7 @@ def build_document() -> dict[str, Any]:
                 "schema": input_schema(ep.input, with_tenant=True)}}},
             "responses": responses,
         }}
+    paths["/api/compute/events/watch"] = {"get": _watch_operation(error_ref, statuses)}
     return {
         "openapi": "3.0.3",
         "info": {"title": "better-compute API", "version": "1"},
@@ -113,6 +140,37 @@ def build_document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
     }
+
+
+def _watch_operation(error_ref: dict[str, Any], statuses: list[int]) -> dict[str, Any]:
+    from compute.events.serializers import EVENT  # a model module: imported once apps load
+
+    return {
+        "operationId": "events.watch",
+        "summary": "A live stream of the tenant's events, one JSON object per line, after "
+                   "`since`; a blank line every 15 s keeps it open. It ends when the token "
+                   "is revoked or expires; resume with the last `seq` seen.",
+        "tags": ["events"],
+        "x-iam-action": "events.watch",
+        "x-handler": "compute/http/watch.py:events_watch",
+        "parameters": [
+            {"name": "since", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 0, "default": 0},
+             "description": "The last event sequence number seen."},
+            {"name": "types", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "Comma-separated type globs, such as `node.*,reservation.*`."},
+            {"name": "tenantId", "in": "query", "required": False,
+             "schema": {"type": "string"}, "description": "Tenant id or slug."}],
+        "responses": {
+            "200": {"description": "the stream", "content": {"application/x-ndjson": {
+                "schema": EVENT}}},
+            **{str(s): {"description": "error", **error_ref} for s in statuses}},
+    }
+
+
+def envelope_operations() -> list[dict[str, Any]]:
+    """The `POST /api/compute/<group>/<method>` operations (not the watch stream's GET)."""
+    return [item["post"] for item in build_document()["paths"].values() if "post" in item]
 
 
 def openapi_view(request: HttpRequest) -> JsonResponse:

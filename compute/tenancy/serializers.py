@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from compute.api.shapes import STRING, TIME, nullable, obj
 from compute.tenancy.models import ApiToken, Tenant
+
+TENANT = obj(id=STRING, slug=STRING, name=STRING, parentId=nullable(STRING), createdAt=TIME)
+TOKEN = obj(id=STRING, name=STRING, principalId=STRING, createdAt=TIME,
+            expiresAt=nullable(TIME), revokedAt=nullable(TIME))
 
 
 def present_tenant(tenant: Tenant) -> dict[str, Any]:

@@ -9,8 +9,10 @@ from rest_framework import serializers
 from bcd.contract.vms import SHA256, URL
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import page_of
 from compute.events.types import EventType
 from compute.paging import page
+from fleet import serializers as wire
 from fleet.selectors import access_image_by_id, access_pool_by_id, image_list
 from fleet.serializers import present_image
 from fleet.services.images import image_create, image_delete
@@ -37,7 +39,7 @@ class ImageCreateIn(Input):
         help_text="What the guest prints on its serial console once booted.")
 
 
-@endpoint("images", "create", input=ImageCreateIn, mutating=True,
+@endpoint("images", "create", returns=wire.IMAGE, input=ImageCreateIn, mutating=True,
           subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
           emits=(EventType.IMAGE_CREATED,))
 def images_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +52,7 @@ class ImageIdIn(Input):
     image_id = PublicIdField("img")
 
 
-@endpoint("images", "get", input=ImageIdIn, mutating=False, subject=IMAGE)
+@endpoint("images", "get", returns=wire.IMAGE, input=ImageIdIn, mutating=False, subject=IMAGE)
 def images_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """One image."""
     return present_image(ctx.subject)
@@ -60,7 +62,7 @@ class ImageListIn(ListInput):
     pool_id = PublicIdField("pool")
 
 
-@endpoint("images", "list", input=ImageListIn, mutating=False,
+@endpoint("images", "list", returns=page_of(wire.IMAGE), input=ImageListIn, mutating=False,
           subject=Subject("pool", access_pool_by_id, "pool_id"))
 def images_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """A pool's images."""
@@ -69,7 +71,8 @@ def images_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
                 **data)
 
 
-@endpoint("images", "delete", input=ImageIdIn, mutating=True, subject=OWNED_IMAGE,
+@endpoint("images", "delete", returns=wire.IMAGE,
+          input=ImageIdIn, mutating=True, subject=OWNED_IMAGE,
           emits=(EventType.IMAGE_DELETED,))
 def images_delete(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Remove an image that no live sandbox uses."""

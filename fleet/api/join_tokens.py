@@ -9,10 +9,11 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import STRING, extended, page_of
 from compute.events.types import EventType
 from compute.paging import page
 from fleet.selectors import access_join_token_by_id, access_pool_by_id, join_token_list
-from fleet.serializers import present_join_token
+from fleet.serializers import JOIN_TOKEN, present_join_token
 from fleet.services.join_tokens import join_token_create, join_token_revoke
 
 
@@ -28,7 +29,8 @@ class JoinTokenCreateIn(Input):
     idempotency_key = IdempotencyKeyField()
 
 
-@endpoint("joinTokens", "create", input=JoinTokenCreateIn, mutating=True,
+@endpoint("joinTokens", "create", returns=extended(JOIN_TOKEN, token=STRING),
+          input=JoinTokenCreateIn, mutating=True,
           subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
           emits=(EventType.JOIN_TOKEN_CREATED,))
 def join_tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +40,7 @@ def join_tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]
     return {**present_join_token(minted.token), "token": minted.plaintext}
 
 
-@endpoint("joinTokens", "list", input=ListInput, mutating=False)
+@endpoint("joinTokens", "list", returns=page_of(JOIN_TOKEN), input=ListInput, mutating=False)
 def join_tokens_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Join tokens of the tenant's pools (never their secrets)."""
     return page(join_token_list(tenant=ctx.tenant), present=present_join_token, **data)
@@ -48,7 +50,7 @@ class JoinTokenRevokeIn(Input):
     join_token_id = PublicIdField("jtk")
 
 
-@endpoint("joinTokens", "revoke", input=JoinTokenRevokeIn, mutating=True,
+@endpoint("joinTokens", "revoke", returns=JOIN_TOKEN, input=JoinTokenRevokeIn, mutating=True,
           subject=Subject("join_token", access_join_token_by_id, "join_token_id",
                           param="token_id"),
           emits=(EventType.JOIN_TOKEN_REVOKED,))

@@ -8,12 +8,14 @@ from rest_framework import serializers
 
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import array, extended, items_of, page_of
 from compute.events.selectors import event_list
-from compute.events.serializers import present_event
+from compute.events.serializers import EVENT, present_event
 from compute.events.types import EventType
 from compute.paging import page
+from fleet import serializers as wire
 from fleet.selectors import access_node_by_id, node_list
-from fleet.serializers import present_device, present_node
+from fleet.serializers import DEVICE, present_device, present_node
 from fleet.services.lifecycle import node_adopt_again
 from fleet.services.nodes import node_cordon, node_uncordon
 
@@ -24,7 +26,7 @@ class NodeListIn(ListInput):
     pool_id = PublicIdField("pool", required=False)
 
 
-@endpoint("nodes", "list", input=NodeListIn, mutating=False)
+@endpoint("nodes", "list", returns=page_of(wire.NODE), input=NodeListIn, mutating=False)
 def nodes_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Nodes of the tenant's pools."""
     queryset = node_list(tenant=ctx.tenant, pool_id=data.pop("pool_id", None))
@@ -35,7 +37,8 @@ class NodeIdIn(Input):
     node_id = PublicIdField("node")
 
 
-@endpoint("nodes", "get", input=NodeIdIn, mutating=False, subject=NODE)
+@endpoint("nodes", "get", returns=extended(wire.NODE, devices=array(DEVICE)),
+          input=NodeIdIn, mutating=False, subject=NODE)
 def nodes_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """One node with its conditions and devices."""
     node = ctx.subject
@@ -48,7 +51,8 @@ class NodeEventsIn(NodeIdIn):
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
 
 
-@endpoint("nodes", "events", input=NodeEventsIn, mutating=False, subject=NODE)
+@endpoint("nodes", "events", returns=items_of(EVENT),
+          input=NodeEventsIn, mutating=False, subject=NODE)
 def nodes_events(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Events about one node, oldest first."""
     rows = event_list(tenant=ctx.tenant, subject=ctx.subject.id, since=data["since"],
@@ -60,14 +64,14 @@ class NodeCordonIn(NodeIdIn):
     reason = serializers.CharField(required=False, default="", max_length=300, allow_blank=True)
 
 
-@endpoint("nodes", "cordon", input=NodeCordonIn, mutating=True, subject=NODE,
+@endpoint("nodes", "cordon", returns=wire.NODE, input=NodeCordonIn, mutating=True, subject=NODE,
           emits=(EventType.NODE_CORDONED,))
 def nodes_cordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop placing on a node; what it holds stays."""
     return present_node(node_cordon(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
-@endpoint("nodes", "uncordon", input=NodeCordonIn, mutating=True, subject=NODE,
+@endpoint("nodes", "uncordon", returns=wire.NODE, input=NodeCordonIn, mutating=True, subject=NODE,
           emits=(EventType.NODE_UNCORDONED,))
 def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Let the placer use a node again."""
@@ -78,7 +82,7 @@ class NodeAdoptIn(NodeIdIn):
     reason = serializers.CharField(max_length=300)
 
 
-@endpoint("nodes", "adopt", input=NodeAdoptIn, mutating=True, subject=NODE,
+@endpoint("nodes", "adopt", returns=wire.NODE, input=NodeAdoptIn, mutating=True, subject=NODE,
           emits=(EventType.NODE_ACCEPTANCE_STARTED, EventType.NODE_ADOPTED))
 def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Start a new acceptance attempt for a node whose acceptance failed."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from compute.api.inputs import Input
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import STRING, obj
 from fleet.pki import pki
 
 
@@ -13,7 +14,11 @@ class PkiShowIn(Input):
     pass
 
 
-@endpoint("pki", "show", input=PkiShowIn, mutating=False)
+PINS = obj(trustDomain=STRING, servingCaSpkiPin=STRING, joinSigningKeyPin=STRING,
+           joinEncryptionKeyPin=STRING)
+
+
+@endpoint("pki", "show", returns=PINS, input=PkiShowIn, mutating=False)
 def pki_show(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """The SPKI pins of the serving CA, the join-signing and the join-encryption keys."""
     authority = pki()

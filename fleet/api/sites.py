@@ -8,8 +8,10 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import page_of
 from compute.events.types import EventType
 from compute.paging import page
+from fleet import serializers as wire
 from fleet.models import Site
 from fleet.selectors import access_site_by_id, site_list
 from fleet.serializers import present_site
@@ -25,7 +27,7 @@ class SiteCreateIn(Input):
     idempotency_key = IdempotencyKeyField()
 
 
-@endpoint("sites", "create", input=SiteCreateIn, mutating=True,
+@endpoint("sites", "create", returns=wire.SITE, input=SiteCreateIn, mutating=True,
           emits=(EventType.SITE_CREATED,))
 def sites_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a platform site (root tenant only)."""
@@ -36,13 +38,13 @@ class SiteGetIn(Input):
     site_id = PublicIdField("site")
 
 
-@endpoint("sites", "get", input=SiteGetIn, mutating=False, subject=SITE)
+@endpoint("sites", "get", returns=wire.SITE, input=SiteGetIn, mutating=False, subject=SITE)
 def sites_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """One site."""
     return present_site(ctx.subject)
 
 
-@endpoint("sites", "list", input=ListInput, mutating=False)
+@endpoint("sites", "list", returns=page_of(wire.SITE), input=ListInput, mutating=False)
 def sites_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Sites of the tenant."""
     return page(site_list(tenant=ctx.tenant), present=present_site, **data)

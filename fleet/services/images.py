@@ -47,5 +47,5 @@ def image_delete(*, tenant: Tenant, actor: Principal, image_id: str) -> Image:
                  target=image.id, data={"poolId": image.pool_id, "name": image.name})
     event_emit(tenant_id=tenant.id, type=EventType.IMAGE_DELETED, subject=image.id,
                payload={"poolId": image.pool_id, "name": image.name})
-    image.delete()
+    Image.objects.filter(pk=image.pk).delete()  # `image.delete()` would clear its id
     return image

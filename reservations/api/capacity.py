@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from compute.api.inputs import Input, PublicIdField
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
 from reservations.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_kwargs
 from reservations.capacity import capacity_preview as preview
@@ -20,7 +21,24 @@ class CapacityGetIn(Input):
     pool_id = PublicIdField("pool")
 
 
-@endpoint("capacity", "get", input=CapacityGetIn, mutating=False, subject=pool_subject())
+HOST_ROW = obj(total=INTEGER, allocatable=INTEGER, allocated=INTEGER, available=INTEGER)
+CAPACITY = obj(
+    poolId=STRING, gpuModel=nullable(STRING), at=TIME, nodes=INTEGER,
+    gpu=obj(total=INTEGER, allocatable=INTEGER, allocated=INTEGER, reserved=INTEGER,
+            available=INTEGER),
+    gpusNotSchedulable=obj(provisioning=INTEGER, unhealthy=INTEGER, maintenance=INTEGER,
+                           unreachable=INTEGER),
+    vcpu=HOST_ROW, memoryGiB=HOST_ROW, pending=INTEGER)
+WINDOW = obj(start=TIME, end=TIME)
+PREVIEW = one_of(
+    obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, window=WINDOW, reason=STRING),
+    obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, nodeId=STRING, nodeClass=STRING,
+        devices=array(STRING), nvlinkDomains=array(STRING), vcpus=INTEGER, memoryGiB=INTEGER,
+        window=WINDOW))
+
+
+@endpoint("capacity", "get", returns=CAPACITY,
+          input=CapacityGetIn, mutating=False, subject=pool_subject())
 def capacity_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """A pool's capacity per resource: total, allocatable, allocated, reserved, available."""
     return capacity_rollup(ctx.subject)
@@ -32,7 +50,7 @@ class CapacityPreviewIn(RequestShapeIn):
                                         help_text="This many ms after now (server clock).")
 
 
-@endpoint("capacity", "preview", input=CapacityPreviewIn, mutating=False,
+@endpoint("capacity", "preview", returns=PREVIEW, input=CapacityPreviewIn, mutating=False,
           subject=pool_subject())
 def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Would this request fit (now, or from a start), where, with which host share? If not,

@@ -6,12 +6,13 @@ from typing import Any
 
 from compute.api.inputs import ListInput
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import page_of
 from compute.paging import page
 from reservations.selectors import offering_list
-from reservations.serializers import present_offering
+from reservations.serializers import OFFERING, present_offering
 
 
-@endpoint("offerings", "list", input=ListInput, mutating=False)
+@endpoint("offerings", "list", returns=page_of(OFFERING), input=ListInput, mutating=False)
 def offerings_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Offerings the tenant made or received, with quota use."""
     return page(offering_list(tenant=ctx.tenant), present=present_offering, **data)

@@ -8,15 +8,16 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import page_of
 from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.selectors import tenant_by_ref
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id, pool_list
-from fleet.serializers import PolicyIn, present_pool
+from fleet.serializers import POOL, PolicyIn, present_pool
 from fleet.services.pools import pool_create
 from reservations.selectors import offering_list
-from reservations.serializers import present_offering
+from reservations.serializers import OFFERING, present_offering
 from reservations.services.offerings import pool_offer
 
 
@@ -36,7 +37,7 @@ class PoolCreateIn(Input):
     aliases = {"class": "pool_class"}
 
 
-@endpoint("pools", "create", input=PoolCreateIn, mutating=True,
+@endpoint("pools", "create", returns=POOL, input=PoolCreateIn, mutating=True,
           emits=(EventType.POOL_CREATED,))
 def pools_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a pool of one GPU model (or CPU only) with an acceptance policy."""
@@ -50,13 +51,13 @@ class PoolIdIn(Input):
     pool_id = PublicIdField("pool")
 
 
-@endpoint("pools", "get", input=PoolIdIn, mutating=False, subject=pool_subject())
+@endpoint("pools", "get", returns=POOL, input=PoolIdIn, mutating=False, subject=pool_subject())
 def pools_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """One pool (owned or offered to the tenant)."""
     return present_pool(ctx.subject)
 
 
-@endpoint("pools", "list", input=ListInput, mutating=False)
+@endpoint("pools", "list", returns=page_of(POOL), input=ListInput, mutating=False)
 def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Pools the tenant owns or was offered."""
     return page(pool_list(tenant=ctx.tenant), present=present_pool, **data)
@@ -68,7 +69,7 @@ class PoolOfferIn(PoolIdIn):
                                   allow_empty=False, help_text="Such as {\"gpu\": 16}.")
 
 
-@endpoint("pools", "offer", input=PoolOfferIn, mutating=True,
+@endpoint("pools", "offer", returns=OFFERING, input=PoolOfferIn, mutating=True,
           subject=pool_subject(owned=True),
           emits=(EventType.POOL_OFFERED, EventType.OFFERING_UPDATED))
 def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,11 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import page_of
 from compute.events.types import EventType
 from compute.paging import page
 from reservations import selectors
+from reservations import serializers as wire
 from reservations.api.pools import pool_subject
 from reservations.ledger import ReservationState, Topology
 from reservations.serializers import present_reservation
@@ -57,7 +59,8 @@ class ReservationCreateIn(RequestShapeIn):
     idempotency_key = IdempotencyKeyField()
 
 
-@endpoint("reservations", "create", input=ReservationCreateIn, mutating=True,
+@endpoint("reservations", "create", returns=wire.RESERVATION,
+          input=ReservationCreateIn, mutating=True,
           subject=pool_subject("reservation"),
           emits=(EventType.RESERVATION_PLACED, EventType.RESERVATION_PENDING))
 def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +76,8 @@ class ReservationIdIn(Input):
     reservation_id = PublicIdField("rsv")
 
 
-@endpoint("reservations", "get", input=ReservationIdIn, mutating=False, subject=RESERVATION)
+@endpoint("reservations", "get", returns=wire.RESERVATION,
+          input=ReservationIdIn, mutating=False, subject=RESERVATION)
 def reservations_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """One reservation, with its window, node and (once active) binding."""
     return present_reservation(ctx.subject)
@@ -84,7 +88,8 @@ class ReservationListIn(ListInput):
     state = serializers.ChoiceField(choices=ReservationState.choices, required=False)
 
 
-@endpoint("reservations", "list", input=ReservationListIn, mutating=False)
+@endpoint("reservations", "list", returns=page_of(wire.RESERVATION),
+          input=ReservationListIn, mutating=False)
 def reservations_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reservations of the tenant, oldest first."""
     queryset = selectors.reservation_list(tenant=ctx.tenant, pool_id=data.pop("pool_id", None),
@@ -97,7 +102,8 @@ class ReservationReleaseIn(ReservationIdIn):
                                       help_text="Only withdraw one that has not started.")
 
 
-@endpoint("reservations", "release", input=ReservationReleaseIn, mutating=True,
+@endpoint("reservations", "release", returns=wire.RESERVATION,
+          input=ReservationReleaseIn, mutating=True,
           subject=RESERVATION,
           emits=(EventType.RESERVATION_RELEASED, EventType.RESERVATION_CANCELLED))
 def reservations_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +121,8 @@ class ReservationExtendIn(ReservationIdIn):
                                   help_text="Milliseconds to add (negative shortens).")
 
 
-@endpoint("reservations", "extend", input=ReservationExtendIn, mutating=True,
+@endpoint("reservations", "extend", returns=wire.RESERVATION,
+          input=ReservationExtendIn, mutating=True,
           subject=RESERVATION,
           emits=(EventType.RESERVATION_EXTENDED,))
 def reservations_extend(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:

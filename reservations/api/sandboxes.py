@@ -8,11 +8,13 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import STRING, array, nullable, obj, page_of
 from compute.errors import InvalidState
 from compute.events.types import EventType
 from compute.paging import page
 from fleet.services.ask import node_ask
 from reservations import selectors
+from reservations import serializers as wire
 from reservations.api.pools import pool_subject
 from reservations.sandboxes import LIVE
 from reservations.serializers import present_sandbox
@@ -40,7 +42,10 @@ class SandboxCreateIn(Input):
     idempotency_key = IdempotencyKeyField()
 
 
-@endpoint("sandboxes", "create", input=SandboxCreateIn, mutating=True,
+CONSOLE = obj(sandboxId=STRING, nodeId=nullable(STRING), lines=array(STRING))
+
+
+@endpoint("sandboxes", "create", returns=wire.SANDBOX, input=SandboxCreateIn, mutating=True,
           subject=pool_subject("sandbox"),
           emits=(EventType.SANDBOX_CREATED,))
 def sandboxes_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -54,19 +59,21 @@ class SandboxIdIn(Input):
     sandbox_id = PublicIdField("sbx")
 
 
-@endpoint("sandboxes", "get", input=SandboxIdIn, mutating=False, subject=SANDBOX)
+@endpoint("sandboxes", "get", returns=wire.SANDBOX,
+          input=SandboxIdIn, mutating=False, subject=SANDBOX)
 def sandboxes_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """One sandbox."""
     return present_sandbox(ctx.subject)
 
 
-@endpoint("sandboxes", "list", input=ListInput, mutating=False)
+@endpoint("sandboxes", "list", returns=page_of(wire.SANDBOX), input=ListInput, mutating=False)
 def sandboxes_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Sandboxes of the tenant."""
     return page(selectors.sandbox_list(tenant=ctx.tenant), present=present_sandbox, **data)
 
 
-@endpoint("sandboxes", "release", input=SandboxIdIn, mutating=True, subject=SANDBOX,
+@endpoint("sandboxes", "release", returns=wire.SANDBOX,
+          input=SandboxIdIn, mutating=True, subject=SANDBOX,
           emits=(EventType.SANDBOX_RELEASED,))
 def sandboxes_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop a sandbox's VM; its vCPUs and memory come back once the node stopped it."""
@@ -78,7 +85,8 @@ class SandboxLogsIn(SandboxIdIn):
     lines = serializers.IntegerField(required=False, default=50, min_value=1, max_value=2000)
 
 
-@endpoint("sandboxes", "logs", input=SandboxLogsIn, mutating=False, subject=SANDBOX)
+@endpoint("sandboxes", "logs", returns=CONSOLE,
+          input=SandboxLogsIn, mutating=False, subject=SANDBOX)
 def sandboxes_logs(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """The last lines of a sandbox VM's serial console, read from its node."""
     sandbox = ctx.subject

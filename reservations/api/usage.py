@@ -8,16 +8,17 @@ from rest_framework import serializers
 
 from compute.api.inputs import ListInput
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import page_of
 from compute.paging import page
 from reservations import selectors
-from reservations.serializers import present_usage
+from reservations.serializers import USAGE, present_usage
 
 
 class UsageListIn(ListInput):
     meter = serializers.CharField(required=False, max_length=64)
 
 
-@endpoint("usage", "list", input=UsageListIn, mutating=False)
+@endpoint("usage", "list", returns=page_of(USAGE), input=UsageListIn, mutating=False)
 def usage_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Metered usage of the tenant, such as gpu.H100.hours, per ended window."""
     queryset = selectors.usage_list(tenant=ctx.tenant, meter=data.pop("meter", None))

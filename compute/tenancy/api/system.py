@@ -6,6 +6,7 @@ from typing import Any
 
 from compute.api.inputs import Input
 from compute.api.registry import CallContext, endpoint
+from compute.api.shapes import STRING, array, obj
 from compute.tenancy.selectors import principal_roles
 
 
@@ -13,7 +14,11 @@ class WhoamiIn(Input):
     pass
 
 
-@endpoint("system", "whoami", input=WhoamiIn, mutating=False)
+WHOAMI = obj(principalId=STRING, name=STRING, tenantId=STRING, tenant=STRING,
+             homeTenantId=STRING, roles=array(obj(tenantId=STRING, tenant=STRING, role=STRING)))
+
+
+@endpoint("system", "whoami", returns=WHOAMI, input=WhoamiIn, mutating=False)
 def system_whoami(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Who the caller is, its tenant and its roles."""
     return {"principalId": ctx.principal.id, "name": ctx.principal.name,

@@ -8,10 +8,11 @@ from rest_framework import serializers
 
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput
 from compute.api.registry import CallContext, Resource, endpoint
+from compute.api.shapes import page_of
 from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.selectors import root_tenant, tenant_list
-from compute.tenancy.serializers import present_tenant
+from compute.tenancy.serializers import TENANT, present_tenant
 from compute.tenancy.services import tenant_create
 
 
@@ -25,7 +26,7 @@ def _in_root(ctx: CallContext, data: dict[str, Any]) -> Resource:
     return Resource(kind="tenant", tenant_id=root_tenant().id)
 
 
-@endpoint("tenants", "create", input=TenantCreateIn, mutating=True, draft=_in_root,
+@endpoint("tenants", "create", returns=TENANT, input=TenantCreateIn, mutating=True, draft=_in_root,
           emits=(EventType.TENANT_CREATED,))
 def tenants_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a customer tenant (root administrators only)."""
@@ -40,13 +41,14 @@ def _the_acting_tenant(ctx: CallContext, data: dict[str, Any]) -> Resource:
     return Resource(kind="tenant", tenant_id=ctx.tenant.id, id=ctx.tenant.id)
 
 
-@endpoint("tenants", "get", input=TenantGetIn, mutating=False, draft=_the_acting_tenant)
+@endpoint("tenants", "get", returns=TENANT,
+          input=TenantGetIn, mutating=False, draft=_the_acting_tenant)
 def tenants_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """The tenant the call acts in (`tenantId`, by default the caller's own)."""
     return present_tenant(ctx.tenant)
 
 
-@endpoint("tenants", "list", input=ListInput, mutating=False)
+@endpoint("tenants", "list", returns=page_of(TENANT), input=ListInput, mutating=False)
 def tenants_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Tenants visible from the acting tenant (root sees all)."""
     return page(tenant_list(tenant=ctx.tenant), present=present_tenant, **data)

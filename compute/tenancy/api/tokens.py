@@ -9,11 +9,12 @@ from rest_framework import serializers
 
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
+from compute.api.shapes import STRING, extended, page_of
 from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.models import Role
 from compute.tenancy.selectors import access_token_by_id, token_list
-from compute.tenancy.serializers import present_token
+from compute.tenancy.serializers import TOKEN, present_token
 from compute.tenancy.services import token_create, token_revoke
 
 
@@ -26,7 +27,8 @@ class TokenCreateIn(Input):
                                  help_text="Add a token to this principal instead of a new one.")
 
 
-@endpoint("tokens", "create", input=TokenCreateIn, mutating=True,
+@endpoint("tokens", "create", returns=extended(TOKEN, token=STRING),
+          input=TokenCreateIn, mutating=True,
           emits=(EventType.TOKEN_CREATED,))
 def tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Mint an API token. The `token` field is shown once and never again."""
@@ -36,7 +38,7 @@ def tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return {**present_token(minted.token), "token": minted.plaintext}
 
 
-@endpoint("tokens", "list", input=ListInput, mutating=False)
+@endpoint("tokens", "list", returns=page_of(TOKEN), input=ListInput, mutating=False)
 def tokens_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """API tokens of the tenant's principals (never their secrets)."""
     return page(token_list(tenant=ctx.tenant), present=present_token, **data)
@@ -46,7 +48,7 @@ class TokenRevokeIn(Input):
     token_id = PublicIdField("tok")
 
 
-@endpoint("tokens", "revoke", input=TokenRevokeIn, mutating=True,
+@endpoint("tokens", "revoke", returns=TOKEN, input=TokenRevokeIn, mutating=True,
           subject=Subject("token", access_token_by_id, "token_id"),
           emits=(EventType.TOKEN_REVOKED,))
 def tokens_revoke(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
