@@ -216,6 +216,14 @@ def test_hostile_bodies_get_a_4xx_naming_the_problem(root, body, status, code, s
     assert says in answer.body["error"]["message"]
 
 
+@pytest.mark.parametrize("body", ["", "   "])
+def test_a_missing_body_is_400_as_the_document_says(root, body):
+    answer = root.raw("/api/compute/system/whoami", body)  # a method with no required field
+    assert (answer.status, answer.code) == (400, "invalid_argument"), answer.body
+    assert "({} when there is nothing to send)" in answer.body["error"]["message"]
+    assert root.raw("/api/compute/system/whoami", "{}").status == 200
+
+
 def test_a_start_beyond_the_horizon_is_400_not_an_overflow(root, pool):
     from tests.factories import make_node
 
