@@ -1,9 +1,10 @@
 """Models of the compute app, defined in their own modules."""
 
 from compute.events.models import Event
+from compute.iam.refusals import RefusalBudget
 from compute.idempotency import IdempotencyRecord
 from compute.queue.models import ShardLease, WorkerPresence, WorkItem
 from compute.tenancy.models import ApiToken, Principal, RoleBinding, Tenant
 
-__all__ = ["ApiToken", "Event", "IdempotencyRecord", "Principal", "RoleBinding", "ShardLease",
-           "Tenant", "WorkItem", "WorkerPresence"]
+__all__ = ["ApiToken", "Event", "IdempotencyRecord", "Principal", "RefusalBudget",
+           "RoleBinding", "ShardLease", "Tenant", "WorkItem", "WorkerPresence"]

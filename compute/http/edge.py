@@ -21,12 +21,12 @@ from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 
 from audit.context import CallStamp, stamped
-from audit.services import audit_denied
 from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
 from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge
 from compute.http.auth import authenticate
+from compute.iam.refusals import refusal_recorded
 from compute.tenancy.models import Principal, Tenant
 from compute.tenancy.selectors import TenantOutOfReach, tenant_resolve
 
@@ -59,8 +59,9 @@ def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,
         return Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
     except TenantOutOfReach:
         with stamped(CallStamp(request_id=request_id, origin="api")):
-            audit_denied(tenant_id=principal.tenant_id, actor_id=principal.id, action=action,
-                         reason="a tenant outside the caller's reach")
+            refusal_recorded(principal_id=principal.id, tenant_id=principal.tenant_id,
+                             action=action, target="",
+                             reason="a tenant outside the caller's reach")
         raise
 
 
@@ -96,7 +97,10 @@ def respond(request_id: str, work: Callable[[], Any]) -> JsonResponse:
         body, status = {"ok": True, "result": work(), "requestId": request_id}, 200
     except Exception as error:
         status, body = error_answer(error, request_id)
-    return JsonResponse(body, encoder=DjangoJSONEncoder, status=status)
+    response = JsonResponse(body, encoder=DjangoJSONEncoder, status=status)
+    if wait := (body.get("error") or {}).get("details", {}).get("retryAfterSeconds"):
+        response["Retry-After"] = str(wait)
+    return response
 
 
 def new_request_id() -> str:

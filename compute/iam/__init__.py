@@ -1,7 +1,8 @@
 """The IAM seam: every API request is decided once, here, on its draft.
 
 `decide(principal, action, resource, context)` asks the backend; `decide_or_refuse` is what
-callers use: it also audits a refusal and stamps an allowed call. The backend is
+callers use: it also audits a refusal (limited per caller: compute.iam.refusals) and stamps
+an allowed call. The backend is
 chosen by `settings.BC_IAM_BACKEND`; the embedded one reads role bindings from Postgres,
 and an external IAM service can replace it without touching any caller.
 """
@@ -16,10 +17,10 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from audit.context import CallStamp, stamped
-from audit.services import audit_denied
 from bcd.contract import ids
 from compute.api.registry import Resource
 from compute.errors import PermissionDenied
+from compute.iam.refusals import refusal_recorded
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ def decide_or_refuse(principal: Any, action: str, resource: Resource, *, tenant_
                       decision_reason=decision.reason, origin=origin)
     if not decision.allowed:
         with stamped(stamp):
-            audit_denied(tenant_id=tenant_id, actor_id=principal.id, action=action,
-                         target=resource.id or "", reason=decision.reason)
+            refusal_recorded(principal_id=principal.id, tenant_id=tenant_id, action=action,
+                             target=resource.id or "", reason=decision.reason)
         raise PermissionDenied(f"not allowed: {decision.reason}", action=action,
                                decisionId=decision.id)
     return stamp
