@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
 from compute.errors import ComputeError
+from compute.metrics import CONFLICTS, RETRIES
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,6 +49,7 @@ def retrying(func: Callable[P, R]) -> Callable[P, R]:
             except OperationalError as error:
                 if sqlstate(error) not in RETRYABLE_SQLSTATES or attempt == MAX_ATTEMPTS:
                     raise
+                RETRIES.inc()
                 time.sleep(random.uniform(0, 0.01 * 2**attempt))  # noqa: S311 (jitter)
         raise AssertionError("unreachable")
 
@@ -60,9 +62,11 @@ def constraint_errors(mapping: dict[str, Callable[[], ComputeError]]) -> Iterato
     try:
         yield
     except IntegrityError as error:
-        factory = mapping.get(constraint_name(error) or "")
+        name = constraint_name(error) or ""
+        factory = mapping.get(name)
         if factory is None:
             raise
+        CONFLICTS.labels(constraint=name).inc()
         raise factory() from error
 
 

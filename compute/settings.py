@@ -146,9 +146,14 @@ BC_KEK_FILE = env("KEK_FILE")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+                   "json": {"format": "%(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"},
+                 "requests": {"class": "logging.StreamHandler", "formatter": "json"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    # One JSON object per API request (compute.http.envelope.seen), nothing around it.
+    "loggers": {"compute.requests": {"handlers": ["requests"], "propagate": False,
+                                     "level": env("REQUEST_LOG_LEVEL", "INFO")}},
 }
 
 # django-q2 runs the periodic jobs (compute/schedules.py) on the Postgres ORM broker:

@@ -28,7 +28,10 @@ from bcd.contract.version import version
               help="Joins (TLS: a joining machine has no certificate yet).")
 @click.option("--api-url", envvar="BETTER_COMPUTE_API_URL", default="http://127.0.0.1:3000",
               show_default=True, help="The API that joins and renewals are relayed to.")
-def main(cert_dir: str, listen: str, join_listen: str, api_url: str) -> None:
+@click.option("--metrics-listen", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus metrics (/metrics) here; none by default.")
+def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
+         metrics_listen: str | None) -> None:
     """Run the gateway: it holds node sessions, writes their reports to Postgres and relays
     joins and renewals to the API. It holds no CA and no signing key, and never calls IAM."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
@@ -38,12 +41,15 @@ def main(cert_dir: str, listen: str, join_listen: str, api_url: str) -> None:
     import django
 
     django.setup()
+    from compute.metrics import serve_metrics
     from compute.settings import env
     from fleet.pki import trust_domain
     from gateway.server import serve
 
     logging.basicConfig(level=env("LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if metrics_listen:
+        serve_metrics(metrics_listen)
 
     async def run() -> None:
         task = asyncio.create_task(serve(listen=listen, join_listen=join_listen,

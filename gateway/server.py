@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +23,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from django.conf import settings
 from django.db import close_old_connections
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from compute.errors import ComputeError
+from compute.metrics import HEARTBEAT_LAG, REPORT_DUPLICATES, SESSIONS
 from fleet import selectors
 from fleet.services import sessions
 from gateway.sessions import BULK_WINDOW, Session
 from reservations.services import binding, sandbox_reports
 
+AGENT_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"].full_name
 logger = logging.getLogger("gateway")
 
 
@@ -128,6 +132,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         if older is not None:
             older.close("a newer session of this node opened")
         self.sessions[identity.node_id] = session
+        SESSIONS.set(len(self.sessions))
         yield pb.GatewayMessage(lane=pb.CONTROL, welcome=pb.Welcome(
             epoch=epoch, heartbeat_seconds=settings.BC_HEARTBEAT_SECONDS,
             lease_seconds=settings.BC_NODE_LEASE_SECONDS, node_id=identity.node_id))
@@ -148,6 +153,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 task.cancel()
             if self.sessions.get(identity.node_id) is session:
                 del self.sessions[identity.node_id]
+            SESSIONS.set(len(self.sessions))
 
     async def _read(self, session: Session, request_iterator: Any) -> None:
         try:
@@ -184,6 +190,8 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         if kind == "heartbeat":
             self.beats[node] = session.epoch
             self.heartbeats_received += 1
+            if sent := message.heartbeat.sent_at_ms:  # a node's clock ahead of ours reads 0
+                HEARTBEAT_LAG.observe(max(0.0, time.time() - sent / 1000))
             return
         if kind == "inventory":
             try:
@@ -196,6 +204,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                               action="node.inventory", reason=refusal.message)
                 new = False
             session.bulk_outstanding -= 1
+            REPORT_DUPLICATES.inc(0 if new else 1)
             session.send(pb.GatewayMessage(lane=pb.BULK, ack=pb.Ack(
                 report_id=message.report_id, duplicate=not new)))
             session.send(pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
@@ -207,6 +216,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                                 report_id=message.report_id, command_id=result.command_id,
                                 status=result.status, body=result.json,
                                 signature=result.signature)
+            REPORT_DUPLICATES.inc(0 if new else 1)
             session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
                 report_id=message.report_id, duplicate=not new)))
         elif kind in ("bound", "released", "failed", "vm"):
@@ -322,9 +332,13 @@ async def serve(*, listen: str, join_listen: str, api_url: str, cert_dir: str,
         holder["gateway"] = gateway
     server = grpc.aio.server(options=[("grpc.keepalive_time_ms", 20_000)])
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(gateway, server)
+    health_servicer = health.aio.HealthServicer()  # grpc.health.v1, on both ports
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_secure_port(listen, session_credentials)
     server.add_secure_port(join_listen, join_credentials)
     await server.start()
+    for service in ("", AGENT_SERVICE):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     keeper = asyncio.create_task(gateway.housekeeping())
     logger.info("gateway: sessions on %s, joins on %s (API %s)", listen, join_listen, api_url)
     if ready is not None:
@@ -333,5 +347,6 @@ async def serve(*, listen: str, join_listen: str, api_url: str, cert_dir: str,
         await server.wait_for_termination()
     finally:
         keeper.cancel()
+        await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
         await asyncio.to_thread(gateway.close)

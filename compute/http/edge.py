@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ from compute.tenancy.selectors import TenantOutOfReach, tenant_resolve
 logger = logging.getLogger("compute.http")
 MAX_BODY_BYTES = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
+# Who the current request turned out to be (principal id, tenant id), for its log line.
+CALLER: ContextVar[tuple[str, str] | None] = ContextVar("caller", default=None)
 
 @dataclass(frozen=True)
 class Caller:
@@ -55,14 +58,17 @@ def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,
               action: str) -> Caller:
     """The caller in the tenant it names. A tenant outside its reach answers as a missing
     one, and the attempt is audited in the caller's own tenant, not in the one it probed."""
+    CALLER.set((principal.id, principal.tenant_id))
     try:
-        return Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
+        who = Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
     except TenantOutOfReach:
         with stamped(CallStamp(request_id=request_id, origin="api")):
             refusal_recorded(principal_id=principal.id, tenant_id=principal.tenant_id,
                              action=action, target="",
                              reason="a tenant outside the caller's reach")
         raise
+    CALLER.set((principal.id, who.tenant.id))
+    return who
 
 
 def decide_once(who: Caller, action: str, resource: Resource) -> CallStamp:
@@ -98,6 +104,7 @@ def respond(request_id: str, work: Callable[[], Any]) -> JsonResponse:
     except Exception as error:
         status, body = error_answer(error, request_id)
     response = JsonResponse(body, encoder=DjangoJSONEncoder, status=status)
+    response["X-Request-Id"] = request_id
     if wait := (body.get("error") or {}).get("details", {}).get("retryAfterSeconds"):
         response["Retry-After"] = str(wait)
     return response

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -13,9 +16,11 @@ from compute.api.inputs import first_error
 from compute.api.registry import REGISTRY, CallContext, Endpoint
 from compute.errors import InvalidArgument, NotFound
 from compute.http.auth import authenticate
-from compute.http.edge import acting_as, decide_once, error_answer, new_request_id, respond
+from compute.http.edge import CALLER, acting_as, decide_once, error_answer, new_request_id, respond
+from compute.metrics import API_REQUESTS, API_SECONDS
 from compute.tenancy.models import Principal
 
+REQUESTS_LOG = logging.getLogger("compute.requests")
 
 class EnvelopeView(APIView):
     authentication_classes: list[type] = []
@@ -23,7 +28,12 @@ class EnvelopeView(APIView):
 
     def post(self, request: Request, group: str, method: str) -> JsonResponse:
         request_id = new_request_id()
-        return respond(request_id, lambda: self._call(request, group, method, request_id))
+        began = time.perf_counter()
+        CALLER.set(None)
+        response = respond(request_id, lambda: self._call(request, group, method, request_id))
+        seen(f"{group}.{method}" if (group, method) in REGISTRY else "unknown",
+             response, time.perf_counter() - began)
+        return response
 
     def perform_authentication(self, request: Request) -> None:
         """The envelope authenticates itself (compute.http.auth); DRF's pass would replace
@@ -46,6 +56,17 @@ class EnvelopeView(APIView):
         if not isinstance(body, dict):
             raise InvalidArgument("body must be a JSON object")
         return call(principal, f"{group}.{method}", dict(body), request_id)
+
+
+def seen(method: str, response: JsonResponse, seconds: float) -> None:
+    """Count, time and log one envelope call: a JSON line per request on `compute.requests`."""
+    API_REQUESTS.labels(method=method, status=str(response.status_code)).inc()
+    API_SECONDS.labels(method=method).observe(seconds)
+    principal_id, tenant_id = CALLER.get() or (None, None)
+    REQUESTS_LOG.info(json.dumps({
+        "requestId": response["X-Request-Id"], "method": method,
+        "status": response.status_code, "durationMs": round(seconds * 1000, 1),
+        "principal": principal_id, "tenant": tenant_id}))
 
 
 def call(principal: Principal, action: str, body: dict[str, Any], request_id: str) -> Any:

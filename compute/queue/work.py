@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from compute.metrics import WORK_DONE
 from compute.queue.models import SHARDS, ShardLease, WorkerPresence, WorkItem
 
 logger = logging.getLogger("compute.queue")
@@ -121,11 +122,13 @@ class Worker:
                 HANDLERS[kind](key)
             except Exception as error:  # the item stays queued and backs off
                 logger.exception("work item %s:%s failed", kind, key)
+                WORK_DONE.labels(kind=kind, outcome="failed").inc()
                 WorkItem.objects.filter(pk=item_id).update(
                     attempts=F("attempts") + 1, last_error=str(error)[:300],
                     due_at=timezone.now() + timedelta(seconds=2 ** random.randint(1, 6)))  # noqa: S311
                 continue
             WorkItem.objects.filter(pk=item_id, version=version).delete()
+            WORK_DONE.labels(kind=kind, outcome="done").inc()
             done += 1
         return done
 

@@ -12,6 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
 from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
@@ -19,6 +21,7 @@ from bcd.contract.holds import Hold
 from compute.db import database_now
 from compute.events.services import event_emit
 from compute.events.types import EventType
+from compute.metrics import BIND_SECONDS
 from fleet.models import Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
@@ -110,6 +113,9 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
                    "simulated": bool(node.simulated_root)}
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
+    if rsv.placed_at is not None:
+        waited = (timezone.now() - rsv.placed_at).total_seconds()
+        transaction.on_commit(lambda: BIND_SECONDS.observe(max(0.0, waited)))
     audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
                  target=rsv.id, data={"allocationId": allocation.id}, reason="signed by node")
     event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_ACTIVE, subject=rsv.id,

@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 from compute.db import conninfo
+from compute.metrics import serve_metrics
 from compute.queue.work import WAKE_CHANNEL, Worker
 
 logger = logging.getLogger("compute.queue")
@@ -34,6 +35,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--loop", action="store_true")
+        parser.add_argument("--metrics-listen", metavar="HOST:PORT", default=None,
+                            help="serve Prometheus metrics (/metrics) here")
         parser.add_argument("--interval", type=float, default=1.0,
                             help="seconds between timer sweeps (window starts and ends, "
                                  "binding timeouts, node liveness)")
@@ -42,7 +45,10 @@ class Command(BaseCommand):
                             help="extra handler modules to load (tests)")
 
     def handle(self, *args: object, loop: bool, interval: float, lease: float,
-               imports: list[str], **options: object) -> None:
+               imports: list[str], metrics_listen: str | None = None,
+               **options: object) -> None:
+        if metrics_listen:
+            serve_metrics(metrics_listen)
         for module in imports:
             importlib.import_module(module)
         sweepers = []

@@ -1,0 +1,108 @@
+"""/metrics in Prometheus' exposition format (parsed with prometheus-client's own parser),
+/healthz and /readyz, the request id header and the one JSON log line per request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.factories import make_node
+
+
+def scrape(client) -> dict[tuple[str, tuple], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.content.decode())
+            for sample in family.samples}
+
+
+def value(series, name: str, **labels: str) -> float:
+    return series.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_a_booking_moves_its_series(client, root, pool):
+    make_node(pool["id"])
+    before = scrape(client)
+    booked = root("reservations.create", poolId=pool["id"], duration=3_600_000,
+                  devices=[{"class": "gpu", "count": 2}])
+    waiting = root("reservations.create", poolId=pool["id"], duration=3_600_000,
+                   devices=[{"class": "gpu", "count": 8}])  # the node has 6 left: it waits
+    refused = root.call("reservations.get", reservationId="rsv_01jbx0000000000000000000aa")
+    after = scrape(client)
+    assert (booked["state"], waiting["state"], refused.status) == ("placed", "pending", 404)
+    ok = {"method": "reservations.create", "status": "200"}
+    assert value(after, "bc_api_requests_total", **ok) - value(
+        before, "bc_api_requests_total", **ok) == 2
+    missing = {"method": "reservations.get", "status": "404"}
+    assert value(after, "bc_api_requests_total", **missing) - value(
+        before, "bc_api_requests_total", **missing) == 1
+    timed = {"method": "reservations.create"}
+    assert value(after, "bc_api_request_seconds_count", **timed) - value(
+        before, "bc_api_request_seconds_count", **timed) == 2
+    assert value(after, "bc_reservations_pending", pool=pool["id"]) == 1
+    assert_queue_series(client)
+
+
+def assert_queue_series(client) -> None:
+    from django.db.models import Count
+    from django.utils import timezone
+
+    from compute.queue.models import WorkItem
+    from compute.queue.work import enqueue
+
+    enqueue("test.metrics", "x")
+    due = dict(WorkItem.objects.filter(due_at__lte=timezone.now()).values_list("kind")
+               .annotate(n=Count("id")).values_list("kind", "n"))
+    series = scrape(client)
+    assert due["test.metrics"] == 1
+    assert {kind: value(series, "bc_work_queue_depth", kind=kind) for kind in due} == due
+    assert value(series, "bc_work_queue_oldest_seconds", kind="test.metrics") >= 0
+
+
+def test_health_readiness_request_ids_and_the_request_log(client, root):
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("compute.requests")
+    logger.addHandler(handler)
+    try:
+        answer = client.post("/api/compute/system/whoami", data="{}",
+                             content_type="application/json",
+                             headers={"Authorization": f"Bearer {root.token}"})
+    finally:
+        logger.removeHandler(handler)
+    assert answer["X-Request-Id"] == answer.json()["requestId"]
+    [line] = [json.loads(line) for line in lines]
+    assert line["requestId"] == answer["X-Request-Id"]
+    assert (line["method"], line["status"]) == ("system.whoami", 200)
+    assert line["principal"] == answer.json()["result"]["principalId"]
+    assert line["tenant"] == answer.json()["result"]["tenantId"]
+    assert line["durationMs"] >= 0
+    assert client.get("/healthz").json() == {"ok": True}
+    assert client.get("/readyz").json() == {"ok": True}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
+                    reason="stops and starts the embedded server; DATABASE_URL names another")
+def test_readyz_fails_while_the_database_is_stopped_and_recovers(client, embedded_postgres):
+    from django.db import connections
+
+    assert client.get("/readyz").status_code == 200
+    connections.close_all()
+    embedded_postgres.halt()
+    try:
+        down = client.get("/readyz")
+        alive = client.get("/healthz").status_code
+        series = client.get("/metrics").status_code  # the process's own series still served
+    finally:
+        embedded_postgres.start()
+    assert (down.status_code, alive, series) == (503, 200, 200)
+    assert "the database does not answer" in down.json()["problems"][0]
+    assert client.get("/readyz").status_code == 200
