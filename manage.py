@@ -7,9 +7,10 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
-    from compute.pg import ensure_database_url
+    from compute.pg import NO_DATABASE, database_url, persistent
 
-    ensure_database_url()
+    if not database_url() and sys.argv[1:2] not in (["check"], ["help"], ["--help"], []):
+        sys.stderr.write(f"manage.py: {NO_DATABASE.format(where=persistent().data_dir)}\n")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

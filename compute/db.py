@@ -7,11 +7,12 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.db import IntegrityError, OperationalError, connection
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
+from psycopg.conninfo import make_conninfo
 
 from compute.errors import ComputeError
 from compute.metrics import CONFLICTS, RETRIES
@@ -70,15 +71,17 @@ def constraint_errors(mapping: dict[str, Callable[[], ComputeError]]) -> Iterato
         raise factory() from error
 
 
-def conninfo() -> str:
+def conninfo(db: dict[str, Any] | None = None) -> str:
     """A libpq connection string for the default database, for a connection of one's own
-    (a LISTEN that must outlive Django's per-request connections)."""
+    (a LISTEN that must outlive Django's per-request connections): the same hosts, TLS and
+    session attributes as Django's."""
     from django.conf import settings
 
-    db = settings.DATABASES["default"]
+    db = db or settings.DATABASES["default"]
     parts = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"],
-             "host": db["HOST"], "port": db["PORT"]}
-    return " ".join(f"{k}='{v}'" for k, v in parts.items() if v)
+             "host": db["HOST"], "port": db["PORT"],
+             **{k: v for k, v in db["OPTIONS"].items() if isinstance(v, str | int)}}
+    return make_conninfo(**{k: v for k, v in parts.items() if v != ""})
 
 
 def advisory_xact_lock(name: str) -> None:

@@ -1,27 +1,53 @@
-"""Turn a `postgresql://` URL into Django's DATABASES entry."""
+"""Turn a `postgresql://` URL into Django's DATABASES entry, as libpq reads it: several hosts
+(`postgresql://u@a:5432,b:5432/db?target_session_attrs=read-write`), a socket folder
+(`?host=/run/postgresql`), and every other libpq parameter (`sslmode`, `sslrootcert`,
+`connect_timeout`, ...) passed through to the connection."""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-_OPTION_KEYS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "options"}
+
+def _hosts_and_ports(hostlist: str) -> tuple[str, str]:
+    """`a:5432,[::1]:5433,b` -> ("a,::1,b", "5432,5433,") as libpq's comma lists."""
+    hosts, ports = [], []
+    for item in filter(None, hostlist.split(",")):
+        if item.startswith("["):  # an IPv6 address
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if port and not port.isdigit():
+            raise ValueError(f"DATABASE_URL: port {port!r} of host {host!r} is not a number")
+        hosts.append(unquote(host))
+        ports.append(port)
+    return ",".join(hosts), ",".join(ports) if any(ports) else ""
 
 
 def parse_database_url(url: str) -> dict[str, Any]:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
         raise ValueError(f"DATABASE_URL must be a postgresql:// URL, got scheme {parts.scheme!r}")
-    query = dict(parse_qsl(parts.query))
-    host = query.pop("host", None) or unquote(parts.hostname or "")
-    options = {k: v for k, v in query.items() if k in _OPTION_KEYS}
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    host, port = _hosts_and_ports(hostlist)
+    options: dict[str, str] = dict(parse_qsl(parts.query))
+    host = options.pop("host", "") or host
+    port = options.pop("port", "") or port
     return {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
-        "USER": unquote(parts.username or "postgres"),
-        "PASSWORD": unquote(parts.password or ""),
+        "NAME": unquote(options.pop("dbname", "") or parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(options.pop("user", "") or user or "postgres"),
+        "PASSWORD": unquote(options.pop("password", "") or password),
         "HOST": host,
-        "PORT": str(parts.port or ""),
+        "PORT": port,
         "OPTIONS": options,
         "CONN_MAX_AGE": 0,
     }
+
+
+def networked(database: dict[str, Any]) -> bool:
+    """Whether the database is reached over the network (so other hosts may share it), not
+    through a local socket folder."""
+    return any(host and not host.startswith("/") for host in database["HOST"].split(","))

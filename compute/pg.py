@@ -167,12 +167,26 @@ def throwaway() -> EmbeddedPostgres:
     return EmbeddedPostgres(root / f"pg-{secrets.token_hex(4)}", throwaway=True)
 
 
-def ensure_database_url() -> str:
-    """Return `DATABASE_URL`, starting the persistent embedded server when it is unset."""
+NO_DATABASE = ("DATABASE_URL is not set and no embedded server runs in {where}: point "
+               "DATABASE_URL at your Postgres, or run `better-compute dev` (its env file sets "
+               "DATABASE_URL)")
+
+
+def database_url() -> str | None:
+    """`DATABASE_URL`, else the persistent embedded server's while it runs (`better-compute
+    dev` started it). Nothing but `dev` starts an embedded server."""
     url = os.environ.get("DATABASE_URL")
-    if not url:
-        url = persistent().start().url
+    if not url and (server := persistent()).is_running():
+        url = server.url
         os.environ["DATABASE_URL"] = url
+    return url
+
+
+def require_database_url() -> str:
+    """The database a long-running process needs, or a clear exit naming what to set."""
+    url = database_url()
+    if not url:
+        raise SystemExit(NO_DATABASE.format(where=persistent().data_dir))
     return url
 
 

@@ -12,8 +12,10 @@ import contextlib
 import os
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from compute import pg
-from compute.dburl import parse_database_url
+from compute.dburl import networked, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -32,7 +34,27 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 DEBUG = _env_bool("DEBUG", False)
-SECRET_KEY = env("SECRET_KEY") or pg.local_secret("django-secret-key")
+DATABASES = {
+    "default": parse_database_url(os.environ.get("DATABASE_URL") or pg.persistent().url),
+}
+# A database on the network may be shared by several hosts: the secrets every host must hold
+# alike are then required from the environment (or a file), never made up on one host.
+SHARED_DATABASE = networked(DATABASES["default"])
+
+
+def _shared_secret(name: str, purpose: str) -> str:
+    value = env(name)
+    if not value and (path := env(f"{name}_FILE")):
+        value = Path(path).read_text().strip()
+    if not value and SHARED_DATABASE:
+        raise ImproperlyConfigured(
+            f"BETTER_COMPUTE_{name} (or BETTER_COMPUTE_{name}_FILE) is required with a "
+            f"database on the network: every host must share {purpose}")
+    return value
+
+
+SECRET_KEY = (_shared_secret("SECRET_KEY", "Django's secret key (sessions, CSRF)")
+              or pg.local_secret("django-secret-key"))
 ALLOWED_HOSTS = [h for h in env("ALLOWED_HOSTS", "*").split(",") if h]
 
 INSTALLED_APPS = [
@@ -80,9 +102,6 @@ TEMPLATES = [
 ]
 WSGI_APPLICATION = "compute.wsgi.application"
 
-DATABASES = {
-    "default": parse_database_url(os.environ.get("DATABASE_URL") or pg.persistent().url),
-}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 USE_TZ = True
@@ -142,6 +161,10 @@ BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))
 # or a file holding it; neither set: a 0600 file made on first use under the state dir.
 BC_KEK = env("KEK")
 BC_KEK_FILE = env("KEK_FILE")
+if SHARED_DATABASE and not (BC_KEK or BC_KEK_FILE):
+    raise ImproperlyConfigured(
+        "BETTER_COMPUTE_KEK (or BETTER_COMPUTE_KEK_FILE) is required with a database on the "
+        "network: every host must seal and unseal the PKI and audit keys with the same key")
 
 LOGGING = {
     "version": 1,

@@ -35,9 +35,9 @@ def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
     """Run the gateway: it holds node sessions, writes their reports to Postgres and relays
     joins and renewals to the API. It holds no CA and no signing key, and never calls IAM."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
-    from compute.pg import ensure_database_url
+    from compute.pg import require_database_url
 
-    ensure_database_url()
+    require_database_url()
     import django
 
     django.setup()

@@ -58,7 +58,8 @@ def test_each_unit_runs_a_command_this_install_has(installed):
         for line in unit.read_text().splitlines():
             if line.startswith(("ExecStart=", "ExecStartPre=")):
                 argv = shlex.split(line.split("=", 1)[1])
-                assert argv[0] == sys.executable and argv[1] == "-m", line
+                assert argv[0] == sys.executable, line
+                assert argv[1] == "-m", line
                 head = argv[:3] if argv[2] != "django" else argv[:4]
                 shown = subprocess.run([*head, "--help"], capture_output=True, text=True,
                                        env=env, timeout=120, check=False)

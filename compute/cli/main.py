@@ -98,10 +98,10 @@ def workers(count: int) -> None:
     import time
 
     from compute.cli.dev import Stack
-    from compute.pg import ensure_database_url
+    from compute.pg import require_database_url
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "compute.settings",
-           "DATABASE_URL": ensure_database_url()}
+           "DATABASE_URL": require_database_url()}
     argv = [sys.executable, "-m", "django"]
     stack = Stack()  # a worker that dies is restarted, with backoff
     for n in range(1, count + 1):
