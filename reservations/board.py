@@ -22,6 +22,7 @@ class Gpu:
     nvlink_domain: str
     health: str
     reservation_id: str  # the reservation holding it now, or ""
+    maintenance_id: str = ""  # the maintenance window holding it now, or ""
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT d.node_id, d.index, d.product, d.nvlink_domain, d.health, "
-            "       coalesce(a.reservation_id, '') "
+            "       coalesce(a.reservation_id, ''), coalesce(b.maintenance_id, '') "
             "FROM fleet_device d "
             "LEFT JOIN reservations_booking b ON b.device_id = d.id AND b.during @> now() "
             "LEFT JOIN reservations_allocation a ON a.id = b.allocation_id "

@@ -27,15 +27,21 @@ from reservations.placement import choose
 def capacity_rollup(pool: Pool) -> dict[str, Any]:
     """Per resource: total, allocatable, allocated (held now), reserved (with a booking that
     starts later) and available now; plus GPUs provisioning, unhealthy, in maintenance or
-    unreachable. Allocatable means on a node the placer considers."""
+    unreachable. Allocatable means on a node the placer considers. In maintenance: on a
+    cordoned node, or inside a maintenance window now."""
     now = database_now()
     instant = DateTimeTZRange(now, now, "[]")
-    held_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant)
-    booked_later = Booking.objects.filter(device=OuterRef("pk"), during__startswith__gt=now)
+    held_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant,
+                                      allocation__isnull=False)
+    booked_later = Booking.objects.filter(device=OuterRef("pk"), during__startswith__gt=now,
+                                          allocation__isnull=False)
+    serviced_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant,
+                                          maintenance__isnull=False)
     gpus = (Device.objects.filter(node__pool=pool, present=True, device_class=DeviceClass.GPU)
-            .annotate(held=Exists(held_now), later=Exists(booked_later)))
+            .annotate(held=Exists(held_now), later=Exists(booked_later),
+                      serviced=Exists(serviced_now)))
     schedulable = Q(node__in=Node.objects.filter(pool=pool).filter(SCHEDULABLE)) & Q(
-        health=Health.HEALTHY)
+        health=Health.HEALTHY, serviced=False)
     counts = gpus.aggregate(
         total=Count("pk"),
         allocatable=Count("pk", filter=schedulable),
@@ -45,7 +51,7 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
         provisioning=Count("pk", filter=~Q(node__provision_state=PS.ADOPTED)),
         unhealthy=Count("pk", filter=Q(health=Health.UNHEALTHY) | Q(
             node__health=Health.UNHEALTHY)),
-        maintenance=Count("pk", filter=Q(node__cordoned=True)),
+        maintenance=Count("pk", filter=Q(node__cordoned=True) | Q(serviced=True)),
         unreachable=Count("pk", filter=Q(node__connectivity=Connectivity.UNREACHABLE)),
     )
     nodes = Node.objects.filter(pool=pool)

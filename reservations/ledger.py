@@ -101,17 +101,45 @@ class Allocation(models.Model):
         return self.id
 
 
-class Booking(models.Model):
-    """One device atom held over a time range. No two bookings of a device overlap: the
-    EXCLUDE constraint `reservations_booking_device_no_overlap` (migration 0004) says so."""
+class MaintenanceWindow(models.Model):
+    """A node taken out of service for a window of time: it books every GPU of the node for
+    the window (so the EXCLUDE constraint refuses what overlaps, both ways) and takes no
+    sandbox while it lasts."""
 
-    allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE,
+    id = id_field("mnt")
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT,
+                             related_name="maintenance_windows")
+    during = DateTimeRangeField()
+    reason = models.CharField(max_length=300)
+    created_by = models.CharField(max_length=40)
+    created_at = models.DateTimeField(default=timezone.now)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.during}: {self.reason}"
+
+
+class Booking(models.Model):
+    """One device atom held over a time range, by an allocation or a maintenance window. No
+    two bookings of a device overlap: the EXCLUDE constraint
+    `reservations_booking_device_no_overlap` (migration 0004) says so."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE, null=True,
                                    related_name="bookings")
+    maintenance = models.ForeignKey(MaintenanceWindow, on_delete=models.CASCADE, null=True,
+                                    related_name="bookings")
     device = models.ForeignKey("fleet.Device", on_delete=models.PROTECT, related_name="bookings")
     during = DateTimeRangeField()
 
     class Meta:
         indexes = [models.Index(fields=["allocation"], name="reservations_booking_alloc")]
+        constraints = [models.CheckConstraint(
+            condition=models.Q(allocation__isnull=False, maintenance__isnull=True)
+            | models.Q(allocation__isnull=True, maintenance__isnull=False),
+            name="reservations_booking_one_holder")]
 
     def __str__(self) -> str:
         return f"{self.device_id} {self.during}"

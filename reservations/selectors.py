@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 
 from compute.guards import one_visible
 from compute.tenancy.models import Tenant
-from reservations.ledger import Reservation
+from reservations.ledger import MaintenanceWindow, Reservation
 from reservations.offerings import Offering
 from reservations.sandboxes import Sandbox
 from reservations.usage import UsageRecord
@@ -47,3 +47,16 @@ def access_sandbox_by_id(*, tenant: Tenant, sandbox_id: str, lock: bool = False)
 def usage_list(*, tenant: Tenant, meter: str | None = None) -> QuerySet[UsageRecord]:
     queryset = UsageRecord.objects.filter(tenant=tenant)
     return queryset.filter(meter=meter) if meter else queryset
+
+
+def maintenance_list(*, tenant: Tenant, node_id: str | None = None
+                     ) -> QuerySet[MaintenanceWindow]:
+    """Maintenance windows of the nodes in the tenant's own pools."""
+    queryset = MaintenanceWindow.objects.filter(node__pool__tenant=tenant)
+    return queryset.filter(node_id=node_id) if node_id else queryset
+
+
+def access_maintenance_by_id(*, tenant: Tenant, window_id: str,
+                             lock: bool = False) -> MaintenanceWindow:
+    return one_visible(maintenance_list(tenant=tenant), window_id, noun="maintenance window",
+                       field="windowId", lock=lock)

@@ -24,6 +24,7 @@ PREFIXES: dict[str, str] = {
     "evt": "event",
     "img": "image",
     "jtk": "join token",
+    "mnt": "maintenance window",
     "node": "node",
     "off": "offering",
     "pool": "pool",

@@ -70,6 +70,43 @@ def nodes_uncordon(node_id: str, reason: str | None) -> dict[str, Any]:
     return {"nodeId": node_id, "reason": reason}
 
 
+@api_command(nodes, "maintenance", "maintenance.create")
+@click.argument("node_id")
+@click.option("--from", "start", default=None,
+              help="When it starts: +2h (from now) or an ISO 8601 time; absent: now.")
+@click.option("--for", "duration", type=Duration(), required=True, help="How long, e.g. 4h.")
+@click.option("--reason", required=True, help="Why, e.g. 'PSU swap'.")
+@click.option("--move", is_flag=True,
+              help="Place the bookings in the way that have not started on other nodes.")
+def nodes_maintenance(node_id: str, start: str | None, duration: int, reason: str,
+                      move: bool) -> dict[str, Any]:
+    """Take a node out of service for a window: refused naming the bookings it overlaps,
+    unless --move places them elsewhere (all or none)."""
+    return {"nodeId": node_id, "duration": duration, "reason": reason, "move": move,
+            **start_fields(start)}
+
+
+@click.group()
+def maintenance() -> None:
+    """Maintenance windows of your nodes."""
+
+
+@api_command(maintenance, "list", "maintenance.list",
+             columns=["id", "nodeId", "start", "end", "reason", "cancelledAt"])
+@click.option("--node", "node_id", default=None)
+def maintenance_list(node_id: str | None) -> dict[str, Any]:
+    """Windows, optionally of one node."""
+    return {"nodeId": node_id}
+
+
+@api_command(maintenance, "cancel", "maintenance.cancel")
+@click.argument("window_id")
+@click.option("--reason", default=None)
+def maintenance_cancel(window_id: str, reason: str | None) -> dict[str, Any]:
+    """End a window now, or drop it before it starts."""
+    return {"windowId": window_id, "reason": reason}
+
+
 def request_shape(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None,
                   product: str | None, selector: str | None) -> dict[str, Any]:
     return {"poolId": pool, "duration": duration, "model": model, "product": product,
@@ -325,4 +362,4 @@ def usage_list(meter: str | None) -> dict[str, Any]:
     return {"meter": meter}
 
 
-COMMANDS = [nodes, capacity, reserve, reservations, release, extend, sandboxes, usage]
+COMMANDS = [nodes, maintenance, capacity, reserve, reservations, release, extend, sandboxes, usage]

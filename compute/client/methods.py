@@ -126,6 +126,32 @@ class JoinTokens(Group):
             "tenantId": tenant_id}, retry=False)
 
 
+class Maintenance(Group):
+    """maintenance.* methods."""
+
+    def cancel(self, *, window_id: str, reason: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """End a window now (or drop it before it starts)."""
+        return self._call("maintenance.cancel", {"windowId": window_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
+    def create(self, *, node_id: str, duration: int, reason: str, start: str | None = None,
+            start_in: int | None = None, move: bool | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Take a node out of service for a window: refused naming the bookings it overlaps,
+        unless `move` places those that have not started elsewhere.
+        """
+        return self._call("maintenance.create", {"nodeId": node_id, "duration": duration,
+            "reason": reason, "start": start, "startIn": start_in, "move": move,
+            "tenantId": tenant_id}, retry=False)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            node_id: str | None = None, tenant_id: str | None = None) -> Any:
+        """Maintenance windows of your nodes (cancelled ones too)."""
+        return self._call("maintenance.list", {"limit": limit, "after": after, "nodeId": node_id,
+            "tenantId": tenant_id}, retry=True)
+
+
 class Nodes(Group):
     """nodes.* methods."""
 
@@ -373,6 +399,7 @@ GROUPS: dict[str, type[Group]] = {
     "events": Events,
     "images": Images,
     "join_tokens": JoinTokens,
+    "maintenance": Maintenance,
     "nodes": Nodes,
     "offerings": Offerings,
     "pki": Pki,

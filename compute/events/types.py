@@ -34,6 +34,8 @@ class EventType(models.TextChoices):
     NODE_ADOPTED = "node.adopted"
     NODE_CORDONED = "node.cordoned"
     NODE_UNCORDONED = "node.uncordoned"
+    NODE_MAINTENANCE_SCHEDULED = "node.maintenance.scheduled"
+    NODE_MAINTENANCE_CANCELLED = "node.maintenance.cancelled"
     RESERVATION_PENDING = "reservation.pending"
     RESERVATION_PLACED = "reservation.placed"
     RESERVATION_BINDING = "reservation.binding"

@@ -17,7 +17,7 @@ ROLE_ACTIONS: dict[str, tuple[str, ...]] = {
     Role.VIEWER: _READ,
     Role.MEMBER: (*_READ, "reservations.*", "sandboxes.*"),
     Role.OPERATOR: (*_READ, "reservations.*", "sandboxes.*", "sites.*", "pools.*", "nodes.*",
-                    "joinTokens.*", "offerings.*"),
+                    "maintenance.*", "joinTokens.*", "offerings.*"),
     Role.ADMIN: ("*",),
 }
 

@@ -106,6 +106,24 @@ def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, mem
     return allocation
 
 
+def later_start(now: datetime, start: datetime | None, start_in_ms: int | None
+                ) -> datetime | None:
+    """A request's start from `start` or `startIn` (ms from now), None for now; refused when
+    in the past or beyond the horizon."""
+    if start is not None and start_in_ms is not None:
+        raise InvalidArgument("give start or startIn, not both", field="startIn")
+    if start_in_ms:
+        return now + timedelta(milliseconds=start_in_ms)
+    if start is None:
+        return None
+    if start < now - PAST_START_SLACK:
+        raise InvalidArgument(f"start: {start.isoformat()} is in the past", field="start")
+    if start > now + MAX_START_AHEAD:
+        raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
+                              field="start")
+    return start if start > now else None
+
+
 def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
     payload = {"poolId": rsv.pool_id, "nodeId": allocation.node_id, "gpus": rsv.gpu_count,
                "allocationId": allocation.id, "start": rsv.starts_at, "end": rsv.ends_at}
@@ -152,17 +170,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     parse_selector(selector)
     now = database_now()
     requested_start = None
-    if start is not None and start_in_ms is not None:
-        raise InvalidArgument("give start or startIn, not both", field="startIn")
-    if start_in_ms:
-        requested_start = now + timedelta(milliseconds=start_in_ms)
-    elif start is not None:
-        if start < now - PAST_START_SLACK:
-            raise InvalidArgument(f"start: {start.isoformat()} is in the past", field="start")
-        if start > now + MAX_START_AHEAD:
-            raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
-                                  field="start")
-        requested_start = start if start > now else None
+    requested_start = later_start(now, start, start_in_ms)
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
     rsv = Reservation.objects.create(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,

@@ -81,7 +81,7 @@ def _blocking_window(allocation: Allocation, old_end: datetime,
         cursor.execute(
             "SELECT lower(other.during), upper(other.during) FROM reservations_booking other "
             "JOIN reservations_booking mine ON mine.device_id = other.device_id "
-            "WHERE mine.allocation_id = %s AND other.allocation_id <> %s "
+            "WHERE mine.allocation_id = %s AND other.allocation_id IS DISTINCT FROM %s "
             "AND other.during && tstzrange(%s, %s, '[)') "
             "ORDER BY lower(other.during) LIMIT 1", [allocation.id, allocation.id, old_end,
                                                      new_end])

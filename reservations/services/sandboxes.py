@@ -28,6 +28,7 @@ from fleet.services.specs import node_spec_change_locked
 from reservations.quotas import quota_consume, quota_refund
 from reservations.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.selectors import access_sandbox_by_id
+from reservations.services.maintenance import in_maintenance
 from reservations.services.metering import usage_record
 from reservations.work import pool_replan
 
@@ -37,15 +38,17 @@ MAX_RACES = 8
 def _claim_host(pool_id: str, vcpus: int, memory_gib: int,
                 host_ports: list[int]) -> Node | None:
     """The schedulable node that fits most tightly (and has none of `host_ports` forwarded
-    already), with its counters already raised."""
+    already, and no maintenance window now), with its counters already raised."""
     tried: set[str] = set()
     taken = Q()
     for port in host_ports:
         taken |= Q(sandboxes__ended_at__isnull=True,  # still holds the node
                    sandboxes__forwards__contains=[{"hostPort": port}])
     for _ in range(MAX_RACES):
+        now = database_now()
         candidates = (Node.objects.filter(pool_id=pool_id).filter(SCHEDULABLE)
-                      .exclude(pk__in=tried).exclude(virtualization="none"))
+                      .exclude(pk__in=tried).exclude(virtualization="none")
+                      .exclude(in_maintenance(now)))
         if host_ports:
             candidates = candidates.exclude(pk__in=Node.objects.filter(taken).values("pk"))
         node = (candidates
@@ -60,6 +63,9 @@ def _claim_host(pool_id: str, vcpus: int, memory_gib: int,
                 Node.objects.filter(pk=node.pk).update(
                     vcpus_allocated=F("vcpus_allocated") + vcpus,
                     memory_gib_allocated=F("memory_gib_allocated") + memory_gib)
+                # With the node's row locked: a window committed since the look above wins.
+                if Node.objects.filter(pk=node.pk).filter(in_maintenance(now)).exists():
+                    raise IntegrityError("the node went into maintenance")
         except IntegrityError:  # the CHECK: another booker took the room meanwhile
             tried.add(node.pk)
             continue

@@ -64,6 +64,11 @@ CALLS: dict[str, tuple[str, Call]] = {
     "images.create": ("image.create", lambda c, w: (
         c.root, {"poolId": w["cpuPool"], "name": "tiny", "kernel": PART, "initrd": PART})),
     "images.delete": ("image.delete", lambda c, w: (c.root, {"imageId": w["unusedImage"]})),
+    "maintenance.create": ("node.maintenance", lambda c, w: (
+        c.root, {"nodeId": w["node"], "duration": 3_600_000, "startIn": 86_400_000,
+                 "reason": "firmware"})),
+    "maintenance.cancel": ("node.maintenance.cancel", lambda c, w: (
+        c.root, {"windowId": w["window"]})),
 }
 
 
@@ -89,6 +94,8 @@ def world(root, acme, pool, cpu_pool) -> dict[str, str]:
                         memoryGiB=4)["id"],
         "unusedImage": root("images.create", poolId=pool["id"], name="unused", kernel=PART,
                             initrd=PART)["id"],
+        "window": root("maintenance.create", nodeId=make_node(pool["id"]).id,
+                       duration=3_600_000, startIn=172_800_000, reason="PSU")["window"]["id"],
     }
 
 

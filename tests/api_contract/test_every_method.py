@@ -24,6 +24,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "nodes.adopt": {"reason": "reseated"},
     "images.create": {"name": "intruder", "kernel": IMAGE_PART, "initrd": IMAGE_PART},
     "sandboxes.logs": {"lines": 5},
+    "maintenance.create": {"duration": 3_600_000, "reason": "intruder"},
 }
 
 # Valid bodies for methods that act on the tenant as a whole.
@@ -54,10 +55,12 @@ def make_objects(root, acme) -> dict[str, str]:
     sandbox = root("sandboxes.create", poolId=pool["id"], vcpus=2, memoryGiB=4)
     token = acme("tokens.create", name="svc", role="viewer")
     join_token = root("joinTokens.create", poolId=pool["id"], ttl=3_600_000)
+    window = root("maintenance.create", nodeId=make_node(pool["id"]).id, duration=3_600_000,
+                  startIn=172_800_000, reason="PSU swap")["window"]
     audit = AuditEvent.objects.filter(tenant_id=acme.tenant_id).latest("seq")
     return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
             "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id,
-            "jtk": join_token["id"], "img": image["id"]}
+            "jtk": join_token["id"], "img": image["id"], "mnt": window["id"]}
 
 
 def target(endpoint) -> tuple[str, str] | None:

@@ -22,6 +22,7 @@ class TokenCreateIn(Input):
     name = serializers.CharField(max_length=200)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
     ttl = serializers.IntegerField(required=False, min_value=60_000,
+                                   max_value=10 * 366 * 86_400_000,  # ten years
                                    help_text="Lifetime in milliseconds; no expiry if absent.")
     principal_id = PublicIdField("prn", required=False,
                                  help_text="Add a token to this principal instead of a new one.")
