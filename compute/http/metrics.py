@@ -25,15 +25,24 @@ QUEUE = (f"SELECT kind, count(*), EXTRACT(EPOCH FROM now() - min(due_at)) FROM {
 class LedgerCollector(Collector):
     """Series read from Postgres when scraped: what waits, and for how long."""
 
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily("bc_reservations_pending",
+                                  "Reservations waiting for a placement, by pool.",
+                                  labels=["pool"]),
+                GaugeMetricFamily("bc_work_queue_depth", "Work items due, by kind.",
+                                  labels=["kind"]),
+                GaugeMetricFamily("bc_work_queue_oldest_seconds",
+                                  "How long the oldest due work item has waited, by kind.",
+                                  labels=["kind"]))
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The names, without a query (registering asks, maybe where no database may be
+        touched, such as while an ASGI server imports the URLs)."""
+        yield from self._families()
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        pending = GaugeMetricFamily("bc_reservations_pending",
-                                    "Reservations waiting for a placement, by pool.",
-                                    labels=["pool"])
-        depth = GaugeMetricFamily("bc_work_queue_depth", "Work items due, by kind.",
-                                  labels=["kind"])
-        oldest = GaugeMetricFamily("bc_work_queue_oldest_seconds",
-                                   "How long the oldest due work item has waited, by kind.",
-                                   labels=["kind"])
+        pending, depth, oldest = self._families()
         try:
             with connection.cursor() as cursor:
                 cursor.execute(PENDING)
