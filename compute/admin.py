@@ -26,6 +26,7 @@ from compute.models import (
     Event,
     IdempotencyRecord,
     Principal,
+    RefusalBudget,
     RoleBinding,
     ShardLease,
     Tenant,
@@ -135,6 +136,12 @@ class ShardLeaseAdmin(ReadOnlyAdmin):
 class WorkerPresenceAdmin(ReadOnlyAdmin):
     list_display = ("owner", "expires_at")
     search_fields = ("owner",)
+
+
+@admin.register(RefusalBudget)
+class RefusalBudgetAdmin(ReadOnlyAdmin):
+    list_display = ("principal_id", "tokens", "updated_at")
+    search_fields = ("principal_id",)
 
 
 def _read_only_everywhere(app_label: str) -> None:

@@ -5,6 +5,7 @@ from compute.admin import audited_action
 from reservations.models import (
     Allocation,
     Booking,
+    MaintenanceWindow,
     Offering,
     Quota,
     Reservation,
@@ -59,8 +60,14 @@ class AllocationAdmin(LedgerReadOnly):
 
 @admin.register(Booking)
 class BookingAdmin(LedgerReadOnly):
-    list_display = ("id", "device", "allocation", "during")
-    search_fields = ("allocation__id", "device__uuid", "device__id")
+    list_display = ("id", "device", "allocation", "maintenance", "during")
+    search_fields = ("allocation__id", "maintenance__id", "device__uuid", "device__id")
+
+
+@admin.register(MaintenanceWindow)
+class MaintenanceWindowAdmin(LedgerReadOnly):
+    list_display = ("id", "node", "during", "reason", "created_by", "cancelled_at")
+    search_fields = ("id", "node__id", "reason")
 
 
 @admin.register(Sandbox)

@@ -22,6 +22,7 @@ from compute.tenancy.models import Principal
 
 REQUESTS_LOG = logging.getLogger("compute.requests")
 
+
 class EnvelopeView(APIView):
     authentication_classes: list[type] = []
     permission_classes: list[type] = []
