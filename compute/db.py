@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import IntegrityError, OperationalError, connection
+from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from psycopg.conninfo import make_conninfo
@@ -27,6 +27,15 @@ MAX_ATTEMPTS = 5
 def sqlstate(error: BaseException) -> str | None:
     cause = getattr(error, "__cause__", None)
     return getattr(cause, "sqlstate", None)
+
+
+def connection_lost(error: BaseException) -> bool:
+    """The database went away under this call: a broken or refused connection (SQLSTATE class
+    08, or none at all) or a server shutting down or killing the session (57P01-57P03)."""
+    if not isinstance(error, OperationalError | InterfaceError):
+        return False
+    state = sqlstate(error)
+    return state is None or state.startswith("08") or state in {"57P01", "57P02", "57P03"}
 
 
 def constraint_name(error: BaseException) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
 from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 
@@ -25,7 +26,8 @@ from audit.context import CallStamp, stamped
 from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
-from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge
+from compute.db import connection_lost
+from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge, Unavailable
 from compute.http.auth import authenticate
 from compute.iam.refusals import refusal_recorded
 from compute.tenancy.models import Principal, Tenant
@@ -86,6 +88,10 @@ def error_answer(error: BaseException, request_id: str) -> tuple[int, dict[str, 
                                 limit=MAX_BODY_BYTES)
     elif isinstance(error, RecursionError):  # json.loads of a body nested thousands deep
         error = InvalidArgument("body: nested too deeply")
+    elif connection_lost(error):
+        logger.warning("database unavailable (request %s): %s", request_id, error)
+        connection.close()  # broken: the next request opens a new one
+        error = Unavailable("the database does not answer; try again", retryAfterSeconds=1)
     elif isinstance(error, drf_exceptions.APIException):  # e.g. 405 for another HTTP method
         status, code = error.status_code, error.default_code
         error = ComputeError(str(error.detail))

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -14,6 +15,7 @@ from rest_framework.views import APIView
 from audit.context import stamped
 from compute.api.inputs import first_error
 from compute.api.registry import REGISTRY, CallContext, Endpoint
+from compute.db import connection_lost
 from compute.errors import InvalidArgument, NotFound
 from compute.http.auth import authenticate
 from compute.http.edge import CALLER, acting_as, decide_once, error_answer, new_request_id, respond
@@ -46,6 +48,19 @@ class EnvelopeView(APIView):
         return JsonResponse(body, status=status)
 
     def _call(self, request: Request, group: str, method: str, request_id: str) -> Any:
+        endpoint = REGISTRY.get((group, method))
+        try:
+            return self._once(request, group, method, request_id)
+        except Exception as error:
+            if endpoint is None or endpoint.mutating or not connection_lost(error):
+                raise
+            # A read is safe to run again: once, on a new connection (a failover, a
+            # restarted server, a killed session); a write answers `unavailable` and its
+            # caller retries it with its idempotency key.
+            connection.close()
+            return self._once(request, group, method, request_id)
+
+    def _once(self, request: Request, group: str, method: str, request_id: str) -> Any:
         django_request: HttpRequest = request._request
         principal = authenticate(django_request.headers,
                                  session=getattr(django_request, "session", None),

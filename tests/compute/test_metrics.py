@@ -7,6 +7,7 @@ import json
 import logging
 import os
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -106,3 +107,48 @@ def test_readyz_fails_while_the_database_is_stopped_and_recovers(client, embedde
     assert (down.status_code, alive, series) == (503, 200, 200)
     assert "the database does not answer" in down.json()["problems"][0]
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
+                    reason="stops and starts the embedded server; DATABASE_URL names another")
+def test_a_call_while_the_database_is_down_is_unavailable_not_a_500(root, embedded_postgres):
+    from django.db import connections
+
+    connections.close_all()
+    embedded_postgres.halt()
+    try:
+        down = root.raw("/api/compute/system/whoami", "{}")
+        headers_ok = True
+    finally:
+        embedded_postgres.start()
+    assert headers_ok
+    assert (down.status, down.code) == (503, "unavailable"), down.body
+    assert "the database does not answer" in down.body["error"]["message"]
+    assert root.call("system.whoami").status == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_whose_session_the_server_killed_is_run_again_a_write_is_not(root):
+    from django.db import connection
+
+    from compute.db import conninfo
+
+    def kill_the_session() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            [pid] = cursor.fetchone()
+        with psycopg.connect(conninfo(), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    kill_the_session()
+    again = root.call("tenants.get")  # its first try meets a killed session (57P01)
+    assert again.status == 200, again.body
+    kill_the_session()
+    site = {"kind": "shared", "region": "eu-1", "idempotencyKey": "site-1"}
+    write = root.call("sites.create", site)
+    assert (write.status, write.code) == (503, "unavailable")  # not run twice behind its back
+    assert write.body["error"]["details"]["retryAfterSeconds"] == 1
+    retried = root.call("sites.create", site)  # the caller retries with its key
+    assert retried.status == 200, retried.body
+    assert root("sites.list")["items"] == [retried.result]
