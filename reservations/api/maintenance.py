@@ -11,7 +11,7 @@ from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import STRING, TIME, nullable, obj, page_of
 from compute.events.types import EventType
 from compute.paging import page
-from fleet.selectors import access_node_by_id
+from fleet.api.nodes import NODE
 from reservations import selectors
 from reservations.api.reservations import MAX_DURATION_MS
 from reservations.ledger import MaintenanceWindow
@@ -19,7 +19,6 @@ from reservations.services import maintenance as service
 
 WINDOW = obj(id=STRING, nodeId=STRING, start=TIME, end=TIME, reason=STRING, createdBy=STRING,
              createdAt=TIME, cancelledAt=nullable(TIME))
-NODE = Subject("node", access_node_by_id, "node_id")
 WINDOW_SUBJECT = Subject("maintenance", selectors.access_maintenance_by_id, "window_id")
 
 

@@ -11,9 +11,8 @@ from compute.events.services import event_emit
 from compute.events.types import EventType
 from fleet.models import Device
 from reservations.ledger import Reservation, ReservationState
-from reservations.services.book import emit_placed, try_place
-from reservations.services.release import free_allocation
-from reservations.states import transition
+from reservations.services.book import emit_placed
+from reservations.services.release import place_again
 
 
 def _locked(reservation_id: str) -> Reservation | None:
@@ -34,12 +33,7 @@ def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Re
     if rsv is None or rsv.state != ReservationState.PLACED or rsv.during is None \
             or rsv.during.lower <= now or not _books(rsv, device.id):
         return rsv
-    allocation = rsv.allocations.get(ended_at__isnull=True)
-    free_allocation(allocation, now, keep_history=False)
-    transition(rsv, ReservationState.PENDING)
-    rsv.during, rsv.placed_at = None, None
-    rsv.save(update_fields=["state", "during", "placed_at"])
-    placed = try_place(rsv, rsv.pool, now)
+    allocation, placed = place_again(rsv, now)
     reason = f"GPU {device.uuid} unhealthy: {device.health_reason or 'reported by its node'}"
     event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_REPLACED, subject=rsv.id,
                payload={"deviceId": device.id, "fromNode": allocation.node_id,

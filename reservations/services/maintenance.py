@@ -36,9 +36,8 @@ from reservations.ledger import (
 )
 from reservations.sandboxes import Sandbox
 from reservations.selectors import access_maintenance_by_id
-from reservations.services.book import emit_placed, later_start, try_place
-from reservations.services.release import free_allocation
-from reservations.states import transition
+from reservations.services.book import emit_placed, later_start
+from reservations.services.release import place_again
 from reservations.work import pool_replan
 
 
@@ -95,12 +94,7 @@ def maintenance_create(*, tenant: Tenant, actor: Principal, node_id: str, durati
 
 def _moved_off(rsv: Reservation, node: Node, now: datetime) -> str:
     """Place a reservation that has not started again, on another node, or refuse."""
-    allocation = rsv.allocations.get(ended_at__isnull=True)
-    free_allocation(allocation, now, keep_history=False)
-    transition(rsv, ReservationState.PENDING)
-    rsv.during, rsv.placed_at = None, None
-    rsv.save(update_fields=["state", "during", "placed_at"])
-    placed = try_place(rsv, rsv.pool, now, excluded={node.id})
+    _old, placed = place_again(rsv, now, excluded={node.id})
     if placed is None:
         raise CapacityConflict(f"reservation {rsv.id} cannot move off node {node.id}: "
                                f"{rsv.failure_reason}", reservations=[rsv.id])
@@ -125,10 +119,9 @@ def maintenance_cancel(*, tenant: Tenant, actor: Principal, window_id: str,
         held.bookings.all().delete()
     else:  # it had begun: its history stays, ending now
         held.bookings.update(during=DateTimeTZRange(held.during.lower, now, "[)"))
-    pool_replan(held.node.pool_id)  # what waited for these GPUs may fit now
+    node = Node.objects.select_related("pool").get(pk=held.node_id)
+    pool_replan(node.pool_id)  # what waited for these GPUs may fit now
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.maintenance.cancel",
-                 target=held.node_id, reason=reason, data={"windowId": held.id})
-    node_event(Node.objects.select_related("pool").get(pk=held.node_id),
-               EventType.NODE_MAINTENANCE_CANCELLED, windowId=held.id,
-               reason=reason)
+                 target=node.id, reason=reason, data={"windowId": held.id})
+    node_event(node, EventType.NODE_MAINTENANCE_CANCELLED, windowId=held.id, reason=reason)
     return held

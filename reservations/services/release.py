@@ -18,7 +18,7 @@ from fleet.services.specs import node_spec_change_locked
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
-from reservations.services.book import GPU
+from reservations.services.book import GPU, try_place
 from reservations.services.metering import gpu_meter, usage_record
 from reservations.states import HOLDING, TERMINAL, transition
 from reservations.work import pool_replan
@@ -113,3 +113,15 @@ def reservation_expire(*, reservation_id: str) -> Reservation | None:
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.expire",
                      target=rsv.id, reason="window ended")
     return rsv
+
+
+def place_again(rsv: Reservation, now: datetime, *, excluded: set[str] | None = None
+                ) -> tuple[Allocation, Allocation | None]:
+    """Take a placed reservation that has not started off its node and place it again
+    (never on `excluded` nodes); its old allocation and its new one (None: pending)."""
+    old = rsv.allocations.get(ended_at__isnull=True)
+    free_allocation(old, now, keep_history=False)
+    transition(rsv, ReservationState.PENDING)
+    rsv.during, rsv.placed_at = None, None
+    rsv.save(update_fields=["state", "during", "placed_at"])
+    return old, try_place(rsv, rsv.pool, now, excluded=excluded)

@@ -119,10 +119,8 @@ def test_a_call_while_the_database_is_down_is_unavailable_not_a_500(root, embedd
     embedded_postgres.halt()
     try:
         down = root.raw("/api/compute/system/whoami", "{}")
-        headers_ok = True
     finally:
         embedded_postgres.start()
-    assert headers_ok
     assert (down.status, down.code) == (503, "unavailable"), down.body
     assert "the database does not answer" in down.body["error"]["message"]
     assert root.call("system.whoami").status == 200
