@@ -10,10 +10,12 @@ which is the ceiling; each is printed with its ratio to the ceiling at that conc
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import random
 import threading
 from datetime import timedelta
+from typing import Any
 
 from bench.common import bench_environment, start_api, table, timed_threads
 
@@ -25,6 +27,8 @@ def build(nodes: int) -> dict[str, str]:
     from compute.tenancy.services import root_bootstrap
     from fleet.services.pools import pool_create
     from fleet.services.sites import site_create
+    from django.db import connection
+
     from tests.factories import make_node
 
     minted = root_bootstrap()
@@ -34,9 +38,38 @@ def build(nodes: int) -> dict[str, str]:
     pool = pool_create(tenant=root, actor=admin, site_id=site.id, pool_class="metal-host",
                        gpu_model="H100",
                        policy={"hostShare": {"vcpusPerGpu": 0, "memoryGiBPerGpu": 0}})
-    for _ in range(nodes):
-        make_node(pool)
+    template = make_node(pool)
+    clone_nodes(template, nodes - 1)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # as autovacuum would on a fleet that grew over time
     return {"pool": pool.id, "token": minted.plaintext, "admin": admin.id}
+
+
+def clone_nodes(template: Any, copies: int) -> None:
+    """`copies` adopted nodes shaped like `template` (same devices), written in bulk: a
+    fleet of 10,000 joins in seconds instead of an hour."""
+    from django.db import transaction
+
+    from bcd.contract.ids import new as new_id
+    from fleet.models import Device, Node
+
+    devices = list(Device.objects.filter(node=template))
+    template = Node.objects.get(pk=template.pk)
+    for first in range(0, copies, 500):
+        nodes, atoms = [], []
+        for n in range(first, min(copies, first + 500)):
+            node = copy.copy(template)
+            node.pk, node.hostname = new_id("node"), f"bench-{n:05d}"
+            node.serial = node.product_uuid = node.key_pin = ""
+            nodes.append(node)
+            for device in devices:
+                atoms.append(Device(**{**{f.attname: getattr(device, f.attname)
+                                          for f in Device._meta.concrete_fields},
+                                       "id": new_id("dev"), "node_id": node.pk,
+                                       "uuid": f"GPU-{node.pk}-{device.index}"}))
+        with transaction.atomic():
+            Node.objects.bulk_create(nodes)
+            Device.objects.bulk_create(atoms)
 
 
 def service_work(ids: dict[str, str]):
@@ -60,8 +93,11 @@ def service_work(ids: dict[str, str]):
 
 
 def http_work(ids: dict[str, str], port: int):
+    import logging
+
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     local = threading.local()
 
     def work(index: int) -> bool:

@@ -75,10 +75,13 @@ def timed_threads(clients: int, seconds: float, work: Callable[[int], bool]) -> 
     return sum(done) / (time.monotonic() - started)
 
 
-def start_api(port: int) -> subprocess.Popen[bytes]:
+def start_api(port: int, workers: int | None = None) -> subprocess.Popen[bytes]:
+    """The API as `better-compute serve` runs it, on loopback."""
+    from compute.cli.serve import default_workers, server_argv
+
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "compute.asgi:application"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        server_argv("127.0.0.1", port, workers=workers or default_workers()),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "BETTER_COMPUTE_LOG_LEVEL": "WARNING"})
     import socket
 

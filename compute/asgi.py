@@ -1,9 +1,14 @@
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
-django_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from compute.http.threads import ThreadPoolHandler  # noqa: E402  (after Django setup)
+
+# Threads per process that run synchronous views, each with its own database connection.
+django_app = ThreadPoolHandler(threads=int(os.environ.get("BETTER_COMPUTE_API_THREADS") or 4))
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django setup)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

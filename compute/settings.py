@@ -37,6 +37,10 @@ DEBUG = _env_bool("DEBUG", False)
 DATABASES = {
     "default": parse_database_url(os.environ.get("DATABASE_URL") or pg.persistent().url),
 }
+# A request reuses its process's connection (checked before use, since a server restart or
+# failover drops it) instead of opening one per request.
+DATABASES["default"]["CONN_MAX_AGE"] = int(env("DB_CONN_MAX_AGE", "300"))
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # A database on the network may be shared by several hosts: the secrets every host must hold
 # alike are then required from the environment (or a file), never made up on one host.
 SHARED_DATABASE = networked(DATABASES["default"])

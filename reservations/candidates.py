@@ -6,21 +6,23 @@ index order, so a pool of hundreds of nodes costs one small result set per place
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from django.contrib.postgres.aggregates import StringAgg
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Model, Q
 
-from fleet.models import SCHEDULABLE, Device, DeviceClass, Health, Node, Pool
+from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
-from reservations.ledger import Booking, Reservation
-from reservations.placement import BUSY, Candidate, Group, Request, why_not
+from reservations.ledger import Reservation
+from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
 
 MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for
+SHORTLIST = 16  # nodes of each kind (partly taken, untouched) scored for a request
 
 
 def window(start: datetime, duration_ms: int) -> DateTimeTZRange:
@@ -46,23 +48,96 @@ def placement_request(rsv: Reservation) -> Request:
     return Request(count=rsv.gpu_count, topology=rsv.topology)
 
 
+# The nodes worth scoring for `count` GPUs over a window: the fullest nodes with bookings in
+# the window that still have `count` GPUs (best fit first), and the first nodes with none.
+# Both come from indexes (bookings by window, nodes by id), so the work follows the bookings
+# in the window, not the size of the pool or of the ledger.
+SHORTLIST_SQL = """
+    AND fleet_node.id IN (
+      (SELECT d.node_id FROM reservations_booking b
+         JOIN fleet_device d ON d.id = b.device_id JOIN fleet_node n ON n.id = d.node_id
+        WHERE b.during && %(during)s AND n.pool_id = %(pool)s
+        GROUP BY d.node_id
+       HAVING count(DISTINCT b.device_id) <= %(count_room)s + (
+               SELECT count(*) FROM fleet_device t
+                WHERE t.node_id = d.node_id AND t.present AND t.device_class = 'gpu')
+        ORDER BY count(DISTINCT b.device_id) DESC, d.node_id LIMIT %(shortlist)s)
+      UNION ALL
+      (SELECT fleet_node.id FROM fleet_node
+        WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
+          AND NOT EXISTS (SELECT 1 FROM fleet_device d JOIN reservations_booking b
+                             ON b.device_id = d.id
+                          WHERE d.node_id = fleet_node.id AND b.during && %(during)s)
+        ORDER BY fleet_node.id LIMIT %(shortlist)s))"""
+
+# One row per (schedulable node, NVLink domain) with its free device ids in index order; a
+# joined string parses much faster than a text[] of hundreds of ids.
+CANDIDATES_SQL = """
+SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib, fleet_node.vcpus_allocated,
+       fleet_node.memory_gib_allocated, fleet_device.nvlink_domain, count(*),
+       coalesce(string_agg(fleet_device.id, ',' ORDER BY fleet_device.index) FILTER (
+           WHERE fleet_device.health = 'healthy' {device_filter} AND NOT EXISTS (
+               SELECT 1 FROM reservations_booking b
+                WHERE b.device_id = fleet_device.id AND b.during && %(during)s)), '')
+  FROM fleet_node JOIN fleet_device ON fleet_device.node_id = fleet_node.id
+ WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_node.id <> ALL(%(excluded)s)
+   AND fleet_device.present AND fleet_device.device_class = 'gpu' {shortlist}
+ GROUP BY fleet_node.id, fleet_device.nvlink_domain"""
+
+
+def _where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any]]:
+    """A filter as SQL over the model's own table name, its values as named parameters
+    `<prefix><n>` (so they mix with the query's own)."""
+    query = model.objects.filter(q).query
+    sql, values = query.where.as_sql(query.get_compiler(connection=connection), connection)
+    names = [f"{prefix}{n}" for n in range(len(values))]
+    named = sql.replace("%%", "%%%%") % tuple(f"%({name})s" for name in names)
+    return named, dict(zip(names, values, strict=True))
+
+
+@functools.cache
+def _candidates_sql(shortlisted: bool) -> tuple[str, dict[str, Any]]:
+    """The query with the schedulable filter (fleet.models.SCHEDULABLE) written in, and that
+    filter's values; built once per process."""
+    schedulable, values = _where_sql(Node, SCHEDULABLE, "schedulable")
+    shortlist = SHORTLIST_SQL.replace("{schedulable}", schedulable) if shortlisted else ""
+    sql = CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", shortlist)
+    return sql, values
+
+
+def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
+            device_filter: Q | None = None, excluded: Collection[str] = ()
+            ) -> tuple[Choice | None, list[Candidate]]:
+    """The placer's choice over the shortlist, else over the whole pool (a filter or an odd
+    node shape can leave the shortlist without a fit), with the candidates it scored (the
+    whole pool's when nothing fits, to say why)."""
+    candidates = load_candidates(pool, during, device_filter=device_filter, excluded=excluded,
+                                 shortlist_for=request.count)
+    choice = choose(candidates, request)
+    if choice is None:
+        candidates = load_candidates(pool, during, device_filter=device_filter,
+                                     excluded=excluded)
+        choice = choose(candidates, request)
+    return choice, candidates
+
+
 def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | None = None,
-                    excluded: Collection[str] = ()) -> list[Candidate]:
-    """One query: a row per (schedulable node, NVLink domain) with its free device ids."""
-    busy = Booking.objects.filter(device=OuterRef("pk"), during__overlap=during)
-    usable = Q(busy=False, health=Health.HEALTHY) & (device_filter or Q())
-    nodes = Node.objects.filter(pool=pool).filter(SCHEDULABLE).exclude(pk__in=excluded)
-    rows = (Device.objects
-            .filter(node__in=nodes, present=True, device_class=DeviceClass.GPU)
-            .annotate(busy=Exists(busy))
-            .values("node_id", "node__vcpus", "node__memory_gib", "node__vcpus_allocated",
-                    "node__memory_gib_allocated", "nvlink_domain")
-            # A joined string parses much faster than a text[] of hundreds of ids.
-            .annotate(size=Count("pk"), free=StringAgg("id", ",", filter=usable,
-                                                       order_by="index", default=""))
-            .order_by()
-            .values_list("node_id", "node__vcpus", "node__memory_gib", "node__vcpus_allocated",
-                         "node__memory_gib_allocated", "nvlink_domain", "size", "free"))
+                    excluded: Collection[str] = (), shortlist_for: int | None = None
+                    ) -> list[Candidate]:
+    """One query: the schedulable nodes of the pool with their free devices per NVLink
+    domain; with `shortlist_for`, only the nodes worth scoring for that many GPUs."""
+    sql, schedulable = _candidates_sql(shortlist_for is not None)
+    params: dict[str, Any] = {**schedulable, "pool": pool.id, "during": during,
+                              "excluded": list(excluded), "count_room": -(shortlist_for or 0),
+                              "shortlist": SHORTLIST}
+    filter_sql = ""
+    if device_filter:
+        where, values = _where_sql(Device, device_filter, "filter")
+        filter_sql = f"AND ({where})"
+        params.update(values)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.replace("{device_filter}", filter_sql), params)
+        rows = cursor.fetchall()
     groups: dict[str, list[Group]] = defaultdict(list)
     gpus: dict[str, int] = defaultdict(int)
     host: dict[str, tuple[int, int, int, int]] = {}

@@ -15,13 +15,12 @@ from fleet.models import ProvisionState as PS
 from reservations.candidates import (
     MAX_START_AHEAD,
     device_filter_q,
-    load_candidates,
     pending_reason,
     placement_request,
+    propose,
     window,
 )
 from reservations.ledger import Booking, Reservation
-from reservations.placement import choose
 
 
 def capacity_rollup(pool: Pool) -> dict[str, Any]:
@@ -91,9 +90,8 @@ def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = N
         raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
                               field="start")
     during = window(max(start or now, now), rsv.duration_ms)
-    candidates = load_candidates(pool, during, device_filter=device_filter_q(rsv))
     request = placement_request(rsv)
-    choice = choose(candidates, request)
+    choice, candidates = propose(pool, during, request, device_filter=device_filter_q(rsv))
     if choice is None:
         return {"fits": False, "poolId": pool.id, "gpus": rsv.gpu_count,
                 "window": {"start": during.lower, "end": during.upper},

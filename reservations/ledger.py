@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib.postgres.fields import DateTimeRangeField
+from django.contrib.postgres.indexes import GistIndex
 from django.db import models
 from django.utils import timezone
 
@@ -135,7 +136,9 @@ class Booking(models.Model):
     during = DateTimeRangeField()
 
     class Meta:
-        indexes = [models.Index(fields=["allocation"], name="reservations_booking_alloc")]
+        indexes = [models.Index(fields=["allocation"], name="reservations_booking_alloc"),
+                   # Placement asks which bookings meet a window, whatever the device.
+                   GistIndex(fields=["during"], name="reservations_booking_during")]
         constraints = [models.CheckConstraint(
             condition=models.Q(allocation__isnull=False, maintenance__isnull=True)
             | models.Q(allocation__isnull=True, maintenance__isnull=False),

@@ -1,7 +1,7 @@
 """`better-compute dev`: the whole control plane on this machine, in one command.
 
 It starts an embedded Postgres (throw-away with --memory), migrates, bootstraps the root
-tenant and an admin token, a default site and pool, serves the API with daphne, runs the
+tenant and an admin token, a default site and pool, serves the API as `serve` does, runs the
 gateway, and with --sim N starts N simulated bcd agents (separate processes, each with a
 private root) that join through the gateway with a real join token. Every server runs as a
 child process; Ctrl-C (or SIGTERM) stops them all.
@@ -27,8 +27,10 @@ from compute import pg
 from compute.cli import guestimage
 from compute.cli.artifact import served_artifacts, write_artifacts
 from compute.cli.client import Client, CliError, Config
+from compute.cli.serve import server_argv
 
 READY_TIMEOUT = 60.0
+DEV_API_WORKERS = 2
 
 
 def _django(args: list[str], env: dict[str, str]) -> str:
@@ -283,9 +285,9 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
         _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
                  "--host", host, "--host", "localhost"], env)
-        api_process = stack.start(
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
-             "compute.asgi:application"], env, name="api")
+        # The API as `serve` runs it; a short drain keeps Ctrl-C quick.
+        api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
+                                              graceful_timeout=5), env, name="api")
         _wait_for_port(host, port, api_process, "API server")
         url = f"http://{host}:{port}/api/compute"
         gateway = stack.start(

@@ -15,6 +15,7 @@ from compute.cli.images import images
 from compute.cli.install_script import daemon
 from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
 from compute.cli.resources import GROUPS
+from compute.cli.serve import serve
 
 _process_value = click.Option.process_value
 
@@ -45,6 +46,7 @@ def cli() -> None:
 for command in [*GROUPS, *LEDGER_COMMANDS, images, audit, daemon]:
     cli.add_command(command)
 cli.add_command(dev)
+cli.add_command(serve)
 
 
 @cli.command("api")

@@ -26,15 +26,14 @@ from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
     MAX_START_AHEAD,
     device_filter_q,
-    load_candidates,
     pending_reason,
     placement_request,
+    propose,
     window,
 )
 from reservations.constraints import LEDGER_CONSTRAINTS
 from reservations.device_filter import parse_selector
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
-from reservations.placement import choose
 from reservations.quotas import quota_consume
 from reservations.states import transition
 from reservations.work import RESERVATION
@@ -61,8 +60,8 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
     devices = device_filter_q(rsv)
     excluded = set(excluded or ())
     for _ in range(MAX_RACES):
-        candidates = load_candidates(pool, during, device_filter=devices, excluded=excluded)
-        choice = choose(candidates, request)
+        choice, candidates = propose(pool, during, request, device_filter=devices,
+                                     excluded=excluded)
         if choice is None:
             rsv.failure_reason = pending_reason(pool, during, candidates, request)[:300]
             rsv.save(update_fields=["failure_reason"])
