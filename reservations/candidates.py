@@ -96,10 +96,15 @@ def _where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, An
 
 
 @functools.cache
+def schedulable_sql() -> tuple[str, dict[str, Any]]:
+    """fleet.models.SCHEDULABLE as SQL over `fleet_node`, and its values; built once."""
+    return _where_sql(Node, SCHEDULABLE, "schedulable")
+
+
+@functools.cache
 def _candidates_sql(shortlisted: bool) -> tuple[str, dict[str, Any]]:
-    """The query with the schedulable filter (fleet.models.SCHEDULABLE) written in, and that
-    filter's values; built once per process."""
-    schedulable, values = _where_sql(Node, SCHEDULABLE, "schedulable")
+    """The query with the schedulable filter written in, and that filter's values."""
+    schedulable, values = schedulable_sql()
     shortlist = SHORTLIST_SQL.replace("{schedulable}", schedulable) if shortlisted else ""
     sql = CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", shortlist)
     return sql, values

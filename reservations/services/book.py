@@ -10,8 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 
 from audit.services import audit_record, audited
 from compute.db import constraint_errors, database_now
@@ -21,7 +20,7 @@ from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.queue.work import enqueue
 from compute.tenancy.models import Principal, Tenant
-from fleet.models import SCHEDULABLE, Node, Pool, PoolClass
+from fleet.models import Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
     MAX_START_AHEAD,
@@ -29,11 +28,12 @@ from reservations.candidates import (
     pending_reason,
     placement_request,
     propose,
+    schedulable_sql,
     window,
 )
 from reservations.constraints import LEDGER_CONSTRAINTS
 from reservations.device_filter import parse_selector
-from reservations.ledger import Allocation, Booking, Reservation, ReservationState
+from reservations.ledger import Allocation, Reservation, ReservationState
 from reservations.quotas import quota_consume
 from reservations.states import transition
 from reservations.work import RESERVATION
@@ -51,8 +51,9 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
               excluded: set[str] | None = None) -> Allocation | None:
     """Book the reservation on the best node now, or return None (it stays pending).
 
-    Runs inside the caller's transaction; each booking attempt is a savepoint, so a lost
-    race (EXCLUDE violation, or host counters taken) leaves nothing behind and we re-read.
+    Runs inside the caller's transaction and saves the reservation (a new one is inserted
+    whole). Each booking attempt is a savepoint, so a lost race (EXCLUDE violation, or host
+    counters taken) leaves nothing behind and we re-read.
     """
     start = max(rsv.requested_start or now, now)
     during = window(start, rsv.duration_ms)
@@ -64,7 +65,7 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
                                      excluded=excluded)
         if choice is None:
             rsv.failure_reason = pending_reason(pool, during, candidates, request)[:300]
-            rsv.save(update_fields=["failure_reason"])
+            _save(rsv, ["failure_reason"])
             return None
         try:
             with transaction.atomic():
@@ -80,28 +81,57 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         rsv.placement_attempts += 1
         rsv.failure_reason = ""
         transition(rsv, ReservationState.PLACED)
-        rsv.save(update_fields=["during", "placed_at", "state", "placement_attempts",
-                                "failure_reason"])
+        _save(rsv, ["during", "placed_at", "state", "placement_attempts", "failure_reason"])
         enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
         return allocation
+    _save(rsv, ["failure_reason"])  # raced out every time: it stays pending, retried later
     return None
+
+
+def _save(rsv: Reservation, fields: list[str]) -> None:
+    """Write a new reservation whole (placed or not, one INSERT), else the changed fields."""
+    if rsv._state.adding:
+        rsv.save(force_insert=True)
+    else:
+        rsv.save(update_fields=fields)
+
+
+# One statement books a choice: the node's host share is taken only while the node is
+# schedulable and has room (the row lock orders concurrent bookers of one node), then the
+# allocation and its device bookings are written; the EXCLUDE constraint referees the
+# devices. No row comes back when the node no longer fits.
+BOOK_SQL = """
+WITH node AS (
+  UPDATE fleet_node
+     SET vcpus_allocated = vcpus_allocated + %(vcpus)s,
+         memory_gib_allocated = memory_gib_allocated + %(memory)s
+   WHERE fleet_node.id = %(node)s AND {schedulable}
+     AND vcpus - vcpus_allocated >= %(vcpus)s
+     AND memory_gib - memory_gib_allocated >= %(memory)s
+  RETURNING id),
+allocation AS (
+  INSERT INTO reservations_allocation (id, reservation_id, node_id, vcpus, memory_gib,
+                                       created_at)
+  SELECT %(allocation)s, %(reservation)s, node.id, %(vcpus)s, %(memory)s, %(now)s FROM node
+  RETURNING id)
+INSERT INTO reservations_booking (allocation_id, device_id, during)
+SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
+RETURNING device_id"""
 
 
 def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, memory_gib: int,
           during: Any) -> Allocation:
-    node = Node.objects.select_for_update().filter(SCHEDULABLE).filter(pk=node_id).first()
-    if node is None or (node.vcpus - node.vcpus_allocated < vcpus
-                        or node.memory_gib - node.memory_gib_allocated < memory_gib):
-        raise NodeFull(node_id)
-    Node.objects.filter(pk=node_id).update(
-        vcpus_allocated=F("vcpus_allocated") + vcpus,
-        memory_gib_allocated=F("memory_gib_allocated") + memory_gib)
-    allocation = Allocation.objects.create(reservation=rsv, node_id=node_id, vcpus=vcpus,
-                                           memory_gib=memory_gib)
-    with constraint_errors(LEDGER_CONSTRAINTS):
-        Booking.objects.bulk_create(
-            Booking(allocation=allocation, device_id=device_id, during=during)
-            for device_id in sorted(device_ids))
+    schedulable, values = schedulable_sql()
+    allocation = Allocation(reservation=rsv, node_id=node_id, vcpus=vcpus,
+                            memory_gib=memory_gib)
+    with constraint_errors(LEDGER_CONSTRAINTS), connection.cursor() as cursor:
+        cursor.execute(BOOK_SQL.replace("{schedulable}", schedulable), {
+            **values, "node": node_id, "vcpus": vcpus, "memory": memory_gib,
+            "allocation": allocation.id, "reservation": rsv.id, "now": allocation.created_at,
+            "during": during, "devices": sorted(device_ids)})
+        if cursor.rowcount != len(device_ids):
+            raise NodeFull(node_id)
+    allocation._state.adding = False  # written above
     return allocation
 
 
@@ -171,7 +201,9 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     requested_start = None
     requested_start = later_start(now, start, start_in_ms)
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
-    rsv = Reservation.objects.create(
+    # Written by the placement below, in its final state (the allocation's reference to it
+    # is checked at commit).
+    rsv = Reservation(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms)
