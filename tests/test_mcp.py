@@ -21,6 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from compute.api.registry import REGISTRY
 from tests.factories import make_node
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,12 +35,6 @@ async def over_stdio(url: str, token: str):
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

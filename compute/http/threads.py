@@ -14,13 +14,19 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 
 class ThreadPoolHandler(ASGIHandler):
     def __init__(self, threads: int) -> None:
         super().__init__()
+        # Every middleware and view here is synchronous: the whole chain runs in one call on
+        # the borrowed thread, not in three hops through the event loop (middleware, then
+        # Django's async core, then the view).
+        self.load_middleware(is_async=False)
         self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"api-{n}")
                            for n in range(threads)]
         self._free: asyncio.Queue[ThreadPoolExecutor] | None = None
@@ -31,6 +37,9 @@ class ThreadPoolHandler(ASGIHandler):
             for executor in self._executors:
                 self._free.put_nowait(executor)
         return self._free
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -15,17 +15,11 @@ from django.db import connection
 
 from compute.queue.models import ShardLease, WorkItem
 from compute.queue.work import enqueue, shard_of
+from tests.support.processes import database_url
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LEASE = 2.0
-
-
-def database_url() -> str:
-    db = settings.DATABASES["default"]
-    if db["HOST"].startswith("/"):
-        return f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
-    return f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 def start_worker() -> subprocess.Popen:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,14 +19,9 @@ from bcd.inventory.fake import SimulatedInventory
 from bcd.join.documents import Pins, check_wellknown, prepare, verify_answer
 from bcd.session import AgentSession, Credentials
 from fleet.pki import issue_gateway_certificate, pki
+from tests.support.processes import free_port
 
 POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

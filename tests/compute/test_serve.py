@@ -1,0 +1,137 @@
+"""`better-compute serve`: several worker processes; TERM and HUP let in-flight requests
+finish; workers whose master is killed with -9 stop instead of holding the port."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import psutil
+import pytest
+
+from compute.tenancy.services import root_bootstrap
+from tests.support.processes import database_url, free_port
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    port: int
+    token: str
+
+    def workers(self) -> set[int]:
+        try:
+            return {child.pid for child in psutil.Process(self.process.pid).children()}
+        except psutil.NoSuchProcess:  # the master is gone
+            return set()
+
+    def whoami(self) -> httpx.Response:
+        return httpx.post(f"http://127.0.0.1:{self.port}/api/compute/system/whoami", json={},
+                          headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    token = root_bootstrap().plaintext
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url(), "BETTER_COMPUTE_LOG_LEVEL": "WARNING"}
+    process = subprocess.Popen(
+        ["better-compute", "serve", "--port", str(port), "--workers", "2",
+         "--graceful-timeout", "20"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    server = Served(process, port, token)
+    try:
+        assert wait_until(lambda: _answers(server), timeout=60), "the API did not start"
+        assert wait_until(lambda: len(server.workers()) == 2)
+        yield server
+    finally:
+        for pid in [*server.workers(), process.pid]:
+            with contextlib.suppress(ProcessLookupError, psutil.Error):
+                os.kill(pid, signal.SIGKILL)
+        process.wait(10)
+
+
+def _answers(server: Served) -> bool:
+    try:
+        return server.whoami().status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _start_slow_request(server: Served) -> socket.socket:
+    """A call whose body is only half sent: in flight until `_finish` sends the rest."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    head = (f"POST /api/compute/system/whoami HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 2\r\n\r\n{")
+    sock.sendall(head.encode())
+    time.sleep(0.5)  # the worker has read the head and waits for the body
+    return sock
+
+
+def _finish(sock: socket.socket) -> tuple[int, dict]:
+    """Send the rest of the body; the status and JSON body of the answer."""
+    sock.sendall(b"}")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    sock.close()
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_serve_runs_several_workers_that_answer(served):
+    assert len(served.workers()) == 2
+    answered = {served.whoami().json()["ok"] for _ in range(6)}
+    assert answered == {True}
+
+
+def test_term_lets_an_in_flight_request_finish_then_stops(served):
+    in_flight = _start_slow_request(served)
+    served.process.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    status, body = _finish(in_flight)
+    assert status == 200, body
+    assert body["ok"]
+    assert served.process.wait(30) == 0
+    with pytest.raises(httpx.ConnectError):
+        served.whoami()
+
+
+def test_hup_replaces_the_workers_without_dropping_a_request(served):
+    before = served.workers()
+    in_flight = _start_slow_request(served)
+    served.process.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    status, body = _finish(in_flight)
+    assert status == 200, body
+    assert body["ok"]
+    assert wait_until(lambda: len(served.workers()) == 2 and not served.workers() & before)
+    assert served.whoami().status_code == 200
+    assert served.process.poll() is None
+
+
+def test_workers_stop_when_their_master_is_killed(served):
+    workers = served.workers()
+    served.process.kill()
+    served.process.wait(10)
+    assert wait_until(lambda: not any(psutil.pid_exists(pid) and
+                                      psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                                      for pid in workers), timeout=30)
+    with pytest.raises(httpx.ConnectError):
+        served.whoami()

@@ -1,0 +1,21 @@
+"""What tests need to run real server processes against the test database."""
+
+from __future__ import annotations
+
+import socket
+
+from django.conf import settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def database_url() -> str:
+    """The test database as a URL another process can use."""
+    db = settings.DATABASES["default"]
+    if db["HOST"].startswith("/"):
+        return f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
+    return f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
