@@ -1,0 +1,53 @@
+"""The statements each hot path costs, pinned: a change that adds a round trip to a booking,
+a release, a heartbeat or a report fails here and says which statements it runs now."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from fleet.services.sessions import heartbeats_record, session_open
+from reservations.services.binding import allocation_bound_record
+from tests.factories import make_node
+from tests.reservations.conftest import reserve
+from tests.reservations.test_binding import bound, report  # noqa: F401  (a fixture)
+
+
+def statements(run) -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        run()
+    return [q["sql"] for q in captured.captured_queries
+            if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+
+def pinned(run, count: int) -> None:
+    ran = statements(run)
+    listing = "\n".join(sql[:160] for sql in ran)
+    assert len(ran) == count, f"{len(ran)} statements, pinned at {count}:\n{listing}"
+
+
+def test_reservations_create_through_the_api(root, pool):
+    for _ in range(8):
+        make_node(pool["id"])
+    reserve(root, pool, 2)  # warm: the token's first use, plans
+    pinned(lambda: reserve(root, pool, 2).result, 15)
+
+
+def test_reservations_release_through_the_api(root, pool):
+    make_node(pool["id"])
+    rsv = reserve(root, pool, 2).result
+    pinned(lambda: root("reservations.release", reservationId=rsv["id"]), 17)
+
+
+def test_heartbeats_of_many_nodes_are_one_statement(pool):
+    nodes = [make_node(pool["id"]) for _ in range(5)]
+    beats = {node.id: session_open(node_id=node.id) for node in nodes}
+    pinned(lambda: heartbeats_record(beats), 1)
+
+
+def test_an_allocation_bound_report(root, bound):  # noqa: F811
+    key, node, _, hold = bound
+    body, signature = report(key, node, hold)
+    pinned(lambda: allocation_bound_record(node_id=node.id, body=body, signature=signature),
+           9)
