@@ -101,13 +101,18 @@ def test_serve_runs_several_workers_that_answer(served):
     assert answered == {True}
 
 
-def test_term_lets_an_in_flight_request_finish_then_stops(served):
+def assert_answered_across(served: Served, sent: signal.Signals) -> None:
+    """A request in flight when the master gets `sent` is still answered, and well."""
     in_flight = _start_slow_request(served)
-    served.process.send_signal(signal.SIGTERM)
+    served.process.send_signal(sent)
     time.sleep(1)
     status, body = _finish(in_flight)
     assert status == 200, body
     assert body["ok"]
+
+
+def test_term_lets_an_in_flight_request_finish_then_stops(served):
+    assert_answered_across(served, signal.SIGTERM)
     assert served.process.wait(30) == 0
     with pytest.raises(httpx.ConnectError):
         served.whoami()
@@ -115,12 +120,7 @@ def test_term_lets_an_in_flight_request_finish_then_stops(served):
 
 def test_hup_replaces_the_workers_without_dropping_a_request(served):
     before = served.workers()
-    in_flight = _start_slow_request(served)
-    served.process.send_signal(signal.SIGHUP)
-    time.sleep(1)
-    status, body = _finish(in_flight)
-    assert status == 200, body
-    assert body["ok"]
+    assert_answered_across(served, signal.SIGHUP)
     assert wait_until(lambda: len(served.workers()) == 2 and not served.workers() & before)
     assert served.whoami().status_code == 200
     assert served.process.poll() is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -69,6 +70,7 @@ def start_second_host(first: Stack, tmp: Path, processes: list) -> str:
           "--join-listen", f"127.0.0.1:{join_port}", "--api-url", api,
           "--cert-dir", str(tmp / "gateway-2"))
     start("worker", sys.executable, "-m", "django", "bc_worker", "--loop")
+    assert wait_until(lambda: _listening(join_port), timeout=60)
     token = first.json("join-tokens", "create", "--pool", first.env["POOL"], "--ttl", "1h",
                        "--max-uses", "2")["token"]
     pins = first.json("pki", "show")
@@ -85,6 +87,14 @@ def start_second_host(first: Stack, tmp: Path, processes: list) -> str:
         start(f"node-{n}", sys.executable, "-m", "bcd", "--root", str(root), "node")
     assert wait_until(lambda: len(_connected(first)) == 4, timeout=90), _connected(first)
     return f"{api}/api/compute"
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def _up(url: str) -> bool:
