@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -31,7 +32,9 @@ from compute.errors import ComputeError
 from compute.metrics import HEARTBEAT_LAG, REPORT_DUPLICATES, SESSIONS
 from fleet import selectors
 from fleet.services import sessions
+from fleet.services.specs import DESIRED_CHANNEL
 from gateway.sessions import BULK_WINDOW, Session
+from gateway.wake import listen_for
 from reservations.services import binding, sandbox_reports
 
 AGENT_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"].full_name
@@ -242,37 +245,51 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 session.send(pb.GatewayMessage(lane=pb.CONTROL, renewed=pb.Renewed(
                     certificate_pem=answer["result"]["certificatePem"])))
 
-    async def housekeeping(self, *, interval: float = 0.5) -> None:
-        """Flush heartbeats, push queued commands and new desired specs."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                beats, self.beats = self.beats, {}
-                stale, back = await self.db(sessions.heartbeats_record, beats=beats)
-                for node_id in stale:
-                    if node_id in self.sessions:
-                        self.sessions[node_id].close("a newer session of this node exists")
-                for node_id in back:
-                    await self.db(sessions.node_reconnect, node_id=node_id,
-                                  epoch=beats[node_id])
-                live = {n: s.epoch for n, s in self.sessions.items() if not s.closed}
-                if live:
-                    for command in await self.db(sessions.commands_to_send,
-                                                 node_epochs=live):
-                        session = self.sessions.get(command["nodeId"])
-                        if session is not None:
-                            session.send(pb.GatewayMessage(lane=pb.CONTROL, command=pb.Command(
-                                command_id=command["commandId"], kind=command["kind"],
-                                json=command["json"])))
-                specs, self.spec_cursor = await self.db(selectors.specs_since,
-                                                        after=self.spec_cursor)
-                for spec in specs:
-                    session = self.sessions.get(spec["nodeId"])
+    async def housekeeping(self, *, interval: float = 0.5, least: float = 0.02) -> None:
+        """Flush heartbeats, push queued commands and new desired specs: every `interval`,
+        and at once (at most every `least` seconds) when a commit changed what some node
+        should hold or run."""
+        woken = asyncio.Event()
+        listener = asyncio.create_task(listen_for(DESIRED_CHANNEL, woken))
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), interval)
+                woken.clear()
+                await self._pass()
+                await asyncio.sleep(least)
+        finally:
+            listener.cancel()
+
+    async def _pass(self) -> None:
+        """One pass of housekeeping."""
+        try:
+            beats, self.beats = self.beats, {}
+            stale, back = await self.db(sessions.heartbeats_record, beats=beats)
+            for node_id in stale:
+                if node_id in self.sessions:
+                    self.sessions[node_id].close("a newer session of this node exists")
+            for node_id in back:
+                await self.db(sessions.node_reconnect, node_id=node_id,
+                              epoch=beats[node_id])
+            live = {n: s.epoch for n, s in self.sessions.items() if not s.closed}
+            if live:
+                for command in await self.db(sessions.commands_to_send,
+                                             node_epochs=live):
+                    session = self.sessions.get(command["nodeId"])
                     if session is not None:
-                        session.send(pb.GatewayMessage(lane=pb.CONTROL, spec=pb.Spec(
-                            generation=spec["generation"], json=spec["json"])))
-            except Exception:
-                logger.exception("gateway housekeeping failed; retrying")
+                        session.send(pb.GatewayMessage(lane=pb.CONTROL, command=pb.Command(
+                            command_id=command["commandId"], kind=command["kind"],
+                            json=command["json"])))
+            specs, self.spec_cursor = await self.db(selectors.specs_since,
+                                                    after=self.spec_cursor)
+            for spec in specs:
+                session = self.sessions.get(spec["nodeId"])
+                if session is not None:
+                    session.send(pb.GatewayMessage(lane=pb.CONTROL, spec=pb.Spec(
+                        generation=spec["generation"], json=spec["json"])))
+        except Exception:
+            logger.exception("gateway housekeeping failed; retrying")
 
 
 SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)

@@ -18,6 +18,7 @@ from compute.tenancy.models import Principal, Tenant
 from fleet.models import CommandState, Device, Health, Node, NodeCommand, ProvisionState
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_adopt_locked, node_event
+from fleet.services.specs import desired_state_changed
 
 FINISHED = (CommandState.SUCCEEDED, CommandState.FAILED, CommandState.UNKNOWN)
 
@@ -31,6 +32,8 @@ def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand
         "expect": policy.get("expect", {}), "hostShare": policy.get("hostShare", {}),
         "params": check.get("params", {}), "acceptance": attempt})
         for check in policy.get("acceptance", [])]
+    if commands:
+        desired_state_changed()
     node.acceptance = {"attempt": attempt, "state": "running", "reason": reason,
                        "commands": [c.id for c in commands],
                        "startedAt": timezone.now().isoformat()}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
+
 from compute.db import CURRENT_TXID
 from fleet.models import Node, NodeSpec
 
@@ -28,9 +30,19 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     allocations = _changed(spec.get("allocations", []), "allocationId", add, remove)
     vms = [{**vm, "desired": "stopped"} if vm["sandboxId"] == vm_stop else vm
            for vm in _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)]
+    desired_state_changed()
     return NodeSpec.objects.create(node=node, generation=(latest.generation + 1) if latest else 1,
                                    spec={"allocations": allocations, "vms": vms},
                                    txid=CURRENT_TXID)
+
+
+DESIRED_CHANNEL = "bc_desired"
+
+
+def desired_state_changed() -> None:
+    """Wake the gateways at commit: a node's spec or its queue of commands changed."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [DESIRED_CHANNEL])
 
 
 def _changed(entries: list[dict[str, Any]], key: str, add: dict[str, Any] | None,
