@@ -51,9 +51,8 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
               excluded: set[str] | None = None) -> Allocation | None:
     """Book the reservation on the best node now, or return None (it stays pending).
 
-    Runs inside the caller's transaction and saves the reservation (a new one is inserted
-    whole). Each booking attempt is a savepoint, so a lost race (EXCLUDE violation, or host
-    counters taken) leaves nothing behind and we re-read.
+    Runs inside the caller's transaction; each booking attempt is a savepoint, so a lost
+    race (EXCLUDE violation, or host counters taken) leaves nothing behind and we re-read.
     """
     start = max(rsv.requested_start or now, now)
     during = window(start, rsv.duration_ms)
@@ -65,7 +64,7 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
                                      excluded=excluded)
         if choice is None:
             rsv.failure_reason = pending_reason(pool, during, candidates, request)[:300]
-            _save(rsv, ["failure_reason"])
+            rsv.save(update_fields=["failure_reason"])
             return None
         try:
             with transaction.atomic():
@@ -81,19 +80,11 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         rsv.placement_attempts += 1
         rsv.failure_reason = ""
         transition(rsv, ReservationState.PLACED)
-        _save(rsv, ["during", "placed_at", "state", "placement_attempts", "failure_reason"])
+        rsv.save(update_fields=["during", "placed_at", "state", "placement_attempts",
+                                "failure_reason"])
         enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
         return allocation
-    _save(rsv, ["failure_reason"])  # raced out every time: it stays pending, retried later
     return None
-
-
-def _save(rsv: Reservation, fields: list[str]) -> None:
-    """Write a new reservation whole (placed or not, one INSERT), else the changed fields."""
-    if rsv._state.adding:
-        rsv.save(force_insert=True)
-    else:
-        rsv.save(update_fields=fields)
 
 
 # One statement books a choice: the node's host share is taken only while the node is
@@ -201,9 +192,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     requested_start = None
     requested_start = later_start(now, start, start_in_ms)
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
-    # Written by the placement below, in its final state (the allocation's reference to it
-    # is checked at commit).
-    rsv = Reservation(
+    rsv = Reservation.objects.create(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms)

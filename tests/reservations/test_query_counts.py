@@ -31,7 +31,7 @@ def test_reservations_create_through_the_api(root, pool):
     for _ in range(8):
         make_node(pool["id"])
     reserve(root, pool, 2)  # warm: the token's first use, plans
-    pinned(lambda: reserve(root, pool, 2).result, 15)
+    pinned(lambda: reserve(root, pool, 2).result, 16)
 
 
 def test_reservations_release_through_the_api(root, pool):
