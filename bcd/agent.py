@@ -54,6 +54,10 @@ class Agent:
         self.session: AgentSession | None = None
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
         self.busy_slices: dict[str, Hold] = {}  # released holds whose slice still runs
+        # The signed reports of the last spec applied, sent again on every new session: one
+        # sent on a session that died before its gateway took it would be lost, and the
+        # control plane treats a repeat as a no-op.
+        self.spec_reports: list[tuple[str, str, str]] = []
         self._key: ec.EllipticCurvePrivateKey | None = None
         self._last_inventory = b""
         self._inventory: dict[str, Any] | None = None
@@ -189,6 +193,7 @@ class Agent:
                                                   "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
         self.vms.want(machines)
+        self.spec_reports = reports
         return reports
 
     def cdi_source(self) -> str:
@@ -308,6 +313,7 @@ class Agent:
         state.on_renewed = self._renewed
         if self.session is not None:
             self.session.send_inventory(self._inventory_sent_now(self.current_inventory()))
+            self.session.send_reports(self.spec_reports)
             self.vms.resend()
 
     def _inventory_sent_now(self, report: dict[str, Any]) -> dict[str, Any]:
