@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -212,3 +213,32 @@ def test_paths_come_from_the_allocation_id_not_from_the_spec(root):
     assert bound["cgroupParent"] == f"bcd-alloc-{A['a']}.slice"
     assert (root / f"run/bcd/allocations/{A['a']}.env").exists()
     assert not (root / "etc/shadow").exists()
+
+
+class RecordingSession:
+    """Stands for a new session to the gateway: records what the agent queues on it."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[str, str, str]] = []
+        self.state = SimpleNamespace(connected=True, node_id="n", epoch=2)
+
+    def send_inventory(self, report):
+        return "inventory"
+
+    def send_reports(self, reports):
+        self.reports.extend(reports)
+
+
+def test_a_new_session_gets_the_last_specs_reports_again(root):
+    """A bound report queued on a session that died before its gateway took it is sent
+    again on the next session, signed as before."""
+    instance = agent(root, [])
+    sent = instance.apply_spec(1, {"allocations": [hold(A["a"], gpus_of(root, 1))]})
+    assert [kind for kind, _, _ in sent] == ["bound"]
+    instance.session = RecordingSession()  # the first session died with the report queued
+    instance._welcomed(instance.session.state)
+    assert instance.session.reports == sent
+    released = instance.apply_spec(2, {"allocations": []})
+    instance.session = RecordingSession()
+    instance._welcomed(instance.session.state)
+    assert instance.session.reports == released
