@@ -88,7 +88,7 @@ SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib, fleet_node.vcpus_
 def _where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any]]:
     """A filter as SQL over the model's own table name, its values as named parameters
     `<prefix><n>` (so they mix with the query's own)."""
-    query = model.objects.filter(q).query
+    query = model._default_manager.filter(q).query
     sql, values = query.where.as_sql(query.get_compiler(connection=connection), connection)
     names = [f"{prefix}{n}" for n in range(len(values))]
     named = sql.replace("%%", "%%%%") % tuple(f"%({name})s" for name in names)

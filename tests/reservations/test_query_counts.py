@@ -3,7 +3,6 @@ a release, a heartbeat or a report fails here and says which statements it runs 
 
 from __future__ import annotations
 
-import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
