@@ -22,20 +22,17 @@ def default_workers() -> int:
     return max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 
-def server_argv(host: str, port: int, *, workers: int, graceful_timeout: int = 30,
-                access_log: bool = False) -> list[str]:
+def server_argv(host: str, port: int, *, workers: int, graceful_timeout: int = 30
+                ) -> list[str]:
     """The command line that serves the API: gunicorn with uvicorn workers."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    argv = [sys.executable, "-m", "gunicorn", "compute.asgi:application",
+    return [sys.executable, "-m", "gunicorn", "compute.asgi:application",
             "--worker-class", "compute.http.worker.ApiWorker", "--workers", str(workers),
             "--bind", address, "--graceful-timeout", str(graceful_timeout),
-            # A worker busy with one slow request is not dead: the API's own request
-            # deadlines and Postgres' statement timeouts bound the work.
+            # A worker tells its master it lives from its event loop, which a slow request
+            # (run on a thread) does not block: this catches only a wedged worker.
             "--timeout", str(max(60, graceful_timeout * 2)),
             "--keep-alive", "75", "--log-level", "warning"]
-    if access_log:
-        argv += ["--access-logfile", "-"]
-    return argv
 
 
 @click.command("serve")
