@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from bench.common import table
+from compute.cli.dev import read_env_file
 
 READY_LINE = "Ctrl-C stops everything"
 
@@ -60,11 +61,7 @@ def start_dev(folder: Path, port: int) -> tuple[subprocess.Popen[str], float, di
         raise RuntimeError("dev exited before it was ready")
     ready = time.monotonic() - began
     threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()
-    exports = {}
-    for line in (folder / "state" / "env").read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        exports[key] = value.strip("'")
-    return process, ready, exports
+    return process, ready, read_env_file(folder / "state" / "env")
 
 
 class Api:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
+import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
@@ -16,6 +19,8 @@ from psycopg.conninfo import make_conninfo
 
 from compute.errors import ComputeError
 from compute.metrics import CONFLICTS, RETRIES
+
+logger = logging.getLogger("compute.db")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -118,3 +123,25 @@ _MINE = RawSQL("pg_current_xact_id_if_assigned()::text::bigint", [])
 def settled() -> Q:
     """Rows whose writing transaction is older than every one in flight (or is this one)."""
     return Q(txid__lt=_SETTLED) | Q(txid=_MINE) | Q(txid__isnull=True)
+
+
+async def listen_forever(channel: str, notified: Callable[[str | None], None]) -> None:
+    """LISTEN on `channel` on a connection of one's own, for the life of the task: calls
+    `notified(payload)` at every NOTIFY, and `notified(None)` after each (re)connection and
+    each loss, since a notification sent while not listening is gone (the caller re-reads).
+    Reconnects with backoff."""
+    backoff = 0.5
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(conninfo(),
+                                                             autocommit=True) as listening:
+                await listening.execute(f"LISTEN {channel}")
+                notified(None)  # anything committed while not listening is read now
+                backoff = 0.5
+                async for note in listening.notifies():
+                    notified(note.payload)
+        except (psycopg.Error, OSError) as error:
+            logger.warning("listening on %s lost (%s); reconnecting", channel, error)
+            notified(None)
+        await asyncio.sleep(backoff)
+        backoff = min(30.0, backoff * 2)

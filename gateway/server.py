@@ -28,13 +28,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
+from compute.db import listen_forever
 from compute.errors import ComputeError
 from compute.metrics import HEARTBEAT_LAG, REPORT_DUPLICATES, SESSIONS
 from fleet import selectors
 from fleet.services import sessions
 from fleet.services.specs import DESIRED_CHANNEL
 from gateway.sessions import BULK_WINDOW, Session
-from gateway.wake import listen_for
 from reservations.services import binding, sandbox_reports
 
 AGENT_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"].full_name
@@ -250,7 +250,8 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         and at once (at most every `least` seconds) when a commit changed what some node
         should hold or run."""
         woken = asyncio.Event()
-        listener = asyncio.create_task(listen_for(DESIRED_CHANNEL, woken))
+        listener = asyncio.create_task(listen_forever(DESIRED_CHANNEL,
+                                                      lambda _payload: woken.set()))
         try:
             while True:
                 with contextlib.suppress(TimeoutError):

@@ -84,6 +84,15 @@ def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], what:
     raise CliError(f"the {what} did not listen on {host}:{port} within 30s")
 
 
+def read_env_file(path: Path) -> dict[str, str]:
+    """The exports `dev` wrote (`export KEY='value'` lines)."""
+    values = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        values[key] = value.strip("'")
+    return values
+
+
 def _write_env_file(path: Path, lines: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import psycopg
-
-from compute.db import conninfo
+from compute.db import listen_forever
 from compute.errors import TooManyRequests
 
-logger = logging.getLogger("compute.http")
 CHANNEL = "bc_events"
 
 
@@ -66,21 +62,7 @@ class Hub:
                 event.set()
 
     async def _listen(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                        conninfo(), autocommit=True) as connection:
-                    await connection.execute(f"LISTEN {CHANNEL}")
-                    self._wake()  # anything committed while not listening is read now
-                    backoff = 0.5
-                    async for note in connection.notifies():
-                        self._wake(note.payload)
-            except (psycopg.OperationalError, OSError) as error:
-                logger.warning("events listener lost (%s); reconnecting", error)
-                self._wake()
-                await asyncio.sleep(backoff)
-                backoff = min(30.0, backoff * 2)
+        await listen_forever(CHANNEL, self._wake)
 
 
 HUB = Hub()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from compute.cli.dev import read_env_file
 from tests.support.processes import free_port
 
 
@@ -41,14 +42,6 @@ class Stack:
         result = self.cli(*args, "--output", "json", env=env, timeout=timeout)
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         return json.loads(result.stdout)
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        values[key] = value.strip("'")
-    return values
 
 
 def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None,
