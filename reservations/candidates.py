@@ -16,17 +16,47 @@ from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Model, Q
 
+from compute.errors import InvalidArgument
 from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
 from reservations.ledger import Reservation
 from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
 
 MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for
+PAST_START_SLACK = timedelta(minutes=1)  # a start this far in the past means now
 SHORTLIST = 16  # nodes of each kind (partly taken, untouched) scored for a request
 
 
 def window(start: datetime, duration_ms: int) -> DateTimeTZRange:
     return DateTimeTZRange(start, start + timedelta(milliseconds=duration_ms), "[)")
+
+
+def moment(now: datetime, at: datetime | None, in_ms: int | None, *,
+           field: str) -> datetime | None:
+    """A time given as `<field>` or `<field>In` (ms after now on the server's clock)."""
+    if at is not None and in_ms is not None:
+        raise InvalidArgument(f"give {field} or {field}In, not both", field=f"{field}In")
+    return now + timedelta(milliseconds=in_ms) if in_ms is not None else at
+
+
+def later_start(now: datetime, start: datetime | None, start_in_ms: int | None, *,
+                field: str = "start") -> datetime | None:
+    """A request's start from `start` or `startIn`, None for now; refused when in the past
+    or beyond the horizon. `field` names the pair in errors (`after`, `afterIn`)."""
+    start = moment(now, start, start_in_ms, field=field)
+    if start is None:
+        return None
+    if start < now - PAST_START_SLACK:
+        raise InvalidArgument(f"{field}: {start.isoformat()} is in the past", field=field)
+    if start > now + MAX_START_AHEAD:
+        raise InvalidArgument(f"{field}: at most {MAX_START_AHEAD.days} days ahead",
+                              field=field)
+    return start if start > now else None
+
+
+def instant(at: datetime) -> str:
+    """A time as the API writes it, to the second, in UTC."""
+    return f"{at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
 
 
 def host_share(pool: Pool, node_vcpus: int, node_memory: int, node_gpus: int) -> tuple[int, int]:
@@ -71,21 +101,49 @@ SHORTLIST_SQL = """
         ORDER BY fleet_node.id LIMIT %(shortlist)s))"""
 
 # One row per (schedulable node, NVLink domain) with its free device ids in index order; a
-# joined string parses much faster than a text[] of hundreds of ids.
+# joined string parses much faster than a text[] of hundreds of ids. A node's host share in
+# use over the window is what its sandboxes hold plus the most its GPU allocations hold at
+# one moment of the window (two bookings that never meet do not add up).
 CANDIDATES_SQL = """
-SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib, fleet_node.vcpus_allocated,
-       fleet_node.memory_gib_allocated, fleet_device.nvlink_domain, count(*),
+WITH nodes AS MATERIALIZED (
+  SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib FROM fleet_node
+   WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
+     AND fleet_node.id <> ALL(%(excluded)s) {shortlist}),
+spans AS (
+  SELECT DISTINCT ON (a.id) a.node_id, a.vcpus, a.memory_gib,
+         greatest(lower(b.during), lower(%(during)s::tstzrange)) AS lo,
+         least(upper(b.during), upper(%(during)s::tstzrange)) AS hi
+    FROM reservations_booking b JOIN reservations_allocation a ON a.id = b.allocation_id
+   WHERE b.during && %(during)s AND a.ended_at IS NULL
+     AND a.node_id IN (SELECT id FROM nodes)),
+held AS (
+  SELECT node_id, max(v) AS vcpus, max(m) AS memory FROM (
+    SELECT node_id, sum(dv) OVER w AS v, sum(dm) OVER w AS m FROM (
+      SELECT node_id, lo AS at, 1 AS starts, vcpus AS dv, memory_gib AS dm FROM spans
+      UNION ALL
+      SELECT node_id, hi, 0, -vcpus, -memory_gib FROM spans) edges
+    WINDOW w AS (PARTITION BY node_id ORDER BY at, starts)) running
+   GROUP BY node_id),
+sandboxed AS (
+  SELECT node_id, sum(vcpus) AS vcpus, sum(memory_gib) AS memory FROM reservations_sandbox
+   WHERE ended_at IS NULL AND node_id IN (SELECT id FROM nodes) GROUP BY node_id)
+SELECT nodes.id, nodes.vcpus, nodes.memory_gib,
+       coalesce(held.vcpus, 0) + coalesce(sandboxed.vcpus, 0),
+       coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), fleet_device.nvlink_domain,
+       count(*),
        coalesce(string_agg(fleet_device.id, ',' ORDER BY fleet_device.index) FILTER (
            WHERE fleet_device.health = 'healthy' {device_filter} AND NOT EXISTS (
                SELECT 1 FROM reservations_booking b
                 WHERE b.device_id = fleet_device.id AND b.during && %(during)s)), '')
-  FROM fleet_node JOIN fleet_device ON fleet_device.node_id = fleet_node.id
- WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_node.id <> ALL(%(excluded)s)
-   AND fleet_device.present AND fleet_device.device_class = 'gpu' {shortlist}
- GROUP BY fleet_node.id, fleet_device.nvlink_domain"""
+  FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
+  LEFT JOIN held ON held.node_id = nodes.id
+  LEFT JOIN sandboxed ON sandboxed.node_id = nodes.id
+ WHERE fleet_device.present AND fleet_device.device_class = 'gpu'
+ GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, fleet_device.nvlink_domain, held.vcpus,
+          held.memory, sandboxed.vcpus, sandboxed.memory"""
 
 
-def _where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any]]:
+def where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any]]:
     """A filter as SQL over the model's own table name, its values as named parameters
     `<prefix><n>` (so they mix with the query's own)."""
     query = model._default_manager.filter(q).query
@@ -98,7 +156,7 @@ def _where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, An
 @functools.cache
 def schedulable_sql() -> tuple[str, dict[str, Any]]:
     """fleet.models.SCHEDULABLE as SQL over `fleet_node`, and its values; built once."""
-    return _where_sql(Node, SCHEDULABLE, "schedulable")
+    return where_sql(Node, SCHEDULABLE, "schedulable")
 
 
 @functools.cache
@@ -111,15 +169,15 @@ def _candidates_sql(shortlisted: bool) -> tuple[str, dict[str, Any]]:
 
 
 def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
-            device_filter: Q | None = None, excluded: Collection[str] = ()
-            ) -> tuple[Choice | None, list[Candidate]]:
-    """The placer's choice over the shortlist, else over the whole pool (a filter or an odd
-    node shape can leave the shortlist without a fit), with the candidates it scored (the
-    whole pool's when nothing fits, to say why)."""
+            device_filter: Q | None = None, excluded: Collection[str] = (),
+            whole_pool: bool = True) -> tuple[Choice | None, list[Candidate]]:
+    """The placer's choice over the shortlist, else (unless `whole_pool` is false) over the
+    whole pool (a filter or an odd node shape can leave the shortlist without a fit), with
+    the candidates it scored (the whole pool's when nothing fits, to say why)."""
     candidates = load_candidates(pool, during, device_filter=device_filter, excluded=excluded,
                                  shortlist_for=request.count)
     choice = choose(candidates, request)
-    if choice is None:
+    if choice is None and whole_pool:
         candidates = load_candidates(pool, during, device_filter=device_filter,
                                      excluded=excluded)
         choice = choose(candidates, request)
@@ -137,7 +195,7 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | N
                               "shortlist": SHORTLIST}
     filter_sql = ""
     if device_filter:
-        where, values = _where_sql(Device, device_filter, "filter")
+        where, values = where_sql(Device, device_filter, "filter")
         filter_sql = f"AND ({where})"
         params.update(values)
     with connection.cursor() as cursor:
@@ -181,4 +239,4 @@ def pending_reason(pool: Pool, during: DateTimeTZRange, candidates: Sequence[Can
     if until is None:
         return "every node that could hold it lacks the free host share (vCPUs, memory)"
     return (f"all fitting nodes are busy; the first booking in the way ends at "
-            f"{until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}")
+            f"{instant(until)}")

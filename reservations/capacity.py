@@ -1,4 +1,5 @@
-"""Capacity of a pool: the rollup per resource, and "would this request fit now"."""
+"""Capacity of a pool: the rollup per resource, "would this request fit now", and "when is
+the earliest it fits"."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from fleet.models import ProvisionState as PS
 from reservations.candidates import (
     MAX_START_AHEAD,
     device_filter_q,
+    later_start,
+    moment,
     pending_reason,
     placement_request,
     propose,
     window,
 )
+from reservations.earliest import search_for
 from reservations.ledger import Booking, Reservation
+from reservations.placement import Choice
 
 
 def capacity_rollup(pool: Pool) -> dict[str, Any]:
@@ -96,9 +101,31 @@ def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = N
         return {"fits": False, "poolId": pool.id, "gpus": rsv.gpu_count,
                 "window": {"start": during.lower, "end": during.upper},
                 "reason": pending_reason(pool, during, candidates, request)}
+    return {"fits": True, **placed_view(pool, rsv.gpu_count, choice, during)}
+
+
+def placed_view(pool: Pool, gpus: int, choice: Choice, during: DateTimeTZRange
+                ) -> dict[str, Any]:
+    """Where a request would go: node, devices, NVLink domains, host share and window."""
     devices = Device.objects.filter(pk__in=choice.device_ids).order_by("index")
-    return {"fits": True, "poolId": pool.id, "gpus": rsv.gpu_count, "nodeId": choice.node_id,
+    return {"poolId": pool.id, "gpus": gpus, "nodeId": choice.node_id,
             "nodeClass": pool.pool_class, "devices": [d.uuid for d in devices],
             "nvlinkDomains": sorted({d.nvlink_domain for d in devices if d.nvlink_domain}),
             "vcpus": choice.vcpus, "memoryGiB": choice.memory_gib,
             "window": {"start": during.lower, "end": during.upper}}
+
+
+def capacity_earliest(pool: Pool, rsv: Reservation, *, after: datetime | None = None,
+                      after_in_ms: int | None = None, before: datetime | None = None,
+                      before_in_ms: int | None = None) -> dict[str, Any]:
+    """The earliest window in which `rsv` (unsaved) fits on one node, starting no sooner
+    than `after` (default now) and ending no later than `before` (default: starting within
+    the start horizon), and where. Books nothing and takes no locks."""
+    now = database_now()
+    search = search_for(rsv, now, later_start(now, after, after_in_ms, field="after"),
+                        moment(now, before, before_in_ms, field="before"))
+    slot = search.slot()
+    if slot is None:
+        return {"found": False, "poolId": pool.id, "gpus": rsv.gpu_count,
+                "reason": search.reason()}
+    return {"found": True, **placed_view(pool, rsv.gpu_count, slot.choice, slot.during)}

@@ -83,7 +83,7 @@ def nodes_maintenance(node_id: str, start: str | None, duration: int, reason: st
     """Take a node out of service for a window: refused naming the bookings it overlaps,
     unless --move places them elsewhere (all or none)."""
     return {"nodeId": node_id, "duration": duration, "reason": reason, "move": move,
-            **start_fields(start)}
+            **time_fields("start", start)}
 
 
 @click.group()
@@ -133,6 +133,8 @@ def shape_options(func: Any) -> Any:
 @click.command("capacity")
 @click.option("--pool", required=True, help="Pool id.")
 @click.option("--preview", is_flag=True, help="Ask whether a request would fit now.")
+@click.option("--earliest", is_flag=True,
+              help="Ask when a request fits first, on which node and GPUs.")
 @click.option("--gpus", type=click.IntRange(1, 64), default=None)
 @click.option("--for", "duration", type=Duration(), default=None)
 @click.option("--nvlink", is_flag=True)
@@ -141,58 +143,80 @@ def shape_options(func: Any) -> Any:
 @click.option("--selector", default=None)
 @click.option("--start", "start", default=None,
               help="With --preview: a later start, +2h (from now) or an ISO 8601 time.")
+@click.option("--after", default=None,
+              help="With --earliest: start no sooner, +2h (from now) or an ISO 8601 time.")
+@click.option("--before", default=None,
+              help="With --earliest: end by then, +3d (from now) or an ISO 8601 time.")
 @output_options
-def capacity(pool: str, preview: bool, gpus: int | None, duration: int | None, nvlink: bool,
-             model: str | None, product: str | None, selector: str | None,
-             start: str | None, output: str | None, query: str | None,
-             tenant: str | None) -> None:
-    """A pool's capacity, or (--preview --gpus N --for 2h [--start +2h]) whether a request
-    would fit, and if not why."""
+def capacity(pool: str, preview: bool, earliest: bool, gpus: int | None,
+             duration: int | None, nvlink: bool, model: str | None, product: str | None,
+             selector: str | None, start: str | None, after: str | None, before: str | None,
+             output: str | None, query: str | None, tenant: str | None) -> None:
+    """A pool's capacity; with --preview --gpus N --for 2h [--start +2h], whether a request
+    would fit, and if not why; with --earliest --gpus N --for 4h [--after T] [--before T],
+    the earliest window where it fits."""
     api = make_client()
-    if not preview:
+    if not (preview or earliest):
         show(api.call("capacity.get", {"poolId": pool}, tenant=tenant), output=output,
              query=query)
         return
+    if preview and earliest:
+        raise click.UsageError("--preview and --earliest ask different questions: give one")
     if gpus is None or duration is None:
-        raise click.UsageError("--preview needs --gpus and --for")
-    body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector),
-            **start_fields(start)}
+        raise click.UsageError(f"--{'preview' if preview else 'earliest'} needs --gpus and --for")
+    body = request_shape(pool, gpus, duration, nvlink, model, product, selector)
     body.pop("model")
-    show(api.call("capacity.preview", body, tenant=tenant), output=output, query=query)
+    if preview:
+        body.update(time_fields("start", start))
+        show(api.call("capacity.preview", body, tenant=tenant), output=output, query=query)
+        return
+    body.update({**time_fields("after", after), **time_fields("before", before)})
+    show(api.call("capacity.earliest", body, tenant=tenant), output=output, query=query)
 
 
-def start_fields(start: str | None) -> dict[str, Any]:
-    """`--start +2h` (from now, on the server's clock) or an ISO 8601 time."""
-    if not start:
+def time_fields(name: str, text: str | None) -> dict[str, Any]:
+    """`--<name> +2h` (from now, on the server's clock) or an ISO 8601 time, as the API's
+    `<name>In` or `<name>`."""
+    if not text:
         return {}
-    if start.startswith("+"):
-        return {"startIn": Duration().convert(start[1:], None, None)}
-    return {"start": start}
+    if text.startswith("+"):
+        return {f"{name}In": Duration().convert(text[1:], None, None)}
+    return {name: text}
 
 
 @click.command("reserve")
 @shape_options
 @click.option("--start", "start", default=None,
               help="Later start: +2h (from now) or an ISO 8601 time.")
+@click.option("--at-earliest", "at_earliest", is_flag=True,
+              help="Book the earliest window from --start (or now) where it fits.")
+@click.option("--before", default=None,
+              help="With --at-earliest: end by then, +3d (from now) or an ISO 8601 time.")
 @click.option("--kubernetes", is_flag=True, help="Hold for the node's Kubernetes workers.")
 @click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
 @click.option("--wait", type=click.FloatRange(0, 3600), default=20.0, show_default=True,
               help="Seconds to wait for placement.")
 @output_options
 def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None,
-            product: str | None, selector: str | None, start: str | None, kubernetes: bool,
-            key: str | None, wait: float, output: str | None, query: str | None,
-            tenant: str | None) -> None:
-    """Reserve GPUs for a window; retry with --key KEY to never book twice."""
+            product: str | None, selector: str | None, start: str | None,
+            at_earliest: bool, before: str | None, kubernetes: bool, key: str | None,
+            wait: float, output: str | None, query: str | None, tenant: str | None) -> None:
+    """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
+    fit); retry with --key KEY to never book twice."""
+    if before and not at_earliest:
+        raise click.UsageError("--before goes with --at-earliest")
     key = key or str(uuid.uuid4())
     click.echo(f"idempotency key: {key}", err=True)
     body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector),
             "kubernetes": kubernetes or None, "idempotencyKey": key, "binding": "hold",
-            **start_fields(start)}
+            "atEarliest": at_earliest or None, **time_fields("start", start),
+            **time_fields("before", before)}
     api = make_client()
     result = api.call("reservations.create", body, tenant=tenant)
     # A reservation that starts now is followed until the node holds it (active).
-    settling = ("pending",) if start else ("pending", "placed", "binding")
+    later = start or (at_earliest and result.get("start") and result["state"] == "placed"
+                      and result["start"] > result["createdAt"])
+    settling = ("pending",) if later else ("pending", "placed", "binding")
     result = wait_for(api, result, wait, tenant, settling)
     show(result, output=output, query=query)
 

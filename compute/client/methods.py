@@ -44,6 +44,19 @@ class Audit(Group):
 class Capacity(Group):
     """capacity.* methods."""
 
+    def earliest(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
+            model: str | None = None, product: str | None = None, selector: str | None = None,
+            kubernetes: bool | None = None, after: str | None = None, after_in: int | None = None,
+            before: str | None = None, before_in: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """The earliest window in which this request fits on one node (after a time, ending
+        before another), on which node and devices; or why none. Books nothing.
+        """
+        return self._call("capacity.earliest", {"poolId": pool_id, "devices": devices,
+            "duration": duration, "model": model, "product": product, "selector": selector,
+            "kubernetes": kubernetes, "after": after, "afterIn": after_in, "before": before,
+            "beforeIn": before_in, "tenantId": tenant_id}, retry=True)
+
     def get(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
         """A pool's capacity per resource: total, allocatable, allocated, reserved, available."""
         return self._call("capacity.get", {"poolId": pool_id, "tenantId": tenant_id}, retry=True)
@@ -244,12 +257,14 @@ class Reservations(Group):
     def create(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
             model: str | None = None, product: str | None = None, selector: str | None = None,
             kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
-            binding: str | None = None, idempotency_key: str | None = None,
-            tenant_id: str | None = None) -> Any:
+            at_earliest: bool | None = None, before: str | None = None,
+            before_in: int | None = None, binding: str | None = None,
+            idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
         """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
         return self._call("reservations.create", {"poolId": pool_id, "devices": devices,
             "duration": duration, "model": model, "product": product, "selector": selector,
-            "kubernetes": kubernetes, "start": start, "startIn": start_in, "binding": binding,
+            "kubernetes": kubernetes, "start": start, "startIn": start_in,
+            "atEarliest": at_earliest, "before": before, "beforeIn": before_in, "binding": binding,
             "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)
 

@@ -11,6 +11,7 @@ from compute.api.registry import CallContext, endpoint
 from compute.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
 from reservations.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_kwargs
+from reservations.capacity import capacity_earliest as earliest
 from reservations.capacity import capacity_preview as preview
 from reservations.capacity import capacity_rollup
 from reservations.device_filter import parse_selector
@@ -30,11 +31,15 @@ CAPACITY = obj(
                            unreachable=INTEGER),
     vcpu=HOST_ROW, memoryGiB=HOST_ROW, pending=INTEGER)
 WINDOW = obj(start=TIME, end=TIME)
+PLACED = {"poolId": STRING, "gpus": INTEGER, "nodeId": STRING, "nodeClass": STRING,
+          "devices": array(STRING), "nvlinkDomains": array(STRING), "vcpus": INTEGER,
+          "memoryGiB": INTEGER, "window": WINDOW}
 PREVIEW = one_of(
     obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, window=WINDOW, reason=STRING),
-    obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, nodeId=STRING, nodeClass=STRING,
-        devices=array(STRING), nvlinkDomains=array(STRING), vcpus=INTEGER, memoryGiB=INTEGER,
-        window=WINDOW))
+    obj(fits=BOOLEAN, **PLACED))
+EARLIEST = one_of(
+    obj(found=BOOLEAN, poolId=STRING, gpus=INTEGER, reason=STRING),
+    obj(found=BOOLEAN, **PLACED))
 
 
 @endpoint("capacity", "get", returns=CAPACITY,
@@ -56,9 +61,37 @@ def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Would this request fit (now, or from a start), where, with which host share? If not,
     why. Books nothing."""
     start, start_in = data.pop("start", None), data.pop("start_in", None)
+    unsaved = unsaved_request(ctx, data)
+    return preview(ctx.subject, unsaved, start=start, start_in_ms=start_in)
+
+
+class CapacityEarliestIn(RequestShapeIn):
+    after = serializers.DateTimeField(required=False, help_text="Absent: now.")
+    after_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
+                                        help_text="This many ms after now (server clock).")
+    before = serializers.DateTimeField(required=False,
+                                       help_text="The window must end by then.")
+    before_in = serializers.IntegerField(required=False, min_value=1_000,
+                                         max_value=MAX_DURATION_MS,
+                                         help_text="End by this many ms after now.")
+
+
+@endpoint("capacity", "earliest", returns=EARLIEST, input=CapacityEarliestIn, mutating=False,
+          subject=pool_subject())
+def capacity_earliest(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The earliest window in which this request fits on one node (after a time, ending
+    before another), on which node and devices; or why none. Books nothing."""
+    after, after_in = data.pop("after", None), data.pop("after_in", None)
+    before, before_in = data.pop("before", None), data.pop("before_in", None)
+    return earliest(ctx.subject, unsaved_request(ctx, data), after=after, after_in_ms=after_in,
+                    before=before, before_in_ms=before_in)
+
+
+def unsaved_request(ctx: CallContext, data: dict[str, Any]) -> Reservation:
+    """The request shape as an unsaved reservation, its selector checked."""
     kwargs = shape_kwargs(data)
     unsaved = Reservation(tenant=ctx.tenant, pool=ctx.subject, gpu_count=kwargs["gpus"],
                           topology=kwargs["topology"], duration_ms=kwargs["duration_ms"],
                           product=kwargs["product"], selector=kwargs["selector"])
     parse_selector(unsaved.selector)
-    return preview(ctx.subject, unsaved, start=start, start_in_ms=start_in)
+    return unsaved

@@ -55,6 +55,15 @@ class ReservationCreateIn(RequestShapeIn):
     start = serializers.DateTimeField(required=False, help_text="Absent: as soon as placed.")
     start_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
                                         help_text="Start this many ms after now (server clock).")
+    at_earliest = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Book the earliest window from the start (or now) where it fits; refused "
+                  "when there is none.")
+    before = serializers.DateTimeField(
+        required=False, help_text="With atEarliest: the window must end by then.")
+    before_in = serializers.IntegerField(
+        required=False, min_value=1_000, max_value=MAX_DURATION_MS,
+        help_text="With atEarliest: end by this many ms after now.")
     binding = serializers.ChoiceField(choices=["hold"], default="hold")
     idempotency_key = IdempotencyKeyField()
 
@@ -68,6 +77,7 @@ def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any
     data.pop("binding")
     kwargs = shape_kwargs(data)
     kwargs["start_in_ms"] = kwargs.pop("start_in", None)
+    kwargs["before_in_ms"] = kwargs.pop("before_in", None)
     return present_reservation(reservation_create(tenant=ctx.tenant, actor=ctx.principal,
                                                   **kwargs))
 

@@ -7,7 +7,8 @@ change; bookings are guarded by the EXCLUDE constraint, not by locks).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -23,16 +24,23 @@ from compute.tenancy.models import Principal, Tenant
 from fleet.models import Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
-    MAX_START_AHEAD,
     device_filter_q,
+    later_start,
+    moment,
     pending_reason,
     placement_request,
     propose,
     schedulable_sql,
     window,
 )
-from reservations.constraints import LEDGER_CONSTRAINTS
+from reservations.constraints import (
+    LEDGER_CONSTRAINTS,
+    NODE_MEMORY_WITHIN_SIZE,
+    NODE_VCPUS_WITHIN_SIZE,
+)
 from reservations.device_filter import parse_selector
+from reservations.earliest import search_for
+from reservations.hostshare import COUNTERS_SQL, WITH_SPANS, counter_params
 from reservations.ledger import Allocation, Reservation, ReservationState
 from reservations.quotas import quota_consume
 from reservations.states import transition
@@ -40,11 +48,11 @@ from reservations.work import RESERVATION
 
 GPU = "gpu"
 MAX_RACES = 8  # re-reads after losing a booking race, before leaving the request pending
-PAST_START_SLACK = timedelta(minutes=1)
 
 
-class NodeFull(Exception):
-    """The chosen node's host counters no longer fit (another booker took them)."""
+class NodeFull(CapacityConflict):
+    """The chosen node is no longer schedulable, or its host share in the window is taken
+    (another booker took it)."""
 
 
 def try_place(rsv: Reservation, pool: Pool, now: datetime,
@@ -87,27 +95,27 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
     return None
 
 
-# One statement books a choice: the node's host share is taken only while the node is
-# schedulable and has room (the row lock orders concurrent bookers of one node), then the
-# allocation and its device bookings are written; the EXCLUDE constraint referees the
-# devices. No row comes back when the node no longer fits.
-BOOK_SQL = """
-WITH node AS (
-  UPDATE fleet_node
-     SET vcpus_allocated = vcpus_allocated + %(vcpus)s,
-         memory_gib_allocated = memory_gib_allocated + %(memory)s
-   WHERE fleet_node.id = %(node)s AND {schedulable}
-     AND vcpus - vcpus_allocated >= %(vcpus)s
-     AND memory_gib - memory_gib_allocated >= %(memory)s
-  RETURNING id),
+# A booking is two statements: the node's row is locked while it is schedulable (so bookers
+# of one node take turns and each sees the one before), then the allocation and its device
+# bookings are written and the node's counters recomputed with the new allocation counted
+# over its window. The EXCLUDE constraint referees the devices, the node's CHECK
+# constraints its host share.
+LOCK_NODE_SQL = "SELECT id FROM fleet_node WHERE id = %(node)s AND {schedulable} FOR UPDATE"
+BOOKING = """,
 allocation AS (
   INSERT INTO reservations_allocation (id, reservation_id, node_id, vcpus, memory_gib,
                                        created_at)
-  SELECT %(allocation)s, %(reservation)s, node.id, %(vcpus)s, %(memory)s, %(now)s FROM node
-  RETURNING id)
-INSERT INTO reservations_booking (allocation_id, device_id, during)
-SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
-RETURNING device_id"""
+  VALUES (%(allocation)s, %(reservation)s, %(node)s, %(vcpus)s, %(memory)s, %(created)s)
+  RETURNING id),
+booked AS (
+  INSERT INTO reservations_booking (allocation_id, device_id, during)
+  SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
+  RETURNING device_id),
+counted AS ({counters} RETURNING 1)
+SELECT count(*) FROM booked"""
+BOOK_SQL = WITH_SPANS + BOOKING.replace("{counters}", COUNTERS_SQL)
+NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
+             NODE_MEMORY_WITHIN_SIZE: lambda: NodeFull("memory")}
 
 
 def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, memory_gib: int,
@@ -115,33 +123,18 @@ def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, mem
     schedulable, values = schedulable_sql()
     allocation = Allocation(reservation=rsv, node_id=node_id, vcpus=vcpus,
                             memory_gib=memory_gib)
-    with constraint_errors(LEDGER_CONSTRAINTS), connection.cursor() as cursor:
-        cursor.execute(BOOK_SQL.replace("{schedulable}", schedulable), {
-            **values, "node": node_id, "vcpus": vcpus, "memory": memory_gib,
-            "allocation": allocation.id, "reservation": rsv.id, "now": allocation.created_at,
-            "during": during, "devices": sorted(device_ids)})
-        if cursor.rowcount != len(device_ids):
-            raise NodeFull(node_id)
+    with constraint_errors({**LEDGER_CONSTRAINTS, **NODE_FULL}), \
+            connection.cursor() as cursor:
+        cursor.execute(LOCK_NODE_SQL.replace("{schedulable}", schedulable),
+                       {**values, "node": node_id})
+        if cursor.fetchone() is None:
+            raise NodeFull("not schedulable")
+        cursor.execute(BOOK_SQL, {
+            **counter_params(node_id, vcpus=vcpus, memory_gib=memory_gib, during=during),
+            "allocation": allocation.id, "created": allocation.created_at,
+            "reservation": rsv.id, "devices": sorted(device_ids)})
     allocation._state.adding = False  # written above
     return allocation
-
-
-def later_start(now: datetime, start: datetime | None, start_in_ms: int | None
-                ) -> datetime | None:
-    """A request's start from `start` or `startIn` (ms from now), None for now; refused when
-    in the past or beyond the horizon."""
-    if start is not None and start_in_ms is not None:
-        raise InvalidArgument("give start or startIn, not both", field="startIn")
-    if start_in_ms:
-        return now + timedelta(milliseconds=start_in_ms)
-    if start is None:
-        return None
-    if start < now - PAST_START_SLACK:
-        raise InvalidArgument(f"start: {start.isoformat()} is in the past", field="start")
-    if start > now + MAX_START_AHEAD:
-        raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
-                              field="start")
-    return start if start > now else None
 
 
 def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
@@ -171,16 +164,21 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
                        duration_ms: int, topology: str = "any", start: datetime | None = None,
                        start_in_ms: int | None = None, model: str = "", product: str = "",
                        selector: str = "", kubernetes: bool = False,
+                       at_earliest: bool = False, before: datetime | None = None,
+                       before_in_ms: int | None = None,
                        idempotency_key: str | None = None) -> Reservation:
     """Reserve `gpus` GPUs of one pool for `duration_ms`, now or from a later start.
 
     Quota is consumed here, whether the reservation is placed now or left pending; a
-    request that fits nowhere is stored as pending and placed when capacity frees.
+    request that fits nowhere is stored as pending and placed when capacity frees. With
+    `at_earliest`, it is booked in the earliest window from its start (ending by `before`)
+    where it fits, or refused when there is none.
     """
     inputs = {"pool_id": pool_id, "gpus": gpus, "duration_ms": duration_ms,
               "topology": topology, "start": start, "start_in_ms": start_in_ms,
               "model": model, "product": product, "selector": selector,
-              "kubernetes": kubernetes}
+              "kubernetes": kubernetes, "at_earliest": at_earliest, "before": before,
+              "before_in_ms": before_in_ms}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="reservations.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
@@ -189,14 +187,19 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     _check_request(pool, model=model, kubernetes=kubernetes, topology=topology)
     parse_selector(selector)
     now = database_now()
-    requested_start = None
+    before = moment(now, before, before_in_ms, field="before")
+    if before is not None and not at_earliest:
+        raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
     rsv = Reservation.objects.create(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms)
-    allocation = try_place(rsv, pool, now)
+    if at_earliest:
+        allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
+    else:
+        allocation = try_place(rsv, pool, now)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
@@ -208,6 +211,26 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     else:
         emit_placed(rsv, allocation)
     return rsv
+
+
+def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
+                      before: datetime | None) -> Allocation:
+    """Book `rsv` in the earliest window where it fits; when another booker takes that
+    window first, the next one. Refused (the caller's transaction rolls back) when no
+    window is left before the horizon or `before`."""
+    search = search_for(rsv, now, rsv.requested_start, before)
+    for _ in range(MAX_RACES):
+        slot = search.slot()
+        if slot is None:
+            break
+        start = slot.during.lower
+        rsv.requested_start = start if start > now else None
+        rsv.save(update_fields=["requested_start"])
+        allocation = try_place(rsv, pool, now)
+        if allocation is not None:
+            return allocation
+        search = replace(search, after=start)
+    raise CapacityConflict(f"no earliest slot: {search.reason()}")
 
 
 @audited

@@ -12,7 +12,12 @@ from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
-from reservations.constraints import LEDGER_CONSTRAINTS
+from reservations.constraints import (
+    LEDGER_CONSTRAINTS,
+    NODE_MEMORY_WITHIN_SIZE,
+    NODE_VCPUS_WITHIN_SIZE,
+)
+from reservations.hostshare import host_counters_refresh
 from reservations.ledger import Allocation, Reservation
 from reservations.selectors import access_reservation_by_id
 from reservations.services.release import live_allocation
@@ -46,6 +51,7 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         allocation = live_allocation(rsv)
         if allocation is not None:
             _move_end(rsv, allocation, old_end, new_end)
+            _recount_host_share(rsv, allocation, new_end)
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
     rsv.duration_ms = new_duration
     rsv.save(update_fields=["during", "duration_ms"])
@@ -72,6 +78,19 @@ def _move_end(rsv: Reservation, allocation: Allocation, old_end: datetime,
             f"cannot extend {rsv.id} to {new_end.isoformat()}: its GPUs are booked from "
             f"{blocking[0].isoformat()} to {blocking[1].isoformat()}",
             blockedFrom=blocking[0], blockedUntil=blocking[1]) from None
+
+
+def _recount_host_share(rsv: Reservation, allocation: Allocation, new_end: datetime) -> None:
+    """The node's counters with the longer window; refused when its vCPUs or memory are
+    held by other bookings or sandboxes in the extension."""
+    def refused(resource: str) -> CapacityConflict:
+        return CapacityConflict(f"cannot extend {rsv.id} to {new_end.isoformat()}: the node's "
+                                f"{resource} are held by other bookings or sandboxes then",
+                                resource=resource)
+
+    with constraint_errors({NODE_VCPUS_WITHIN_SIZE: lambda: refused("vCPUs"),
+                            NODE_MEMORY_WITHIN_SIZE: lambda: refused("memory")}):
+        host_counters_refresh(allocation.node_id)
 
 
 def _blocking_window(allocation: Allocation, old_end: datetime,

@@ -25,7 +25,7 @@ from compute.tenancy.models import Principal, Tenant
 from fleet.models import Device, DeviceClass, Node
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_event
-from reservations.candidates import window
+from reservations.candidates import later_start, window
 from reservations.constraints import LEDGER_CONSTRAINTS
 from reservations.ledger import (
     Allocation,
@@ -36,7 +36,7 @@ from reservations.ledger import (
 )
 from reservations.sandboxes import Sandbox
 from reservations.selectors import access_maintenance_by_id
-from reservations.services.book import emit_placed, later_start
+from reservations.services.book import emit_placed
 from reservations.services.release import place_again
 from reservations.work import pool_replan
 

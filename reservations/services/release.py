@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import F
 
 from audit.services import audit_record, audited
 from compute.db import database_now
@@ -15,6 +14,7 @@ from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
+from reservations.hostshare import host_counters_refresh
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
@@ -42,11 +42,9 @@ def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool
                 "LEAST(upper(during), %s), '[)') WHERE allocation_id = %s", [now, allocation.id])
     else:
         Booking.objects.filter(allocation=allocation).delete()
-    Node.objects.filter(pk=allocation.node_id).update(
-        vcpus_allocated=F("vcpus_allocated") - allocation.vcpus,
-        memory_gib_allocated=F("memory_gib_allocated") - allocation.memory_gib)
     allocation.ended_at = now
     allocation.save(update_fields=["ended_at"])
+    host_counters_refresh(allocation.node_id)
 
 
 def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "") -> None:

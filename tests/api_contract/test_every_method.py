@@ -18,6 +18,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "pools.create": {"class": "metal-host", "gpuModel": "H100"},
     "reservations.create": SHAPE,
     "capacity.preview": SHAPE,
+    "capacity.earliest": SHAPE,
     "reservations.extend": {"by": 60_000},
     "sandboxes.create": {"vcpus": 1, "memoryGiB": 1},
     "joinTokens.create": {"ttl": 3_600_000},

@@ -30,13 +30,13 @@ def test_reservations_create_through_the_api(root, pool):
     for _ in range(8):
         make_node(pool["id"])
     reserve(root, pool, 2)  # warm: the token's first use, plans
-    pinned(lambda: reserve(root, pool, 2).result, 16)
+    pinned(lambda: reserve(root, pool, 2).result, 17)  # node lock, then the booking
 
 
 def test_reservations_release_through_the_api(root, pool):
     make_node(pool["id"])
     rsv = reserve(root, pool, 2).result
-    pinned(lambda: root("reservations.release", reservationId=rsv["id"]), 17)
+    pinned(lambda: root("reservations.release", reservationId=rsv["id"]), 18)  # node lock, recount
 
 
 def test_heartbeats_of_many_nodes_are_one_statement(pool):

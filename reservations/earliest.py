@@ -1,0 +1,201 @@
+"""The earliest slot: the first start at which a request fits on one node.
+
+Each device's free stretches are the gaps between its bookings (maintenance windows are
+bookings too), from which the starts it could serve a request of `duration` form one closed
+span. Per node (per NVLink domain for `nvlink-all`) a sweep over those spans counts how many
+devices are free at each start; the first start where enough are free is the node's earliest.
+Every earliest start is either `after` or the end of a booking, so the sweep's points are
+exactly those. The host share is then checked by the placer itself at that window, so the
+answer is what `reservations.create` would book there.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.db.models import Q
+
+from compute.errors import InvalidArgument
+from fleet.models import Device, Pool
+from reservations.candidates import (
+    MAX_START_AHEAD,
+    device_filter_q,
+    instant,
+    load_candidates,
+    placement_request,
+    propose,
+    schedulable_sql,
+    where_sql,
+    window,
+)
+from reservations.ledger import Reservation
+from reservations.placement import BUSY, Choice, Request, why_not
+
+NODES_TRIED = 32  # nodes' next starts read at a time
+ROUNDS = 4  # reads of next starts per horizon (a start refused for host share, or taken)
+# How far ahead each sweep looks: the earliest start is usually close, and a sweep costs
+# what the bookings in its range cost.
+HORIZONS = (timedelta(hours=6), timedelta(days=2), timedelta(days=14), timedelta(days=90))
+
+EARLIEST_SQL = """
+WITH dev AS MATERIALIZED (
+  SELECT fleet_device.id, fleet_device.node_id,
+         CASE WHEN %(nvlink)s THEN fleet_device.nvlink_domain ELSE '' END AS domain
+    FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
+   WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_device.present
+     AND fleet_device.device_class = 'gpu' AND fleet_device.health = 'healthy'
+     AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '') {device_filter}),
+busy AS MATERIALIZED (
+  SELECT dev.node_id, dev.domain, lower(b.during) AS lo, upper(b.during) AS hi,
+         row_number() OVER d AS nth, lead(lower(b.during)) OVER d AS next_lo
+    FROM reservations_booking b JOIN dev ON dev.id = b.device_id
+   WHERE b.during && tstzrange(%(after)s, %(latest_end)s)
+  WINDOW d AS (PARTITION BY b.device_id ORDER BY lower(b.during))),
+spans AS (
+  SELECT node_id, domain, %(after)s::timestamptz AS first_start,
+         least(lo - %(duration)s, %(latest_start)s) AS last_start
+    FROM busy WHERE nth = 1
+  UNION ALL
+  SELECT node_id, domain, greatest(hi, %(after)s),
+         least(next_lo - %(duration)s, %(latest_start)s) FROM busy
+  UNION ALL
+  SELECT node_id, domain, %(after)s, %(latest_start)s FROM dev
+   WHERE NOT EXISTS (SELECT 1 FROM reservations_booking b
+                      WHERE b.device_id = dev.id
+                        AND b.during && tstzrange(%(after)s, %(latest_end)s))),
+sweep AS (
+  SELECT node_id, domain, first_start AS at, 0 AS ends, 1 AS delta FROM spans
+   WHERE first_start <= last_start
+  UNION ALL
+  SELECT node_id, domain, last_start, 1, -1 FROM spans WHERE first_start <= last_start),
+counted AS (
+  SELECT node_id, at, ends,
+         sum(delta) OVER (PARTITION BY node_id, domain ORDER BY at, ends) AS free
+    FROM sweep)
+SELECT node_id, min(at) FROM counted
+ WHERE ends = 0 AND free >= %(count)s AND at <> ALL(%(tried)s::timestamptz[])
+ GROUP BY node_id ORDER BY 2, 1 LIMIT %(limit)s"""
+
+
+@functools.cache
+def _earliest_sql() -> tuple[str, dict[str, Any]]:
+    schedulable, values = schedulable_sql()
+    return EARLIEST_SQL.replace("{schedulable}", schedulable), values
+
+
+def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after: datetime,
+                    latest_start: datetime, device_filter: Q | None = None,
+                    tried: Collection[datetime] = (), limit: int = NODES_TRIED
+                    ) -> list[tuple[datetime, str]]:
+    """Per node, the first start in [after, latest_start], other than those `tried`, at
+    which `request.count` of its devices (in one NVLink domain for `nvlink-all`) are free
+    for `duration`; earliest first. Host shares are not considered here."""
+    sql, params = _earliest_sql()
+    params = {**params, "pool": pool.id, "nvlink": request.topology == "nvlink-all",
+              "after": after, "latest_start": latest_start,
+              "latest_end": latest_start + duration, "duration": duration,
+              "count": request.count, "tried": list(tried), "limit": limit}
+    filter_sql = ""
+    if device_filter:
+        where, values = where_sql(Device, device_filter, "filter")
+        filter_sql = f"AND ({where})"
+        params.update(values)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL work_mem = '32MB'")  # the sweep's sorts stay in memory
+        cursor.execute(sql.replace("{device_filter}", filter_sql), params)
+        return [(at, node_id) for node_id, at in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class Slot:
+    during: DateTimeTZRange
+    choice: Choice
+
+
+@dataclass(frozen=True)
+class Search:
+    """One earliest-slot question: `request` for `duration`, starting in
+    [after, latest_start], on devices matching `device_filter`."""
+
+    pool: Pool
+    request: Request
+    duration: timedelta
+    after: datetime
+    latest_start: datetime
+    device_filter: Q | None = None
+
+    def slot(self) -> Slot | None:
+        """The earliest window where the placer books the request (the same choice
+        `reservations.create` makes there), or None.
+
+        First at `after` itself, on the placer's shortlist (the common answer). Then sweeps
+        over growing ranges of starts, cheapest first. A start the placer refuses
+        (its host share is taken, or another booker just took it) is tried once; the next
+        read skips it and sees what committed since."""
+        found = self._place_at(self.after, whole_pool=False)
+        if found is not None:
+            return found
+        tried: set[datetime] = set()
+        for horizon in (*HORIZONS, self.latest_start - self.after):
+            latest_start = min(self.latest_start, self.after + horizon)
+            for _ in range(ROUNDS):
+                starts = earliest_starts(self.pool, self.request, self.duration,
+                                         after=self.after, latest_start=latest_start,
+                                         device_filter=self.device_filter, tried=tried)
+                if not starts:
+                    break
+                for start in sorted({at for at, _ in starts}):
+                    found = self._place_at(start)
+                    if found is not None:
+                        return found
+                    tried.add(start)
+            if latest_start >= self.latest_start:
+                return None
+        return None
+
+    def _place_at(self, start: datetime, *, whole_pool: bool = True) -> Slot | None:
+        during = DateTimeTZRange(start, start + self.duration, "[)")
+        choice, _ = propose(self.pool, during, self.request, device_filter=self.device_filter,
+                            whole_pool=whole_pool)
+        return Slot(during, choice) if choice is not None else None
+
+    def reason(self) -> str:
+        """Why there is no slot: no node could ever hold the request, or none is free long
+        enough in time."""
+        candidates = load_candidates(self.pool, window(self.after, 1),
+                                     device_filter=self.device_filter)
+        reason = why_not(candidates, self.request)
+        if reason != BUSY:
+            return reason
+        return (f"no node has {self.request.count} GPUs free for "
+                f"{format_duration(self.duration)} starting between {instant(self.after)} "
+                f"and {instant(self.latest_start)}")
+
+
+def search_for(rsv: Reservation, now: datetime, after: datetime | None,
+               before: datetime | None) -> Search:
+    """The search for `rsv`'s shape from `after` (default now) for a window ending by
+    `before` (default: a start within the start horizon)."""
+    start = after or now
+    duration = timedelta(milliseconds=rsv.duration_ms)
+    latest_start = now + MAX_START_AHEAD
+    if before is not None:
+        latest_start = min(latest_start, before - duration)
+        if latest_start < start:
+            raise InvalidArgument(f"before: {instant(before)} leaves no room for "
+                                  f"{format_duration(duration)} after {instant(start)}",
+                                  field="before")
+    return Search(rsv.pool, placement_request(rsv), duration, start, latest_start,
+                  device_filter_q(rsv))
+
+
+def format_duration(duration: timedelta) -> str:
+    minutes = int(duration.total_seconds() // 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"

@@ -1,0 +1,80 @@
+"""A node's host counters over time.
+
+A node's vCPUs and memory are held by sandboxes (from now until they end) and by GPU
+allocations (each over its booked window). Two GPU bookings of one node that never meet in
+time must not add up, or a node could hold only one future booking of its whole size. So
+the counters (`vcpus_allocated`, `memory_gib_allocated`) are what the node's live sandboxes
+hold plus the most that its live GPU allocations hold at any one moment of their windows (an
+allocation is live until it is freed, at the latest when its window ends). The node's CHECK
+constraints (counters within the node's size) referee both kinds of claim; a sandbox, being
+open-ended, fits only under that peak.
+
+The peak is recomputed (never adjusted by increments) whenever a GPU allocation is booked,
+moved or freed, in a statement that runs after the node's row is locked, so it sees every
+booker of the node that committed before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+# The live GPU allocations of %(node)s over their windows, plus (when %(during)s is not null)
+# one being booked in this statement; the most their host shares add up to at one moment.
+# Ends sort before starts at the same instant: windows are [).
+PEAK_SQL = """
+SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
+  SELECT sum(dv) OVER w AS v, sum(dm) OVER w AS m FROM (
+    SELECT lo AS at, 1 AS starts, vcpus AS dv, memory_gib AS dm FROM spans
+    UNION ALL
+    SELECT hi, 0, -vcpus, -memory_gib FROM spans) edges
+  WINDOW w AS (ORDER BY at, starts)) running"""
+
+SPANS_SQL = """
+spans AS (
+  SELECT a.vcpus, a.memory_gib, min(lower(b.during)) AS lo, max(upper(b.during)) AS hi
+    FROM reservations_allocation a JOIN reservations_booking b ON b.allocation_id = a.id
+   WHERE a.node_id = %(node)s AND a.ended_at IS NULL
+   GROUP BY a.id
+  UNION ALL
+  SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)
+   WHERE %(during)s::tstzrange IS NOT NULL),
+sandboxes AS (
+  SELECT coalesce(sum(vcpus), 0) AS vcpus, coalesce(sum(memory_gib), 0) AS memory
+    FROM reservations_sandbox WHERE node_id = %(node)s AND ended_at IS NULL),
+peak AS ({peak})"""
+
+# The counters' new values, written to the node; a CHECK violation means they do not fit.
+COUNTERS_SQL = """
+UPDATE fleet_node SET vcpus_allocated = sandboxes.vcpus + peak.vcpus,
+                      memory_gib_allocated = sandboxes.memory + peak.memory
+  FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
+
+WITH_SPANS = "WITH " + SPANS_SQL.replace("{peak}", PEAK_SQL)
+EXPECTED_SQL = """
+SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak"""
+
+
+def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
+                   during: DateTimeTZRange | None = None) -> dict[str, Any]:
+    """Parameters of `WITH_SPANS`: the node, and the allocation being booked, if any."""
+    return {"node": node_id, "vcpus": vcpus, "memory": memory_gib, "during": during}
+
+
+def host_counters_refresh(node_id: str) -> None:
+    """Recompute the node's counters after a GPU allocation ended or moved. Locks the node's
+    row first, so the recount sees every committed booker; raises the node's CHECK
+    violation (IntegrityError) if its claims no longer fit."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM fleet_node WHERE id = %s FOR UPDATE", [node_id])
+        cursor.execute(WITH_SPANS + COUNTERS_SQL, counter_params(node_id))
+
+
+def expected_counters(node_id: str) -> tuple[int, int]:
+    """What the node's counters should read (for checks, not for booking)."""
+    with connection.cursor() as cursor:
+        cursor.execute(WITH_SPANS + EXPECTED_SQL, counter_params(node_id))
+        vcpus, memory = cursor.fetchone()
+    return int(vcpus), int(memory)
