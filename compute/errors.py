@@ -71,6 +71,12 @@ class QuotaExceeded(Conflict):
     code = "quota_exceeded"
 
 
+class LimitExceeded(Conflict):
+    """One of an offering's limits against hoarding; details name it and the numbers."""
+
+    code = "limit_exceeded"
+
+
 class InvalidState(Conflict):
     code = "invalid_state"
 

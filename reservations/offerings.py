@@ -19,6 +19,9 @@ class Offering(models.Model):
     pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="offerings")
     tenant = models.ForeignKey("compute.Tenant", on_delete=models.CASCADE,
                                related_name="offerings")
+    limits = models.JSONField(default=dict, blank=True, help_text=(
+        "Against hoarding: maxDurationHours, maxStartAheadDays, maxGpusAtOnce, "
+        "idleReclaim {belowPercent, forMinutes, release}."))
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

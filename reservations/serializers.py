@@ -2,16 +2,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from compute.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
+from compute.api.shapes import (
+    BOOLEAN,
+    INTEGER,
+    NUMBER,
+    OBJECT,
+    STRING,
+    TIME,
+    array,
+    nullable,
+    obj,
+)
 from reservations.ledger import Reservation
 from reservations.offerings import Offering
 from reservations.sandboxes import Sandbox
 from reservations.usage import UsageRecord
 
+LIMITS = {"type": "object", "properties": {
+    "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER,
+    "idleReclaim": obj(belowPercent=NUMBER, forMinutes=INTEGER, release=BOOLEAN)},
+    "additionalProperties": False}
 OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
                quota={"type": "object", "additionalProperties": obj(limit=INTEGER,
                                                                     used=INTEGER)},
-               createdAt=TIME, updatedAt=TIME)
+               limits=LIMITS, createdAt=TIME, updatedAt=TIME)
 RESERVATION = obj(
     id=STRING, tenantId=STRING, poolId=STRING, state=STRING,
     devices=array(obj(**{"class": STRING, "count": INTEGER, "topology": STRING})),
@@ -37,7 +51,8 @@ def present_offering(offering: Offering) -> dict[str, Any]:
             "tenant": offering.tenant.slug,
             "quota": {q.resource: {"limit": q.limit, "used": q.used}
                       for q in offering.quotas.all()},
-            "createdAt": offering.created_at, "updatedAt": offering.updated_at}
+            "limits": offering.limits, "createdAt": offering.created_at,
+            "updatedAt": offering.updated_at}
 
 
 def present_reservation(rsv: Reservation) -> dict[str, Any]:

@@ -243,12 +243,12 @@ class Pools(Group):
             "tenantId": tenant_id}, retry=True)
 
     def offer(self, *, pool_id: str, to: str, quota: dict[str, Any],
-            tenant_id: str | None = None) -> Any:
+            limits: dict[str, Any] | None = None, tenant_id: str | None = None) -> Any:
         """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU
         pools).
         """
         return self._call("pools.offer", {"poolId": pool_id, "to": to, "quota": quota,
-            "tenantId": tenant_id}, retry=False)
+            "limits": limits, "tenantId": tenant_id}, retry=False)
 
 
 class Reservations(Group):

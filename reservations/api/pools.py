@@ -63,10 +63,29 @@ def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return page(pool_list(tenant=ctx.tenant), present=present_pool, **data)
 
 
+class IdleReclaimIn(Input):
+    below_percent = serializers.FloatField(min_value=0, max_value=100,
+                                           help_text="GPU utilisation under which it is idle.")
+    for_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60)
+    release = serializers.BooleanField(
+        default=False, help_text="Release it after a warning; otherwise only flag it.")
+
+
+class LimitsIn(Input):
+    """Limits against hoarding; each absent one is no limit."""
+
+    max_duration_hours = serializers.FloatField(required=False, min_value=0.01,
+                                                max_value=366 * 24)
+    max_start_ahead_days = serializers.FloatField(required=False, min_value=0, max_value=366)
+    max_gpus_at_once = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
+    idle_reclaim = IdleReclaimIn(required=False)
+
+
 class PoolOfferIn(PoolIdIn):
     to = serializers.CharField(max_length=63, help_text="Tenant id or slug.")
     quota = serializers.DictField(child=serializers.IntegerField(min_value=0, max_value=10**9),
                                   allow_empty=False, help_text="Such as {\"gpu\": 16}.")
+    limits = LimitsIn(required=False, help_text="Replaces the offering's limits when given.")
 
 
 @endpoint("pools", "offer", returns=OFFERING, input=PoolOfferIn, mutating=True,
@@ -75,5 +94,7 @@ class PoolOfferIn(PoolIdIn):
 def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU pools)."""
     offering = pool_offer(tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id,
-                          to=tenant_by_ref(data["to"]), quota=data["quota"])
+                          to=tenant_by_ref(data["to"]), quota=data["quota"],
+                          limits=LimitsIn.wire_form(data["limits"]) if "limits" in data
+                          else None)
     return present_offering(offering_list(tenant=ctx.tenant).get(pk=offering.pk))

@@ -42,6 +42,12 @@ from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
 from reservations.hostshare import COUNTERS_SQL, WITH_SPANS, counter_params
 from reservations.ledger import Allocation, Reservation, ReservationState
+from reservations.limits import (
+    check_at_once,
+    check_request,
+    latest_start_allowed,
+    offering_limits,
+)
 from reservations.quotas import quota_consume
 from reservations.states import transition
 from reservations.work import RESERVATION
@@ -191,15 +197,21 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     if before is not None and not at_earliest:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
+    limits = offering_limits(tenant.id, pool)
+    check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
     rsv = Reservation.objects.create(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms)
     if at_earliest:
-        allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
+        allocation: Allocation | None = place_at_earliest(
+            rsv, pool, now, before, latest_start=latest_start_allowed(limits, now))
     else:
         allocation = try_place(rsv, pool, now)
+    # Under the quota row's lock (taken above), over the window it got or asked for.
+    check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, skip=rsv.id,
+                  during=rsv.during or window(rsv.requested_start or now, duration_ms))
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
@@ -213,12 +225,14 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     return rsv
 
 
-def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
-                      before: datetime | None) -> Allocation:
-    """Book `rsv` in the earliest window where it fits; when another booker takes that
-    window first, the next one. Refused (the caller's transaction rolls back) when no
-    window is left before the horizon or `before`."""
+def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime, before: datetime | None,
+                      *, latest_start: datetime | None = None) -> Allocation:
+    """Book `rsv` in the earliest window where it fits, starting by `latest_start` if given;
+    when another booker takes that window first, the next one. Refused (the caller's
+    transaction rolls back) when no window is left before the horizon or `before`."""
     search = search_for(rsv, now, rsv.requested_start, before)
+    if latest_start is not None:
+        search = replace(search, latest_start=min(search.latest_start, latest_start))
     for _ in range(MAX_RACES):
         slot = search.slot()
         if slot is None:

@@ -12,6 +12,7 @@ from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
+from reservations.candidates import window
 from reservations.constraints import (
     LEDGER_CONSTRAINTS,
     NODE_MEMORY_WITHIN_SIZE,
@@ -19,6 +20,7 @@ from reservations.constraints import (
 )
 from reservations.hostshare import host_counters_refresh
 from reservations.ledger import Allocation, Reservation
+from reservations.limits import check_at_once, check_request, offering_limits
 from reservations.selectors import access_reservation_by_id
 from reservations.services.release import live_allocation
 from reservations.states import TERMINAL
@@ -42,6 +44,8 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     if new_duration <= 0:
         raise InvalidArgument("by: would end the reservation before it starts", field="by")
     now = database_now()
+    limits = offering_limits(rsv.tenant_id, rsv.pool) if by_ms > 0 else {}
+    check_request(limits, duration_ms=new_duration, start=None, now=now)
     if rsv.during is not None:
         old_end = rsv.during.upper
         new_end = old_end + timedelta(milliseconds=by_ms)
@@ -55,6 +59,9 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
     rsv.duration_ms = new_duration
     rsv.save(update_fields=["during", "duration_ms"])
+    check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.gpu_count,
+                  skip=rsv.id, during=rsv.during or window(rsv.requested_start or now,
+                                                           new_duration))
     if by_ms < 0:
         pool_replan(rsv.pool_id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",

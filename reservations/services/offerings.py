@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.utils import timezone
 
 from audit.services import audit_record, audited
@@ -18,8 +20,9 @@ def allowed_resources(pool_class: str) -> tuple[str, ...]:
 
 @audited
 def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
-               quota: dict[str, int]) -> Offering:
-    """Offer an owned pool to another tenant with quotas, or change an offering's quotas.
+               quota: dict[str, int], limits: dict[str, Any] | None = None) -> Offering:
+    """Offer an owned pool to another tenant with quotas, or change an offering's quotas;
+    `limits` (against hoarding, see reservations.limits) replace the offering's when given.
 
     A GPU pool's only quota resource is `gpu`; a CPU pool's are `vcpu` and `memory` (GiB).
     A limit below what the tenant already holds is refused.
@@ -36,7 +39,9 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
     offering, created = Offering.objects.get_or_create(pool=pool, tenant=to)
     if not created:
         offering.updated_at = timezone.now()
-        offering.save(update_fields=["updated_at"])
+    if limits is not None:
+        offering.limits = limits
+    offering.save(update_fields=["updated_at", "limits"])
     for resource, limit in sorted(quota.items()):
         row, _ = Quota.objects.select_for_update().get_or_create(
             tenant=to, pool=pool, resource=resource,
@@ -47,7 +52,7 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
                 resource=resource, used=row.used, limit=limit)
         row.limit = limit
         row.save(update_fields=["limit"])
-    data = {"poolId": pool.id, "to": to.id, "quota": quota}
+    data = {"poolId": pool.id, "to": to.id, "quota": quota, "limits": offering.limits}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.offer", target=pool.id,
                  data=data)
     event_emit(tenant_id=tenant.id, type=EventType.POOL_OFFERED, subject=pool.id, payload=data)

@@ -28,7 +28,8 @@ function bodyOf(form) {
   const body = {};
   for (const field of form.querySelectorAll("[name]")) {
     if (field.value === "" || field.type === "submit") continue;
-    let value = field.value;
+    if (field.type === "checkbox" && !field.checked) continue;
+    let value = field.type === "checkbox" ? true : field.value;
     if (field.type === "number") value = Number(value) * Number(field.dataset.scale || 1);
     const path = field.name.split(".");
     let into = body;
@@ -38,12 +39,25 @@ function bodyOf(form) {
   return SHAPES[form.dataset.shape] ? SHAPES[form.dataset.shape](body) : body;
 }
 
+function requestShape(fields) {
+  return {poolId: fields.poolId, duration: Math.round(fields.hours * 3600000),
+          devices: [{class: "gpu", count: fields.count, topology: fields.topology}]};
+}
+
+// datetime-local fields (the browser's local time) as the API's ISO 8601 instants.
+function instants(body, fields, names) {
+  for (const name of names) if (fields[name]) body[name] = new Date(fields[name]).toISOString();
+  return body;
+}
+
 const SHAPES = {
   reserve(fields) {
-    const body = {poolId: fields.poolId, duration: Math.round(fields.hours * 3600000),
-                  devices: [{class: "gpu", count: fields.count, topology: fields.topology}]};
-    if (fields.start) body.start = new Date(fields.start).toISOString();
+    const body = instants(requestShape(fields), fields, ["start"]);
+    if (fields.atEarliest) body.atEarliest = true;
     return body;
+  },
+  earliest(fields) {
+    return instants(requestShape(fields), fields, ["after", "before"]);
   },
 };
 
@@ -69,6 +83,14 @@ const AFTER = {
   },
   show(form, result) {
     form.querySelector("output.result").textContent = JSON.stringify(result, null, 2);
+  },
+  earliest(form, result) {
+    const out = form.querySelector("output.result");
+    out.textContent = result.found
+      ? `${new Date(result.window.start).toLocaleString()} to ` +
+        `${new Date(result.window.end).toLocaleString()} on ${result.nodeId} ` +
+        `(GPUs ${result.devices.join(", ")})`
+      : `No slot: ${result.reason}`;
   },
   async drain(form) {
     for (;;) {

@@ -186,6 +186,29 @@ def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
     assert [r["action"] for r in audit][-2:] == ["node.cordon", "node.uncordon"]
 
 
+def test_the_earliest_slot_is_found_and_booked_from_the_console(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    page.goto(f"{base_url(stack)}/console/reservations")
+    find = page.locator("form[data-action='capacity.earliest']")
+    find.locator("input[name=count]").fill("8")
+    find.locator("input[name=hours]").fill("2")
+    find.locator("button").click()
+    expect(find.locator("output.result")).to_contain_text(" on node_")
+    page.screenshot(path=shots / "earliest.png", full_page=True)
+    reserve = page.locator("form[data-action='reservations.create']")
+    reserve.locator("input[name=count]").fill("8")
+    reserve.locator("input[name=hours]").fill("2")
+    reserve.locator("input[name=atEarliest]").check()
+    with page.expect_navigation():
+        reserve.locator("button").click()
+    rsv_id = page.locator("#reservations tbody tr").first.get_attribute("id")
+    booked = stack.json("reservations", "get", rsv_id)
+    assert booked["state"] in ("placed", "binding", "active"), booked
+    assert booked["nodeId"] in find.locator("output.result").text_content()  # the slot found
+    stack.json("release", rsv_id)
+    assert page.outside == []  # type: ignore[attr-defined]
+
+
 def test_a_viewer_sees_no_action_buttons_and_a_forged_post_is_refused(stack, browser, shots):
     token = stack.ok("tokens", "create", "--name", "watcher", "--role", "viewer",
                      "--query", "token")
