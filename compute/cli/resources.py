@@ -214,7 +214,7 @@ def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float 
     """Offer a pool to a tenant with a quota and, optionally, limits against hoarding (any
     limit given replaces the offering's limits)."""
     body: dict[str, Any] = {"poolId": pool_id, "to": to, "quota": parse_quota(quota)}
-    limits = {key: value for key, value in (("maxDurationHours", max_hours),
+    limits: dict[str, Any] = {key: value for key, value in (("maxDurationHours", max_hours),
                                             ("maxStartAheadDays", max_ahead_days),
                                             ("maxGpusAtOnce", max_gpus_at_once))
               if value is not None}
