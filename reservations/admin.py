@@ -9,6 +9,7 @@ from reservations.models import (
     Offering,
     Quota,
     Reservation,
+    ReservationSeries,
     Sandbox,
     UsageRecord,
 )
@@ -50,6 +51,13 @@ class ReservationAdmin(LedgerReadOnly):
         tenant_of=lambda rsv: rsv.tenant,
         service=lambda tenant, actor, rsv: reservation_release(tenant=tenant, actor=actor,
                                                                reservation_id=rsv.pk))]
+
+
+@admin.register(ReservationSeries)
+class ReservationSeriesAdmin(LedgerReadOnly):
+    list_display = ("id", "tenant", "pool", "every", "time_zone", "until", "booked_through",
+                    "ended_at")
+    list_filter = ("ended_at",)
 
 
 @admin.register(Allocation)

@@ -27,6 +27,38 @@ class Topology(models.TextChoices):
     NVLINK_ALL = "nvlink-all"
 
 
+class ReservationSeries(models.Model):
+    """Reservations that recur: one occurrence per window of `every` (see
+    reservations.recurrence) in `time_zone`, on the days from `first_day` to `until`. The
+    reconciler books occurrences `horizon_days` ahead; each is an ordinary reservation."""
+
+    id = id_field("ser")
+    tenant = models.ForeignKey("compute.Tenant", on_delete=models.PROTECT,
+                               related_name="reservation_series")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="+")
+    gpu_count = models.PositiveSmallIntegerField()
+    topology = models.CharField(max_length=16, default="any")
+    product = models.CharField(max_length=96, blank=True)
+    selector = models.CharField(max_length=300, blank=True)
+    every = models.CharField(max_length=64)
+    time_zone = models.CharField(max_length=64)
+    first_day = models.DateField()
+    until = models.DateField()
+    horizon_days = models.PositiveSmallIntegerField(default=14)
+    booked_through = models.DateField(null=True, blank=True,
+                                      help_text="Occurrences of the days up to this one exist.")
+    refusals = models.JSONField(default=list, blank=True,
+                                help_text="Occurrences refused by quota or limits: start, why.")
+    created_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.every} ({self.time_zone})"
+
+
 class Reservation(models.Model):
     """A tenant's request for GPUs of one pool for a window of time, and its lifecycle.
 
@@ -56,6 +88,8 @@ class Reservation(models.Model):
     failure_reason = models.CharField(max_length=300, blank=True)
     binding = models.JSONField(null=True, blank=True)
     binding_started_at = models.DateTimeField(null=True, blank=True)
+    series = models.ForeignKey(ReservationSeries, on_delete=models.PROTECT, null=True,
+                               blank=True, related_name="occurrences")
     created_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -64,6 +98,9 @@ class Reservation(models.Model):
         ordering = ["created_at", "id"]
         indexes = [models.Index(fields=["pool", "state", "created_at"],
                                 name="reservations_rsv_pool_state")]
+        constraints = [models.UniqueConstraint(
+            fields=["series", "requested_start"], condition=models.Q(series__isnull=False),
+            name="reservations_rsv_one_per_occurrence")]
 
     def __str__(self) -> str:
         return f"{self.id} {self.state}"

@@ -5,6 +5,7 @@ from reservations.ledger import (
     Booking,
     MaintenanceWindow,
     Reservation,
+    ReservationSeries,
     ReservationState,
     Topology,
 )
@@ -13,4 +14,5 @@ from reservations.sandboxes import Sandbox, SandboxState
 from reservations.usage import UsageRecord
 
 __all__ = ["Allocation", "Booking", "MaintenanceWindow", "Offering", "Quota", "Reservation",
-           "ReservationState", "Sandbox", "SandboxState", "Topology", "UsageRecord"]
+           "ReservationSeries", "ReservationState", "Sandbox", "SandboxState", "Topology",
+           "UsageRecord"]

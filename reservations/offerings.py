@@ -20,8 +20,7 @@ class Offering(models.Model):
     tenant = models.ForeignKey("compute.Tenant", on_delete=models.CASCADE,
                                related_name="offerings")
     limits = models.JSONField(default=dict, blank=True, help_text=(
-        "Against hoarding: maxDurationHours, maxStartAheadDays, maxGpusAtOnce, "
-        "idleReclaim {belowPercent, forMinutes, release}."))
+        "Against hoarding: maxDurationHours, maxStartAheadDays, maxGpusAtOnce."))
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

@@ -1,8 +1,9 @@
 """The ledger's level-triggered reconcilers on the work queue.
 
 `sweep()` turns timers into work items: reservations whose window starts or ends, bindings
-past their timeout, pools with pending requests. Each item's handler reads the current state
-and takes one step, so running it twice, or after a lost message, is harmless.
+past their timeout, pools with pending requests, series whose horizon moved. Each item's
+handler reads the current state and takes one step, so running it twice, or after a lost
+message, is harmless.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from reservations.services.device_failure import (
     reservation_replace_off_device,
 )
 from reservations.services.release import reservation_expire
+from reservations.services.series import series_due, series_extend
 from reservations.states import HOLDING
-from reservations.work import POOL, RESERVATION, pool_replan
+from reservations.work import POOL, RESERVATION, SERIES, pool_replan
 
 
 @handler(RESERVATION)
@@ -71,6 +73,12 @@ def reconcile_pool(pool_id: str) -> None:
     pending_place(pool_id=pool_id)
 
 
+@handler(SERIES)
+def reconcile_series(series_id: str) -> None:
+    """Book the occurrences that came inside a series' horizon."""
+    series_extend(series_id=series_id)
+
+
 def sweep(limit: int = 500) -> int:
     """Enqueue what timers made due; cheap enough to run every half second."""
     now = database_now()
@@ -86,5 +94,8 @@ def sweep(limit: int = 500) -> int:
     for pool_id in (Reservation.objects.filter(state=ReservationState.PENDING)
                     .values_list("pool_id", flat=True).distinct()):
         enqueue(POOL, pool_id)
+        count += 1
+    for series_id in series_due(now)[:limit]:
+        enqueue(SERIES, series_id)
         count += 1
     return count

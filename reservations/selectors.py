@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 
 from compute.guards import one_visible
 from compute.tenancy.models import Tenant
-from reservations.ledger import MaintenanceWindow, Reservation
+from reservations.ledger import MaintenanceWindow, Reservation, ReservationSeries
 from reservations.offerings import Offering
 from reservations.sandboxes import Sandbox
 from reservations.usage import UsageRecord
@@ -32,6 +32,16 @@ def access_reservation_by_id(*, tenant: Tenant, reservation_id: str,
                              lock: bool = False) -> Reservation:
     return one_visible(reservation_list(tenant=tenant), reservation_id, noun="reservation",
                        field="reservationId", lock=lock)
+
+
+def series_list(*, tenant: Tenant) -> QuerySet[ReservationSeries]:
+    return ReservationSeries.objects.filter(tenant=tenant).select_related("tenant", "pool")
+
+
+def access_series_by_id(*, tenant: Tenant, series_id: str,
+                        lock: bool = False) -> ReservationSeries:
+    return one_visible(series_list(tenant=tenant), series_id, noun="series", field="seriesId",
+                       lock=lock)
 
 
 def sandbox_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Sandbox]:

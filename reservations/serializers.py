@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Count
+
 from compute.api.shapes import (
     BOOLEAN,
+    DATE,
     INTEGER,
     NUMBER,
     OBJECT,
@@ -13,14 +16,13 @@ from compute.api.shapes import (
     nullable,
     obj,
 )
-from reservations.ledger import Reservation
+from reservations.ledger import Reservation, ReservationSeries, ReservationState
 from reservations.offerings import Offering
 from reservations.sandboxes import Sandbox
 from reservations.usage import UsageRecord
 
 LIMITS = {"type": "object", "properties": {
-    "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER,
-    "idleReclaim": obj(belowPercent=NUMBER, forMinutes=INTEGER, release=BOOLEAN)},
+    "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER},
     "additionalProperties": False}
 OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
                quota={"type": "object", "additionalProperties": obj(limit=INTEGER,
@@ -33,8 +35,15 @@ RESERVATION = obj(
     kubernetes=BOOLEAN, bindingKind=STRING, start=nullable(TIME), end=nullable(TIME),
     durationMs=nullable(INTEGER), nodeId=nullable(STRING), allocationId=nullable(STRING),
     hostShare=nullable(obj(vcpus=INTEGER, memoryGiB=INTEGER)), binding=nullable(OBJECT),
-    placementAttempts=INTEGER, failureReason=nullable(STRING), createdAt=TIME,
-    placedAt=nullable(TIME), endedAt=nullable(TIME))
+    placementAttempts=INTEGER, failureReason=nullable(STRING), seriesId=nullable(STRING),
+    createdAt=TIME, placedAt=nullable(TIME), endedAt=nullable(TIME))
+SERIES = obj(
+    id=STRING, tenantId=STRING, poolId=STRING,
+    devices=array(obj(**{"class": STRING, "count": INTEGER, "topology": STRING})),
+    product=nullable(STRING), selector=nullable(STRING), every=STRING, timezone=STRING,
+    **{"from": DATE}, until=DATE, horizonDays=INTEGER, bookedThrough=nullable(DATE),
+    occurrences=obj(**dict.fromkeys(ReservationState.values, INTEGER)),
+    refusals=array(obj(start=TIME, reason=STRING)), createdAt=TIME, endedAt=nullable(TIME))
 SANDBOX = obj(
     id=STRING, tenantId=STRING, poolId=STRING, nodeId=nullable(STRING), name=STRING,
     vcpus=INTEGER, memoryGiB=INTEGER, state=STRING, imageId=nullable(STRING),
@@ -70,9 +79,25 @@ def present_reservation(rsv: Reservation) -> dict[str, Any]:
                       if allocation else None),
         "binding": rsv.binding,
         "placementAttempts": rsv.placement_attempts,
-        "failureReason": rsv.failure_reason or None,
+        "failureReason": rsv.failure_reason or None, "seriesId": rsv.series_id,
         "createdAt": rsv.created_at, "placedAt": rsv.placed_at, "endedAt": rsv.ended_at,
     }
+
+
+def present_series(series: ReservationSeries) -> dict[str, Any]:
+    counts = dict.fromkeys(ReservationState.values, 0)
+    for state, count in (series.occurrences.values_list("state").annotate(n=Count("id"))
+                         .order_by()):
+        counts[state] = count
+    return {"id": series.id, "tenantId": series.tenant_id, "poolId": series.pool_id,
+            "devices": [{"class": "gpu", "count": series.gpu_count,
+                         "topology": series.topology}],
+            "product": series.product or None, "selector": series.selector or None,
+            "every": series.every, "timezone": series.time_zone, "from": series.first_day,
+            "until": series.until, "horizonDays": series.horizon_days,
+            "bookedThrough": series.booked_through, "occurrences": counts,
+            "refusals": series.refusals, "createdAt": series.created_at,
+            "endedAt": series.ended_at}
 
 
 def present_sandbox(sandbox: Sandbox) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from compute.queue.work import enqueue
 
 RESERVATION = "reservation"
 POOL = "pool"
+SERIES = "series"
 
 
 def pool_replan(pool_id: str) -> None:

@@ -31,6 +31,7 @@ PREFIXES: dict[str, str] = {
     "prn": "principal",
     "req": "request",
     "rsv": "reservation",
+    "ser": "reservation series",
     "sbx": "sandbox",
     "site": "site",
     "tnt": "tenant",

@@ -13,6 +13,7 @@ INTEGER: Schema = {"type": "integer"}
 NUMBER: Schema = {"type": "number"}
 BOOLEAN: Schema = {"type": "boolean"}
 TIME: Schema = {"type": "string", "format": "date-time"}
+DATE: Schema = {"type": "string", "format": "date"}
 OBJECT: Schema = {"type": "object"}  # free-form: a policy, labels, an event's payload
 ANY: Schema = {}
 

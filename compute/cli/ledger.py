@@ -119,8 +119,8 @@ def shape_options(func: Any) -> Any:
     for option in reversed([
         click.option("--pool", required=True, help="Pool id."),
         click.option("--gpus", type=click.IntRange(1, 64), required=True),
-        click.option("--for", "duration", type=Duration(), required=True,
-                     help="How long, e.g. 2h."),
+        click.option("--for", "duration", type=Duration(), default=None,
+                     help="How long, e.g. 2h (required unless --every)."),
         click.option("--nvlink", is_flag=True, help="All GPUs in one NVLink domain."),
         click.option("--model", default=None, help="GPU family, e.g. H100."),
         click.option("--product", default=None, help="Exact product, e.g. H100-SXM5-80GB."),
@@ -192,17 +192,40 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
               help="Book the earliest window from --start (or now) where it fits.")
 @click.option("--before", default=None,
               help="With --at-earliest: end by then, +3d (from now) or an ISO 8601 time.")
+@click.option("--every", default=None, metavar="RULE",
+              help="Recurring: '<days> HH:MM-HH:MM', days daily, weekdays, weekends or "
+                   "mon,wed,fri; e.g. 'weekdays 09:00-17:00'.")
+@click.option("--until", default=None, metavar="DATE",
+              help="With --every: the last day (YYYY-MM-DD).")
+@click.option("--from", "first_day", default=None, metavar="DATE",
+              help="With --every: the first day (default today).")
+@click.option("--tz", "time_zone", default="UTC", show_default=True,
+              help="With --every: the rule's wall clock, e.g. Europe/Berlin.")
+@click.option("--horizon-days", type=click.IntRange(1, 366), default=14, show_default=True,
+              help="With --every: how far ahead occurrences are booked.")
 @click.option("--kubernetes", is_flag=True, help="Hold for the node's Kubernetes workers.")
 @click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
 @click.option("--wait", type=click.FloatRange(0, 3600), default=20.0, show_default=True,
               help="Seconds to wait for placement.")
 @output_options
-def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None,
+def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str | None,
             product: str | None, selector: str | None, start: str | None,
-            at_earliest: bool, before: str | None, kubernetes: bool, key: str | None,
-            wait: float, output: str | None, query: str | None, tenant: str | None) -> None:
+            at_earliest: bool, before: str | None, every: str | None, until: str | None,
+            first_day: str | None, time_zone: str, horizon_days: int, kubernetes: bool,
+            key: str | None, wait: float, output: str | None, query: str | None,
+            tenant: str | None) -> None:
     """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
-    fit); retry with --key KEY to never book twice."""
+    fit; with --every, on every window of a rule until a day); retry with --key KEY to never
+    book twice."""
+    if every:
+        reserve_every(pool, gpus, nvlink, product, selector, every, until, first_day,
+                      time_zone, horizon_days, clashing={"--for": duration, "--start": start,
+                                                         "--at-earliest": at_earliest,
+                                                         "--kubernetes": kubernetes},
+                      output=output, query=query, tenant=tenant)
+        return
+    if duration is None:
+        raise click.UsageError("--for is required (or --every for a recurring reservation)")
     if before and not at_earliest:
         raise click.UsageError("--before goes with --at-earliest")
     key = key or str(uuid.uuid4())
@@ -219,6 +242,25 @@ def reserve(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None
     settling = ("pending",) if later else ("pending", "placed", "binding")
     result = wait_for(api, result, wait, tenant, settling)
     show(result, output=output, query=query)
+
+
+def reserve_every(pool: str, gpus: int, nvlink: bool, product: str | None,
+                  selector: str | None, every: str, until: str | None,
+                  first_day: str | None, time_zone: str, horizon_days: int, *,
+                  clashing: dict[str, Any], output: str | None, query: str | None,
+                  tenant: str | None) -> None:
+    """`reserve --every`: a series of reservations (series.create)."""
+    given = [name for name, value in clashing.items() if value]
+    if given:
+        raise click.UsageError(f"--every sets each window itself: drop {', '.join(given)}")
+    if not until:
+        raise click.UsageError("--every needs --until DATE")
+    body = {"poolId": pool, "devices": [{"class": "gpu", "count": gpus,
+                                         "topology": "nvlink-all" if nvlink else "any"}],
+            "every": every, "timezone": time_zone, "until": until, "horizonDays": horizon_days,
+            "product": product, "selector": selector, "from": first_day}
+    show(make_client().call("series.create", {k: v for k, v in body.items() if v is not None},
+                            tenant=tenant), output=output, query=query)
 
 
 def wait_for(api: Any, result: dict[str, Any], seconds: float, tenant: str | None,
@@ -374,6 +416,32 @@ def sandboxes_release(sandbox_id: str) -> dict[str, Any]:
 
 
 @click.group()
+def series() -> None:
+    """Recurring reservations (made with reserve --every)."""
+
+
+@api_command(series, "list", "series.list",
+             columns=["id", "poolId", "every", "timezone", "until", "occurrences", "endedAt"])
+def series_list() -> dict[str, Any]:
+    """The tenant's series."""
+    return {}
+
+
+@api_command(series, "get", "series.get")
+@click.argument("series_id")
+def series_get(series_id: str) -> dict[str, Any]:
+    """One series: its rule, occurrences by state, and any the quota or limits refused."""
+    return {"seriesId": series_id}
+
+
+@api_command(series, "release", "series.release")
+@click.argument("series_id")
+def series_release(series_id: str) -> dict[str, Any]:
+    """End a series: its occurrences that have not begun are cancelled."""
+    return {"seriesId": series_id}
+
+
+@click.group()
 def usage() -> None:
     """Metered usage."""
 
@@ -386,4 +454,5 @@ def usage_list(meter: str | None) -> dict[str, Any]:
     return {"meter": meter}
 
 
-COMMANDS = [nodes, maintenance, capacity, reserve, reservations, release, extend, sandboxes, usage]
+COMMANDS = [nodes, maintenance, capacity, reserve, reservations, series, release, extend,
+            sandboxes, usage]

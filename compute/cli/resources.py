@@ -201,16 +201,8 @@ def parse_quota(values: tuple[str, ...]) -> dict[str, int]:
               help="Limit: how far ahead a reservation may start, in days.")
 @click.option("--max-gpus-at-once", type=click.IntRange(1), default=None,
               help="Limit: GPUs the tenant may hold at any one moment.")
-@click.option("--idle-below", type=click.FloatRange(0, 100), default=None,
-              help="Idle reclaim: GPU utilisation (%) under which a reservation is idle.")
-@click.option("--idle-for", type=click.IntRange(1, 7 * 24 * 60), default=None,
-              help="Idle reclaim: minutes idle before it is flagged.")
-@click.option("--idle-release", is_flag=True,
-              help="Idle reclaim: release it (after a warning) instead of only flagging it.")
 def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float | None,
-                max_ahead_days: float | None, max_gpus_at_once: int | None,
-                idle_below: float | None, idle_for: int | None,
-                idle_release: bool) -> dict[str, Any]:
+                max_ahead_days: float | None, max_gpus_at_once: int | None) -> dict[str, Any]:
     """Offer a pool to a tenant with a quota and, optionally, limits against hoarding (any
     limit given replaces the offering's limits)."""
     body: dict[str, Any] = {"poolId": pool_id, "to": to, "quota": parse_quota(quota)}
@@ -218,11 +210,6 @@ def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float 
                                             ("maxStartAheadDays", max_ahead_days),
                                             ("maxGpusAtOnce", max_gpus_at_once))
               if value is not None}
-    if (idle_below is None) != (idle_for is None):
-        raise click.UsageError("--idle-below and --idle-for go together")
-    if idle_below is not None:
-        limits["idleReclaim"] = {"belowPercent": idle_below, "forMinutes": idle_for,
-                                 "release": idle_release}
     if limits:
         body["limits"] = limits
     return body

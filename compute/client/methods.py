@@ -45,7 +45,7 @@ class Capacity(Group):
     """capacity.* methods."""
 
     def earliest(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
-            model: str | None = None, product: str | None = None, selector: str | None = None,
+            product: str | None = None, selector: str | None = None, model: str | None = None,
             kubernetes: bool | None = None, after: str | None = None, after_in: int | None = None,
             before: str | None = None, before_in: int | None = None,
             tenant_id: str | None = None) -> Any:
@@ -53,7 +53,7 @@ class Capacity(Group):
         before another), on which node and devices; or why none. Books nothing.
         """
         return self._call("capacity.earliest", {"poolId": pool_id, "devices": devices,
-            "duration": duration, "model": model, "product": product, "selector": selector,
+            "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "after": after, "afterIn": after_in, "before": before,
             "beforeIn": before_in, "tenantId": tenant_id}, retry=True)
 
@@ -62,14 +62,14 @@ class Capacity(Group):
         return self._call("capacity.get", {"poolId": pool_id, "tenantId": tenant_id}, retry=True)
 
     def preview(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
-            model: str | None = None, product: str | None = None, selector: str | None = None,
+            product: str | None = None, selector: str | None = None, model: str | None = None,
             kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
             tenant_id: str | None = None) -> Any:
         """Would this request fit (now, or from a start), where, with which host share? If not,
         why. Books nothing.
         """
         return self._call("capacity.preview", {"poolId": pool_id, "devices": devices,
-            "duration": duration, "model": model, "product": product, "selector": selector,
+            "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "start": start, "startIn": start_in,
             "tenantId": tenant_id}, retry=True)
 
@@ -255,14 +255,14 @@ class Reservations(Group):
     """reservations.* methods."""
 
     def create(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
-            model: str | None = None, product: str | None = None, selector: str | None = None,
+            product: str | None = None, selector: str | None = None, model: str | None = None,
             kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
             at_earliest: bool | None = None, before: str | None = None,
             before_in: int | None = None, binding: str | None = None,
             idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
         """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
         return self._call("reservations.create", {"poolId": pool_id, "devices": devices,
-            "duration": duration, "model": model, "product": product, "selector": selector,
+            "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "start": start, "startIn": start_in,
             "atEarliest": at_earliest, "before": before, "beforeIn": before_in, "binding": binding,
             "idempotencyKey": idempotency_key,
@@ -324,6 +324,36 @@ class Sandboxes(Group):
     def release(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
         """Stop a sandbox's VM; its vCPUs and memory come back once the node stopped it."""
         return self._call("sandboxes.release", {"sandboxId": sandbox_id,
+            "tenantId": tenant_id}, retry=False)
+
+
+class Series(Group):
+    """series.* methods."""
+
+    def create(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], every: str,
+            until: str, product: str | None = None, selector: str | None = None,
+            timezone: str | None = None, from_: str | None = None, horizon_days: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Reserve GPUs on every window of a rule until a day: one reservation per occurrence,
+        booked a horizon ahead and extended as time passes.
+        """
+        return self._call("series.create", {"poolId": pool_id, "devices": devices, "every": every,
+            "until": until, "product": product, "selector": selector, "timezone": timezone,
+            "from": from_, "horizonDays": horizon_days, "tenantId": tenant_id}, retry=False)
+
+    def get(self, *, series_id: str, tenant_id: str | None = None) -> Any:
+        """One series, with its occurrences counted by state and what was refused."""
+        return self._call("series.get", {"seriesId": series_id, "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """The tenant's series, oldest first."""
+        return self._call("series.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+    def release(self, *, series_id: str, tenant_id: str | None = None) -> Any:
+        """End a series: its occurrences that have not begun are cancelled."""
+        return self._call("series.release", {"seriesId": series_id,
             "tenantId": tenant_id}, retry=False)
 
 
@@ -421,6 +451,7 @@ GROUPS: dict[str, type[Group]] = {
     "pools": Pools,
     "reservations": Reservations,
     "sandboxes": Sandboxes,
+    "series": Series,
     "sites": Sites,
     "system": System,
     "tenants": Tenants,

@@ -15,9 +15,9 @@ _READ = ("*.get", "*.list", "events.watch", "system.whoami", "capacity.*", "pki.
 # What each role may do, as globs over "<group>.<method>". Later roles include earlier ones.
 ROLE_ACTIONS: dict[str, tuple[str, ...]] = {
     Role.VIEWER: _READ,
-    Role.MEMBER: (*_READ, "reservations.*", "sandboxes.*"),
-    Role.OPERATOR: (*_READ, "reservations.*", "sandboxes.*", "sites.*", "pools.*", "nodes.*",
-                    "maintenance.*", "joinTokens.*", "offerings.*"),
+    Role.MEMBER: (*_READ, "reservations.*", "series.*", "sandboxes.*"),
+    Role.OPERATOR: (*_READ, "reservations.*", "series.*", "sandboxes.*", "sites.*", "pools.*",
+                    "nodes.*", "maintenance.*", "joinTokens.*", "offerings.*"),
     Role.ADMIN: ("*",),
 }
 

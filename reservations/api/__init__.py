@@ -8,7 +8,9 @@ from reservations.api import (
     pools,
     reservations,
     sandboxes,
+    series,
     usage,
 )
 
-__all__ = ["capacity", "maintenance", "offerings", "pools", "reservations", "sandboxes", "usage"]
+__all__ = ["capacity", "maintenance", "offerings", "pools", "reservations", "sandboxes", "series",
+           "usage"]

@@ -63,14 +63,6 @@ def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return page(pool_list(tenant=ctx.tenant), present=present_pool, **data)
 
 
-class IdleReclaimIn(Input):
-    below_percent = serializers.FloatField(min_value=0, max_value=100,
-                                           help_text="GPU utilisation under which it is idle.")
-    for_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60)
-    release = serializers.BooleanField(
-        default=False, help_text="Release it after a warning; otherwise only flag it.")
-
-
 class LimitsIn(Input):
     """Limits against hoarding; each absent one is no limit."""
 
@@ -78,7 +70,6 @@ class LimitsIn(Input):
                                                 max_value=366 * 24)
     max_start_ahead_days = serializers.FloatField(required=False, min_value=0, max_value=366)
     max_gpus_at_once = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
-    idle_reclaim = IdleReclaimIn(required=False)
 
 
 class PoolOfferIn(PoolIdIn):

@@ -31,17 +31,22 @@ class DeviceRequestIn(Input):
     aliases = {"class": "device_class"}
 
 
-class RequestShapeIn(Input):
-    """What a reservation asks for; shared by reservations.create and capacity.preview."""
+class DevicesIn(Input):
+    """Which GPUs of which pool; shared by reservations, series and capacity questions."""
 
     pool_id = PublicIdField("pool")
     devices = DeviceRequestIn(many=True, min_length=1, max_length=1)
-    duration = serializers.IntegerField(min_value=1_000, max_value=MAX_DURATION_MS,
-                                        help_text="Milliseconds (at least 1 s).")
-    model = serializers.CharField(required=False, default="", max_length=32, allow_blank=True)
     product = serializers.CharField(required=False, default="", max_length=96, allow_blank=True)
     selector = serializers.CharField(required=False, default="", max_length=300,
                                      allow_blank=True, help_text="e.g. vramGiB >= 80")
+
+
+class RequestShapeIn(DevicesIn):
+    """What a reservation asks for; shared by reservations.create and capacity.*."""
+
+    duration = serializers.IntegerField(min_value=1_000, max_value=MAX_DURATION_MS,
+                                        help_text="Milliseconds (at least 1 s).")
+    model = serializers.CharField(required=False, default="", max_length=32, allow_blank=True)
     kubernetes = serializers.BooleanField(required=False, default=False)
 
 

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='offering',
             name='limits',
-            field=models.JSONField(blank=True, default=dict, help_text='Against hoarding: maxDurationHours, maxStartAheadDays, maxGpusAtOnce, idleReclaim {belowPercent, forMinutes, release}.'),
+            field=models.JSONField(blank=True, default=dict, help_text='Against hoarding: maxDurationHours, maxStartAheadDays, maxGpusAtOnce.'),
         ),
     ]

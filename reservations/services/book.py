@@ -41,7 +41,7 @@ from reservations.constraints import (
 from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
 from reservations.hostshare import COUNTERS_SQL, WITH_SPANS, counter_params
-from reservations.ledger import Allocation, Reservation, ReservationState
+from reservations.ledger import Allocation, Reservation, ReservationSeries, ReservationState
 from reservations.limits import (
     check_at_once,
     check_request,
@@ -150,7 +150,7 @@ def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
                payload=payload)
 
 
-def _check_request(pool: Pool, *, model: str, kubernetes: bool, topology: str) -> None:
+def check_pool_request(pool: Pool, *, model: str, kubernetes: bool, topology: str) -> None:
     if pool.pool_class != PoolClass.METAL_HOST:
         raise InvalidArgument(f"poolId: pool {pool.id} is a {pool.pool_class} pool; GPUs are "
                               "reserved from metal-host pools", field="poolId")
@@ -190,20 +190,42 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     if existing:
         return Reservation.objects.get(pk=existing)
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
-    _check_request(pool, model=model, kubernetes=kubernetes, topology=topology)
+    check_pool_request(pool, model=model, kubernetes=kubernetes, topology=topology)
     parse_selector(selector)
     now = database_now()
     before = moment(now, before, before_in_ms, field="before")
     if before is not None and not at_earliest:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
+    rsv, allocation = book_new(
+        tenant=tenant, pool=pool, now=now, gpus=gpus, topology=topology, model=model,
+        product=product, selector=selector, kubernetes=kubernetes,
+        requested_start=requested_start, duration_ms=duration_ms, at_earliest=at_earliest,
+        before=before)
+    idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
+                        inputs=inputs, object_id=rsv.id)
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
+                 target=rsv.id, data={"poolId": pool.id, "gpus": gpus,
+                                      "durationMs": duration_ms, "placed": bool(allocation)})
+    return rsv
+
+
+def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: str,
+             requested_start: datetime | None, duration_ms: int, model: str = "",
+             product: str = "", selector: str = "", kubernetes: bool = False,
+             at_earliest: bool = False, before: datetime | None = None,
+             series: ReservationSeries | None = None
+             ) -> tuple[Reservation, Allocation | None]:
+    """A new reservation of a checked request, inside the caller's service: the offering's
+    limits, the quota, placement (now, or at the earliest window) or pending, and its
+    placed or pending event. Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
     quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
     rsv = Reservation.objects.create(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
-        requested_start=requested_start, duration_ms=duration_ms)
+        requested_start=requested_start, duration_ms=duration_ms, series=series)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(
             rsv, pool, now, before, latest_start=latest_start_allowed(limits, now))
@@ -212,17 +234,12 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     # Under the quota row's lock (taken above), over the window it got or asked for.
     check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, skip=rsv.id,
                   during=rsv.during or window(rsv.requested_start or now, duration_ms))
-    idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
-                        inputs=inputs, object_id=rsv.id)
-    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
-                 target=rsv.id, data={"poolId": pool.id, "gpus": gpus,
-                                      "durationMs": duration_ms, "placed": bool(allocation)})
     if allocation is None:
         event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
                    payload={"poolId": pool.id, "gpus": gpus})
     else:
         emit_placed(rsv, allocation)
-    return rsv
+    return rsv, allocation
 
 
 def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime, before: datetime | None,

@@ -69,6 +69,11 @@ CALLS: dict[str, tuple[str, Call]] = {
                  "reason": "firmware"})),
     "maintenance.cancel": ("node.maintenance.cancel", lambda c, w: (
         c.root, {"windowId": w["window"]})),
+    "series.create": ("series.create", lambda c, w: (
+        c.root, {"poolId": w["pool"], "devices": [{"class": "gpu", "count": 1}],
+                 "every": "weekdays 09:00-10:00", "from": "2027-01-04",
+                 "until": "2027-01-08", "horizonDays": 366})),
+    "series.release": ("series.release", lambda c, w: (c.root, {"seriesId": w["series"]})),
 }
 
 
@@ -96,6 +101,10 @@ def world(root, acme, pool, cpu_pool) -> dict[str, str]:
                             initrd=PART)["id"],
         "window": root("maintenance.create", nodeId=make_node(pool["id"]).id,
                        duration=3_600_000, startIn=172_800_000, reason="PSU")["window"]["id"],
+        "series": root("series.create", poolId=pool["id"], devices=[{"class": "gpu",
+                                                                      "count": 1}],
+                       every="daily 09:00-10:00", until="2027-01-02", horizonDays=366,
+                       **{"from": "2027-01-01"})["id"],
     }
 
 

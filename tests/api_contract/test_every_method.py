@@ -19,6 +19,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     "reservations.create": SHAPE,
     "capacity.preview": SHAPE,
     "capacity.earliest": SHAPE,
+    "series.create": {"devices": [{"class": "gpu", "count": 1}], "every": "daily 09:00-10:00",
+                      "until": "2027-01-02"},
     "reservations.extend": {"by": 60_000},
     "sandboxes.create": {"vcpus": 1, "memoryGiB": 1},
     "joinTokens.create": {"ttl": 3_600_000},
@@ -58,10 +60,14 @@ def make_objects(root, acme) -> dict[str, str]:
     join_token = root("joinTokens.create", poolId=pool["id"], ttl=3_600_000)
     window = root("maintenance.create", nodeId=make_node(pool["id"]).id, duration=3_600_000,
                   startIn=172_800_000, reason="PSU swap")["window"]
+    series = acme("series.create", poolId=pool["id"], devices=[{"class": "gpu", "count": 1}],
+                  every="daily 09:00-10:00", until="2027-01-02", horizonDays=366,
+                  **{"from": "2027-01-01"})
     audit = AuditEvent.objects.filter(tenant_id=acme.tenant_id).latest("seq")
     return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
             "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id,
-            "jtk": join_token["id"], "img": image["id"], "mnt": window["id"]}
+            "jtk": join_token["id"], "img": image["id"], "mnt": window["id"],
+            "ser": series["id"]}
 
 
 def target(endpoint) -> tuple[str, str] | None:

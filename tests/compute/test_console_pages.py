@@ -186,3 +186,22 @@ def test_sandboxes_and_checkpoints_have_their_pages(root, root_token, pool):
     audit_page = text(browser, "/console/audit")
     (checkpoint,) = root("audit.checkpoints")["items"]
     assert checkpoint["rootHash"] in audit_page
+
+
+def test_recurring_reservations_show_their_occurrences_and_can_be_ended(root, root_token, pool):
+    make_node(pool["id"])
+    series = root("series.create", poolId=pool["id"], devices=[{"class": "gpu", "count": 2}],
+                  every="weekdays 09:00-10:00", until="2027-01-08", horizonDays=366,
+                  **{"from": "2027-01-04"})
+    browser = signed_in(root_token)
+    page = text(browser, "/console/reservations")
+    assert f'<tr id="{series["id"]}"' in page
+    assert "weekdays 09:00-10:00 (UTC)" in page
+    assert "placed 5" in page
+    assert f'name="seriesId" value="{series["id"]}"' in page
+    assert 'data-action="capacity.earliest"' in page
+    assert 'name="atEarliest"' in page
+    root("series.release", seriesId=series["id"])
+    ended = text(browser, "/console/reservations")
+    assert "cancelled 5" in ended
+    assert f'name="seriesId" value="{series["id"]}"' not in ended

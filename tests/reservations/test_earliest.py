@@ -8,7 +8,7 @@ import threading
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from compute.db import database_now
@@ -16,6 +16,7 @@ from fleet.models import Device, Node
 from reservations.ledger import Allocation, Booking, Reservation
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, gpus
+from tests.support.ledger import overlapping_bookings, run_together
 
 H = timedelta(hours=1)
 
@@ -179,14 +180,7 @@ def test_bookers_racing_for_the_earliest_slot_queue_up_without_overlap(root, poo
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=book) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(*[book] * 6)
     assert problems == []
     assert sorted(starts) == [t0 + 2 * k * H for k in range(6)]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM reservations_booking a JOIN reservations_booking b "
-                       "ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during")
-        assert cursor.fetchone()[0] == 0
+    assert overlapping_bookings() == 0

@@ -3,12 +3,15 @@ that meet do, and a sandbox (open-ended) fits only under the most they hold at o
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from fleet.models import Node
 from reservations.hostshare import expected_counters
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, reserve
+from tests.support.ledger import run_together
 
 DAY = 24 * HOUR
 
@@ -72,7 +75,6 @@ def test_racing_bookers_and_sandboxes_keep_the_counters_equal_to_a_recount(root,
     the stored counters must equal a recount at the end: a recount from a stale snapshot
     would leave them below the real peak."""
     import random
-    import threading
 
     from django.db import connections
 
@@ -118,12 +120,7 @@ def test_racing_bookers_and_sandboxes_keep_the_counters_equal_to_a_recount(root,
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=booker, args=(n,)) for n in range(4)]
-    threads.append(threading.Thread(target=sandboxes))
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(*(partial(booker, n) for n in range(4)), sandboxes)
     assert problems == []
     assert placed[0] > 0
     assert counters(node) == expected_counters(node.id)

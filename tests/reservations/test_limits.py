@@ -5,6 +5,7 @@ tenant's bookers race."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 from django.db import connections
@@ -12,6 +13,7 @@ from django.db import connections
 from reservations.models import Quota, Reservation
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, reserve
+from tests.support.ledger import run_together
 from tests.support.writes import assert_wrote
 
 DAY = 24 * HOUR
@@ -97,9 +99,9 @@ def test_limits_are_refused_when_malformed_naming_the_field(root, pool, acme):
     assert answer.status == 400
     assert "maxGpusAtOnce" in str(answer.body["error"])
     answer = root.call("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 1},
-                       limits={"idleReclaim": {"belowPercent": 5}})
+                       limits={"maxHours": 5})
     assert answer.status == 400
-    assert "forMinutes" in str(answer.body["error"])
+    assert "maxHours" in str(answer.body["error"])
 
 
 @pytest.mark.django_db(transaction=True)
@@ -136,11 +138,7 @@ def test_racing_bookers_of_one_tenant_never_hold_more_than_the_limit_at_once(roo
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=book, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(*(partial(book, n) for n in range(6)))
     assert problems == []
     assert refused
     from django.db import connection

@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 
 from tests.factories import make_node
+from tests.support.ledger import overlapping_bookings
 from tests.support.writes import assert_wrote
 
 HOUR, DAY = 3_600_000, 86_400_000
@@ -26,11 +27,7 @@ def window(root, node_id, *, start_in=DAY, hours=8, move=False):
                      duration=hours * HOUR, reason="PSU swap", move=move)
 
 
-def overlaps() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM reservations_booking a JOIN reservations_booking b "
-                       "ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during")
-        return cursor.fetchone()[0]
+overlaps = overlapping_bookings
 
 
 def test_a_window_over_bookings_is_refused_naming_them_and_writes_nothing(root, pool):

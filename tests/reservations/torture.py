@@ -219,6 +219,7 @@ def findings(world: World) -> dict[str, Any]:
 
     from fleet.models import Node
     from reservations.hostshare import expected_counters
+    from tests.support.ledger import OVERLAPS_SQL
 
     def scalar(sql: str, params: list[Any] | None = None) -> Any:
         with connection.cursor() as cursor:
@@ -230,9 +231,7 @@ def findings(world: World) -> dict[str, Any]:
     drift = [((node.vcpus_allocated, node.memory_gib_allocated), expected_counters(node.id))
              for node in Node.objects.all()]
     return {
-        "overlaps": scalar(
-            "SELECT count(*) FROM reservations_booking a JOIN reservations_booking b "
-            "ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during"),
+        "overlaps": scalar(OVERLAPS_SQL),
         "vcpuCounterDrift": sum(counters[0] != expected[0] for counters, expected in drift),
         "memoryCounterDrift": sum(counters[1] != expected[1] for counters, expected in drift),
         "quotaDrift": scalar(

@@ -58,6 +58,8 @@ def reservations(request: HttpRequest, page: Page) -> HttpResponse:
         "state": state or "", "pool_id": pool_id or "",
         "topologies": Topology.choices, "reserve_allowed": page.can("reservations.create"),
         "release_allowed": page.can("reservations.release"),
+        "series": page.call("series.list", limit=1000)["items"],
+        "series_release_allowed": page.can("series.release"),
         "tenants": page.call("tenants.list", limit=1000)["items"] if page.is_root else []})
 
 
