@@ -105,8 +105,9 @@ const AFTER = {
   },
 };
 
+// form.act changes something through the envelope; form.ask only reads (a viewer has it too).
 async function submit(event) {
-  const form = event.target.closest("form.act");
+  const form = event.target.closest("form.act, form.ask");
   if (!form) return;
   event.preventDefault();
   form.querySelectorAll(".field-error, .form-error").forEach((slot) => { slot.textContent = ""; });

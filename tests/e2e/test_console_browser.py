@@ -194,6 +194,7 @@ def test_the_earliest_slot_is_found_and_booked_from_the_console(stack, browser, 
     find.locator("input[name=hours]").fill("2")
     find.locator("button").click()
     expect(find.locator("output.result")).to_contain_text(" on node_")
+    found = find.locator("output.result").text_content()
     page.screenshot(path=shots / "earliest.png", full_page=True)
     reserve = page.locator("form[data-action='reservations.create']")
     reserve.locator("input[name=count]").fill("8")
@@ -204,7 +205,7 @@ def test_the_earliest_slot_is_found_and_booked_from_the_console(stack, browser, 
     rsv_id = page.locator("#reservations tbody tr").first.get_attribute("id")
     booked = stack.json("reservations", "get", rsv_id)
     assert booked["state"] in ("placed", "binding", "active"), booked
-    assert booked["nodeId"] in find.locator("output.result").text_content()  # the slot found
+    assert booked["nodeId"] in found  # the slot it found
     stack.json("release", rsv_id)
     assert page.outside == []  # type: ignore[attr-defined]
 
