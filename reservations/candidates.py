@@ -113,9 +113,10 @@ spans AS (
   SELECT DISTINCT ON (a.id) a.node_id, a.vcpus, a.memory_gib,
          greatest(lower(b.during), lower(%(during)s::tstzrange)) AS lo,
          least(upper(b.during), upper(%(during)s::tstzrange)) AS hi
-    FROM reservations_booking b JOIN reservations_allocation a ON a.id = b.allocation_id
-   WHERE b.during && %(during)s AND a.ended_at IS NULL
-     AND a.node_id IN (SELECT id FROM nodes)),
+    FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
+    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s
+    JOIN reservations_allocation a ON a.id = b.allocation_id
+   WHERE a.ended_at IS NULL),
 held AS (
   SELECT node_id, max(v) AS vcpus, max(m) AS memory FROM (
     SELECT node_id, sum(dv) OVER w AS v, sum(dm) OVER w AS m FROM (

@@ -9,9 +9,10 @@ allocation is live until it is freed, at the latest when its window ends). The n
 constraints (counters within the node's size) referee both kinds of claim; a sandbox, being
 open-ended, fits only under that peak.
 
-The peak is recomputed (never adjusted by increments) whenever a GPU allocation is booked,
-moved or freed, in a statement that runs after the node's row is locked, so it sees every
-booker of the node that committed before.
+A booking raises the counters to what its own window holds with it (only the allocations
+that meet that window can add up with it); freeing or moving an allocation recounts the
+node's whole calendar, since the peak may fall. Both run in a statement after the node's row
+is locked, so they see every booker of the node that committed before.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from typing import Any
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-# The live GPU allocations of %(node)s over their windows, plus (when %(during)s is not null)
-# one being booked in this statement; the most their host shares add up to at one moment.
-# Ends sort before starts at the same instant: windows are [).
+# The most that the allocations in `spans` hold at one moment. Ends sort before starts at
+# the same instant: windows are [).
 PEAK_SQL = """
 SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
   SELECT sum(dv) OVER w AS v, sum(dm) OVER w AS m FROM (
@@ -32,34 +32,53 @@ SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
     SELECT hi, 0, -vcpus, -memory_gib FROM spans) edges
   WINDOW w AS (ORDER BY at, starts)) running"""
 
-SPANS_SQL = """
-spans AS (
-  SELECT a.vcpus, a.memory_gib, min(lower(b.during)) AS lo, max(upper(b.during)) AS hi
-    FROM reservations_allocation a JOIN reservations_booking b ON b.allocation_id = a.id
-   WHERE a.node_id = %(node)s AND a.ended_at IS NULL
-   GROUP BY a.id
-  UNION ALL
-  SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)
-   WHERE %(during)s::tstzrange IS NOT NULL),
+SANDBOXES_SQL = """
 sandboxes AS (
   SELECT coalesce(sum(vcpus), 0) AS vcpus, coalesce(sum(memory_gib), 0) AS memory
     FROM reservations_sandbox WHERE node_id = %(node)s AND ended_at IS NULL),
-peak AS ({peak})"""
+peak AS ({peak})""".replace("{peak}", PEAK_SQL)
+
+# Every live GPU allocation of %(node)s over its window: the recount after one ended or moved.
+ALL_SPANS = """
+WITH spans AS (
+  SELECT a.vcpus, a.memory_gib, min(lower(b.during)) AS lo, max(upper(b.during)) AS hi
+    FROM reservations_allocation a JOIN reservations_booking b ON b.allocation_id = a.id
+   WHERE a.node_id = %(node)s AND a.ended_at IS NULL
+   GROUP BY a.id),{sandboxes}""".replace("{sandboxes}", SANDBOXES_SQL)
+
+# Booking %(during)s: only the live allocations of %(node)s that meet it can add up with the
+# new one (found through the devices' booking index), clipped to it, plus the new one. The
+# counters become the larger of what they were and what that window now holds.
+MEETING_SPANS = """
+WITH spans AS (
+  (SELECT DISTINCT ON (a.id) a.vcpus, a.memory_gib,
+          greatest(lower(b.during), lower(%(during)s::tstzrange)) AS lo,
+          least(upper(b.during), upper(%(during)s::tstzrange)) AS hi
+     FROM fleet_device d JOIN reservations_booking b ON b.device_id = d.id
+     JOIN reservations_allocation a ON a.id = b.allocation_id
+    WHERE d.node_id = %(node)s AND b.during && %(during)s AND a.ended_at IS NULL)
+  UNION ALL
+  SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)),
+{sandboxes}""".replace("{sandboxes}", SANDBOXES_SQL)
 
 # The counters' new values, written to the node; a CHECK violation means they do not fit.
 COUNTERS_SQL = """
 UPDATE fleet_node SET vcpus_allocated = sandboxes.vcpus + peak.vcpus,
                       memory_gib_allocated = sandboxes.memory + peak.memory
   FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
+RAISED_COUNTERS_SQL = """
+UPDATE fleet_node
+   SET vcpus_allocated = greatest(vcpus_allocated, sandboxes.vcpus + peak.vcpus),
+       memory_gib_allocated = greatest(memory_gib_allocated, sandboxes.memory + peak.memory)
+  FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
 
-WITH_SPANS = "WITH " + SPANS_SQL.replace("{peak}", PEAK_SQL)
 EXPECTED_SQL = """
 SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak"""
 
 
 def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
                    during: DateTimeTZRange | None = None) -> dict[str, Any]:
-    """Parameters of `WITH_SPANS`: the node, and the allocation being booked, if any."""
+    """Parameters of the spans: the node, and the allocation being booked, if any."""
     return {"node": node_id, "vcpus": vcpus, "memory": memory_gib, "during": during}
 
 
@@ -69,12 +88,12 @@ def host_counters_refresh(node_id: str) -> None:
     violation (IntegrityError) if its claims no longer fit."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM fleet_node WHERE id = %s FOR UPDATE", [node_id])
-        cursor.execute(WITH_SPANS + COUNTERS_SQL, counter_params(node_id))
+        cursor.execute(ALL_SPANS + COUNTERS_SQL, counter_params(node_id))
 
 
 def expected_counters(node_id: str) -> tuple[int, int]:
     """What the node's counters should read (for checks, not for booking)."""
     with connection.cursor() as cursor:
-        cursor.execute(WITH_SPANS + EXPECTED_SQL, counter_params(node_id))
+        cursor.execute(ALL_SPANS + EXPECTED_SQL, counter_params(node_id))
         vcpus, memory = cursor.fetchone()
     return int(vcpus), int(memory)

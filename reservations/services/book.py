@@ -40,7 +40,7 @@ from reservations.constraints import (
 )
 from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
-from reservations.hostshare import COUNTERS_SQL, WITH_SPANS, counter_params
+from reservations.hostshare import MEETING_SPANS, RAISED_COUNTERS_SQL, counter_params
 from reservations.ledger import Allocation, Reservation, ReservationSeries, ReservationState
 from reservations.limits import (
     check_at_once,
@@ -119,7 +119,7 @@ booked AS (
   RETURNING device_id),
 counted AS ({counters} RETURNING 1)
 SELECT count(*) FROM booked"""
-BOOK_SQL = WITH_SPANS + BOOKING.replace("{counters}", COUNTERS_SQL)
+BOOK_SQL = MEETING_SPANS + BOOKING.replace("{counters}", RAISED_COUNTERS_SQL)
 NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
              NODE_MEMORY_WITHIN_SIZE: lambda: NodeFull("memory")}
 
