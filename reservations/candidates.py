@@ -109,13 +109,14 @@ WITH nodes AS MATERIALIZED (
   SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib FROM fleet_node
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
      AND fleet_node.id <> ALL(%(excluded)s) {shortlist}),
+meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
+  SELECT b.allocation_id, b.during FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
+    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s),
 spans AS (
   SELECT DISTINCT ON (a.id) a.node_id, a.vcpus, a.memory_gib,
-         greatest(lower(b.during), lower(%(during)s::tstzrange)) AS lo,
-         least(upper(b.during), upper(%(during)s::tstzrange)) AS hi
-    FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
-    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s
-    JOIN reservations_allocation a ON a.id = b.allocation_id
+         greatest(lower(m.during), lower(%(during)s::tstzrange)) AS lo,
+         least(upper(m.during), upper(%(during)s::tstzrange)) AS hi
+    FROM meeting m JOIN reservations_allocation a ON a.id = m.allocation_id
    WHERE a.ended_at IS NULL),
 held AS (
   SELECT node_id, max(v) AS vcpus, max(m) AS memory FROM (

@@ -50,13 +50,16 @@ WITH spans AS (
 # new one (found through the devices' booking index), clipped to it, plus the new one. The
 # counters become the larger of what they were and what that window now holds.
 MEETING_SPANS = """
-WITH spans AS (
+WITH meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
+  SELECT b.allocation_id, b.during FROM fleet_device d
+    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s
+   WHERE d.node_id = %(node)s),
+spans AS (
   (SELECT DISTINCT ON (a.id) a.vcpus, a.memory_gib,
-          greatest(lower(b.during), lower(%(during)s::tstzrange)) AS lo,
-          least(upper(b.during), upper(%(during)s::tstzrange)) AS hi
-     FROM fleet_device d JOIN reservations_booking b ON b.device_id = d.id
-     JOIN reservations_allocation a ON a.id = b.allocation_id
-    WHERE d.node_id = %(node)s AND b.during && %(during)s AND a.ended_at IS NULL)
+          greatest(lower(m.during), lower(%(during)s::tstzrange)) AS lo,
+          least(upper(m.during), upper(%(during)s::tstzrange)) AS hi
+     FROM meeting m JOIN reservations_allocation a ON a.id = m.allocation_id
+    WHERE a.ended_at IS NULL)
   UNION ALL
   SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)),
 {sandboxes}""".replace("{sandboxes}", SANDBOXES_SQL)
