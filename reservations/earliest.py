@@ -35,6 +35,7 @@ from reservations.candidates import (
     window,
 )
 from reservations.ledger import Reservation
+from reservations.limits import latest_start_allowed, offering_limits
 from reservations.placement import BUSY, Choice, Request, why_not
 
 NODES_TRIED = 32  # nodes' next starts read at a time
@@ -181,10 +182,12 @@ class Search:
 def search_for(rsv: Reservation, now: datetime, after: datetime | None,
                before: datetime | None) -> Search:
     """The search for `rsv`'s shape from `after` (default now) for a window ending by
-    `before` (default: a start within the start horizon)."""
+    `before` (default: a start within the start horizon, and within the tenant's booking
+    horizon when its offering limits one)."""
     start = after or now
     duration = timedelta(milliseconds=rsv.duration_ms)
-    latest_start = now + MAX_START_AHEAD
+    horizon = latest_start_allowed(offering_limits(rsv.tenant_id, rsv.pool), now)
+    latest_start = min(now + MAX_START_AHEAD, horizon or now + MAX_START_AHEAD)
     if before is not None:
         latest_start = min(latest_start, before - duration)
         if latest_start < start:

@@ -45,7 +45,6 @@ from reservations.ledger import Allocation, Reservation, ReservationSeries, Rese
 from reservations.limits import (
     check_at_once,
     check_request,
-    latest_start_allowed,
     offering_limits,
 )
 from reservations.quotas import quota_consume
@@ -227,8 +226,7 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: 
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms, series=series)
     if at_earliest:
-        allocation: Allocation | None = place_at_earliest(
-            rsv, pool, now, before, latest_start=latest_start_allowed(limits, now))
+        allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
     else:
         allocation = try_place(rsv, pool, now)
     # Under the quota row's lock (taken above), over the window it got or asked for.
@@ -242,14 +240,12 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: 
     return rsv, allocation
 
 
-def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime, before: datetime | None,
-                      *, latest_start: datetime | None = None) -> Allocation:
-    """Book `rsv` in the earliest window where it fits, starting by `latest_start` if given;
-    when another booker takes that window first, the next one. Refused (the caller's
-    transaction rolls back) when no window is left before the horizon or `before`."""
+def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
+                      before: datetime | None) -> Allocation:
+    """Book `rsv` in the earliest window where it fits; when another booker takes that
+    window first, the next one. Refused (the caller's transaction rolls back) when no
+    window is left before the horizon or `before`."""
     search = search_for(rsv, now, rsv.requested_start, before)
-    if latest_start is not None:
-        search = replace(search, latest_start=min(search.latest_start, latest_start))
     for _ in range(MAX_RACES):
         slot = search.slot()
         if slot is None:

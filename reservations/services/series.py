@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import date, datetime, timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import F, Q
 
 from audit.services import audit_record, audited
 from compute.db import database_now
@@ -153,6 +154,7 @@ def series_release(*, tenant: Tenant, actor: Principal, series_id: str) -> Reser
 def series_due(now: datetime) -> list[str]:
     """Live series whose horizon has moved past what they booked."""
     return [s.id for s in ReservationSeries.objects.filter(ended_at__isnull=True)
+            .filter(Q(booked_through__isnull=True) | Q(booked_through__lt=F("until")))
             .only("id", "booked_through", "until", "horizon_days", "time_zone")
             if (s.booked_through or date.min) < min(
                 s.until, now.astimezone(zone_named(s.time_zone)).date()

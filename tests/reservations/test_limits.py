@@ -64,6 +64,11 @@ def test_the_earliest_slot_stays_inside_the_booking_horizon(root, acme, limited)
                        devices=[{"class": "gpu", "count": 1}], atEarliest=True)
     assert (answer.status, answer.code) == (409, "capacity_conflict"), answer.body
     assert Reservation.objects.filter(tenant__slug="acme").count() == 0
+    asked = acme("capacity.earliest", poolId=limited["id"], duration=HOUR,
+                 devices=[{"class": "gpu", "count": 1}])
+    assert asked["found"] is False, asked  # the owner, unlimited, would get day three
+    assert root("capacity.earliest", poolId=limited["id"], duration=HOUR,
+                devices=[{"class": "gpu", "count": 1}])["found"] is True
 
 
 def test_gpus_at_once_count_over_time(acme, limited):
