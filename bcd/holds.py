@@ -31,7 +31,7 @@ def cdi_spec(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> tuple[dict[
     """The hold's CDI spec and where its device edits came from. Raises BadCdiSpec when the
     vendor's spec is malformed or lacks a held GPU: such a hold must not be bound."""
     vendor = vendor_spec(paths.root)
-    ours = {"env": [f"BCD_ALLOCATION_ID={hold.allocation_id}"]}
+    ours = {"env": [f"{k}={v}" for k, v in hold.env.items()]}
     devices = []
     if vendor is not None:
         for uuid in hold.gpus:
@@ -69,7 +69,7 @@ def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str,
     write_private(spec_file, json.dumps(spec, indent=2))
     spec_file.chmod(0o644)  # container runtimes read CDI specs
     write_private(env_file, "".join(f"{k}={v}\n" for k, v in {
-        "BCD_ALLOCATION_ID": hold.allocation_id,
+        **hold.env,
         "BCD_RESERVATION_ID": hold.reservation_id,
         "BCD_CGROUP_PARENT": hold.slice_name,
         "BCD_CDI_DEVICES": ",".join(hold.cdi_devices),

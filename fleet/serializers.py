@@ -41,6 +41,11 @@ class SandboxPolicyIn(Input):
         help_text="Port forwards listen on every address of the node, not only loopback.")
 
 
+class TimeSlicingIn(Input):
+    replicas = serializers.IntegerField(min_value=2, max_value=64,
+                                        help_text="Shares of each GPU (bookable one by one).")
+
+
 class PolicyIn(Input):
     """A pool's policy. Stored in the wire form it was given, once validated."""
 
@@ -54,6 +59,11 @@ class PolicyIn(Input):
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
     sandboxes = SandboxPolicyIn(required=False)
+    time_slicing = TimeSlicingIn(
+        required=False,
+        help_text="Slice each GPU (not in MIG mode) into this many time-sliced shares, "
+                  "booked as class gpu-share; a GPU is booked whole or as shares, never both "
+                  "at one time.")
 
 
 SITE = obj(id=STRING, tenantId=STRING, kind=STRING, region=STRING, name=STRING,
@@ -70,8 +80,9 @@ NODE = obj(
     lastHeartbeatAt=nullable(TIME), sessionEpoch=INTEGER, journalEpoch=INTEGER,
     conditions=array(CONDITION))
 DEVICE = obj(id=STRING, uuid=STRING, index=INTEGER, product=STRING, model=STRING,
-             vramGiB=INTEGER, nvlinkDomain=nullable(STRING), migProfile=nullable(STRING),
-             health=STRING, healthReason=nullable(STRING), present=BOOLEAN,
+             vramGiB=INTEGER, nvlinkDomain=nullable(STRING), profile=nullable(STRING),
+             parentId=nullable(STRING), health=STRING, healthReason=nullable(STRING),
+             present=BOOLEAN,
              **{"class": STRING})
 JOIN_TOKEN = obj(id=STRING, poolId=STRING, role=STRING, maxUses=INTEGER, uses=INTEGER,
                  expiresAt=TIME, revokedAt=nullable(TIME), expectSerial=nullable(STRING),
@@ -139,7 +150,8 @@ def present_device(device: Device) -> dict[str, Any]:
     return {"id": device.id, "uuid": device.uuid, "class": device.device_class,
             "index": device.index, "product": device.product, "model": device.model,
             "vramGiB": device.vram_gib, "nvlinkDomain": device.nvlink_domain or None,
-            "migProfile": device.mig_profile or None, "health": device.health,
+            "profile": device.profile or None, "parentId": device.parent_id,
+            "health": device.health,
             "healthReason": device.health_reason or None, "present": device.present}
 
 

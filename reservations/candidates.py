@@ -59,23 +59,42 @@ def instant(at: datetime) -> str:
     return f"{at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
 
 
-def host_share(pool: Pool, node_vcpus: int, node_memory: int, node_gpus: int) -> tuple[int, int]:
-    """vCPUs and GiB a booking takes per GPU: the pool's policy, else an even split."""
+def host_share(pool: Pool, node_vcpus: int, node_memory: int, node_gpus: int,
+               fraction: float = 1.0) -> tuple[int, int]:
+    """vCPUs and GiB a booking takes per GPU (the pool's policy, else an even split), or per
+    atom taking `fraction` of a GPU (rounded down)."""
     share = pool.host_share
     gpus = max(1, node_gpus)
-    return (int(share.get("vcpusPerGpu", node_vcpus // gpus)),
-            int(share.get("memoryGiBPerGpu", node_memory // gpus)))
+    return (int(int(share.get("vcpusPerGpu", node_vcpus // gpus)) * fraction),
+            int(int(share.get("memoryGiBPerGpu", node_memory // gpus)) * fraction))
+
+
+MIG_SLICES = 7  # compute slices of an A100/H100 in MIG mode
+
+
+def host_fraction(pool: Pool, device_class: str, profile: str) -> float:
+    """The part of a GPU's host share one atom takes: a MIG instance its compute slices of
+    seven (`3g.40gb`: 3/7), a time-sliced share one replica's."""
+    if device_class == "mig":
+        slices = profile.split("g.", 1)[0]
+        return min(1.0, int(slices) / MIG_SLICES) if slices.isdigit() else 1 / MIG_SLICES
+    if device_class == "gpu-share":
+        return 1 / max(1, int(pool.policy.get("timeSlicing", {}).get("replicas", 1)))
+    return 1.0
 
 
 def device_filter_q(rsv: Reservation) -> Q:
-    """The reservation's product and selector as a filter over devices (validated names,
-    parameterised values: nothing from the request reaches SQL as text)."""
+    """The reservation's product, MIG profile and selector as a filter over devices
+    (validated names, parameterised values: nothing from the request reaches SQL as text)."""
     q = parse_selector(rsv.selector).to_q()
+    if rsv.profile:
+        q &= Q(profile=rsv.profile)
     return q & Q(product=rsv.product) if rsv.product else q
 
 
 def placement_request(rsv: Reservation) -> Request:
-    return Request(count=rsv.gpu_count, topology=rsv.topology)
+    return Request(count=rsv.gpu_count, topology=rsv.topology, device_class=rsv.device_class,
+                   host_fraction=host_fraction(rsv.pool, rsv.device_class, rsv.profile))
 
 
 # The nodes worth scoring for `count` GPUs over a window: the fullest nodes with bookings in
@@ -100,13 +119,21 @@ SHORTLIST_SQL = """
                           WHERE d.node_id = fleet_node.id AND b.during && %(during)s)
         ORDER BY fleet_node.id LIMIT %(shortlist)s))"""
 
+# A booking `b` in the way of `device` over `during`: a booking of the device itself, and
+# for a whole GPU any booking of its parts, for a part any booking of its whole GPU (the two
+# EXCLUDE constraints' rules, read through the index of the second).
+IN_THE_WAY = """b.gpu_id = coalesce({device}.parent_id, {device}.id) AND b.during && {during}
+   AND ({device}.parent_id IS NULL OR b.device_id = {device}.id OR b.whole)"""
+
 # One row per (schedulable node, NVLink domain) with its free device ids in index order; a
 # joined string parses much faster than a text[] of hundreds of ids. A node's host share in
 # use over the window is what its sandboxes hold plus the most its GPU allocations hold at
 # one moment of the window (two bookings that never meet do not add up).
 CANDIDATES_SQL = """
 WITH nodes AS MATERIALIZED (
-  SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib FROM fleet_node
+  SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib,
+         (SELECT count(*) FROM fleet_device g WHERE g.node_id = fleet_node.id AND g.present
+             AND g.device_class = 'gpu') AS gpus FROM fleet_node
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
      AND fleet_node.id <> ALL(%(excluded)s) {shortlist}),
 meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
@@ -129,20 +156,20 @@ held AS (
 sandboxed AS (
   SELECT node_id, sum(vcpus) AS vcpus, sum(memory_gib) AS memory FROM reservations_sandbox
    WHERE ended_at IS NULL AND node_id IN (SELECT id FROM nodes) GROUP BY node_id)
-SELECT nodes.id, nodes.vcpus, nodes.memory_gib,
+SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
        coalesce(held.vcpus, 0) + coalesce(sandboxed.vcpus, 0),
        coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), fleet_device.nvlink_domain,
        count(*),
        coalesce(string_agg(fleet_device.id, ',' ORDER BY fleet_device.index) FILTER (
            WHERE fleet_device.health = 'healthy' {device_filter} AND NOT EXISTS (
-               SELECT 1 FROM reservations_booking b
-                WHERE b.device_id = fleet_device.id AND b.during && %(during)s)), '')
+               SELECT 1 FROM reservations_booking b WHERE {in_the_way})), '')
   FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
   LEFT JOIN held ON held.node_id = nodes.id
   LEFT JOIN sandboxed ON sandboxed.node_id = nodes.id
- WHERE fleet_device.present AND fleet_device.device_class = 'gpu'
- GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, fleet_device.nvlink_domain, held.vcpus,
-          held.memory, sandboxed.vcpus, sandboxed.memory"""
+ WHERE fleet_device.present AND fleet_device.device_class = %(class)s
+ GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus, fleet_device.nvlink_domain,
+          held.vcpus, held.memory, sandboxed.vcpus, sandboxed.memory""".replace(
+    "{in_the_way}", IN_THE_WAY.format(device="fleet_device", during="%(during)s"))
 
 
 def where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any]]:
@@ -176,25 +203,27 @@ def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
     """The placer's choice over the shortlist, else (unless `whole_pool` is false) over the
     whole pool (a filter or an odd node shape can leave the shortlist without a fit), with
     the candidates it scored (the whole pool's when nothing fits, to say why)."""
-    candidates = load_candidates(pool, during, device_filter=device_filter, excluded=excluded,
-                                 shortlist_for=request.count)
+    whole = request.device_class == "gpu"  # the shortlist counts whole GPUs
+    candidates = load_candidates(pool, during, request, device_filter=device_filter,
+                                 excluded=excluded, shortlisted=whole)
     choice = choose(candidates, request)
-    if choice is None and whole_pool:
-        candidates = load_candidates(pool, during, device_filter=device_filter,
+    if choice is None and whole and whole_pool:
+        candidates = load_candidates(pool, during, request, device_filter=device_filter,
                                      excluded=excluded)
         choice = choose(candidates, request)
     return choice, candidates
 
 
-def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | None = None,
-                    excluded: Collection[str] = (), shortlist_for: int | None = None
-                    ) -> list[Candidate]:
-    """One query: the schedulable nodes of the pool with their free devices per NVLink
-    domain; with `shortlist_for`, only the nodes worth scoring for that many GPUs."""
-    sql, schedulable = _candidates_sql(shortlist_for is not None)
+def load_candidates(pool: Pool, during: DateTimeTZRange, request: Request, *,
+                    device_filter: Q | None = None, excluded: Collection[str] = (),
+                    shortlisted: bool = False) -> list[Candidate]:
+    """One query: the schedulable nodes of the pool with their free devices of the
+    request's class per NVLink domain; `shortlisted`, only the nodes worth scoring for that
+    many whole GPUs."""
+    sql, schedulable = _candidates_sql(shortlisted)
     params: dict[str, Any] = {**schedulable, "pool": pool.id, "during": during,
-                              "excluded": list(excluded), "count_room": -(shortlist_for or 0),
-                              "shortlist": SHORTLIST}
+                              "excluded": list(excluded), "count_room": -request.count,
+                              "shortlist": SHORTLIST, "class": request.device_class}
     filter_sql = ""
     if device_filter:
         where, values = where_sql(Device, device_filter, "filter")
@@ -204,19 +233,18 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, *, device_filter: Q | N
         cursor.execute(sql.replace("{device_filter}", filter_sql), params)
         rows = cursor.fetchall()
     groups: dict[str, list[Group]] = defaultdict(list)
-    gpus: dict[str, int] = defaultdict(int)
-    host: dict[str, tuple[int, int, int, int]] = {}
-    for node_id, vcpus, memory, vcpus_used, memory_used, domain, size, joined in rows:
+    host: dict[str, tuple[int, int, int, int, int]] = {}
+    for node_id, vcpus, memory, gpus, vcpus_used, memory_used, domain, size, joined in rows:
         free = joined.split(",") if joined else []
-        host[node_id] = (vcpus, memory, vcpus_used, memory_used)
-        gpus[node_id] += size
+        host[node_id] = (vcpus, memory, gpus, vcpus_used, memory_used)
         if domain:
             groups[node_id].append(Group(domain, size, tuple(free)))
         else:  # no NVLink: every device is a group of one
             groups[node_id].extend(Group("", 1, (device_id,)) for device_id in free)
     candidates = []
-    for node_id, (vcpus, memory, vcpus_used, memory_used) in sorted(host.items()):
-        vcpus_per_gpu, memory_per_gpu = host_share(pool, vcpus, memory, gpus[node_id])
+    for node_id, (vcpus, memory, gpus, vcpus_used, memory_used) in sorted(host.items()):
+        vcpus_per_gpu, memory_per_gpu = host_share(pool, vcpus, memory, gpus,
+                                                   request.host_fraction)
         candidates.append(Candidate(
             node_id=node_id, groups=tuple(groups[node_id]), vcpus_free=vcpus - vcpus_used,
             memory_gib_free=memory - memory_used, vcpus_per_gpu=vcpus_per_gpu,

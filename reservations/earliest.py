@@ -24,6 +24,7 @@ from django.db.models import Q
 from compute.errors import InvalidArgument
 from fleet.models import Device, Pool
 from reservations.candidates import (
+    IN_THE_WAY,
     MAX_START_AHEAD,
     device_filter_q,
     instant,
@@ -46,18 +47,19 @@ HORIZONS = (timedelta(hours=6), timedelta(days=2), timedelta(days=14), timedelta
 
 EARLIEST_SQL = """
 WITH dev AS MATERIALIZED (
-  SELECT fleet_device.id, fleet_device.node_id,
+  SELECT fleet_device.id, fleet_device.node_id, fleet_device.parent_id,
          CASE WHEN %(nvlink)s THEN fleet_device.nvlink_domain ELSE '' END AS domain
     FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_device.present
-     AND fleet_device.device_class = 'gpu' AND fleet_device.health = 'healthy'
+     AND fleet_device.device_class = %(class)s AND fleet_device.health = 'healthy'
      AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '') {device_filter}),
-busy AS MATERIALIZED (
-  SELECT dev.node_id, dev.domain, lower(b.during) AS lo, upper(b.during) AS hi,
-         row_number() OVER d AS nth, lead(lower(b.during)) OVER d AS next_lo
-    FROM reservations_booking b JOIN dev ON dev.id = b.device_id
-   WHERE b.during && tstzrange(%(after)s, %(latest_end)s)
-  WINDOW d AS (PARTITION BY b.device_id ORDER BY lower(b.during))),
+busy AS MATERIALIZED (  -- what is in each device's way, by start, with the latest end so far
+  SELECT dev.node_id, dev.domain, lower(b.during) AS lo,
+         max(upper(b.during)) OVER d AS hi, row_number() OVER d AS nth,
+         lead(lower(b.during)) OVER d AS next_lo
+    FROM dev JOIN reservations_booking b ON {in_the_way}
+  WINDOW d AS (PARTITION BY dev.id ORDER BY lower(b.during)
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
 spans AS (
   SELECT node_id, domain, %(after)s::timestamptz AS first_start,
          least(lo - %(duration)s, %(latest_start)s) AS last_start
@@ -67,9 +69,7 @@ spans AS (
          least(next_lo - %(duration)s, %(latest_start)s) FROM busy
   UNION ALL
   SELECT node_id, domain, %(after)s, %(latest_start)s FROM dev
-   WHERE NOT EXISTS (SELECT 1 FROM reservations_booking b
-                      WHERE b.device_id = dev.id
-                        AND b.during && tstzrange(%(after)s, %(latest_end)s))),
+   WHERE NOT EXISTS (SELECT 1 FROM reservations_booking b WHERE {in_the_way})),
 sweep AS (
   SELECT node_id, domain, first_start AS at, 0 AS ends, 1 AS delta FROM spans
    WHERE first_start <= last_start
@@ -87,7 +87,10 @@ SELECT node_id, min(at) FROM counted
 @functools.cache
 def _earliest_sql() -> tuple[str, dict[str, Any]]:
     schedulable, values = schedulable_sql()
-    return EARLIEST_SQL.replace("{schedulable}", schedulable), values
+    in_the_way = IN_THE_WAY.format(device="dev",
+                                   during="tstzrange(%(after)s, %(latest_end)s)")
+    sql = EARLIEST_SQL.replace("{schedulable}", schedulable)
+    return sql.replace("{in_the_way}", in_the_way), values
 
 
 def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after: datetime,
@@ -101,7 +104,8 @@ def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after:
     params = {**params, "pool": pool.id, "nvlink": request.topology == "nvlink-all",
               "after": after, "latest_start": latest_start,
               "latest_end": latest_start + duration, "duration": duration,
-              "count": request.count, "tried": list(tried), "limit": limit}
+              "count": request.count, "tried": list(tried), "limit": limit,
+              "class": request.device_class}
     filter_sql = ""
     if device_filter:
         where, values = where_sql(Device, device_filter, "filter")
@@ -169,12 +173,12 @@ class Search:
     def reason(self) -> str:
         """Why there is no slot: no node could ever hold the request, or none is free long
         enough in time."""
-        candidates = load_candidates(self.pool, window(self.after, 1),
+        candidates = load_candidates(self.pool, window(self.after, 1), self.request,
                                      device_filter=self.device_filter)
         reason = why_not(candidates, self.request)
         if reason != BUSY:
             return reason
-        return (f"no node has {self.request.count} GPUs free for "
+        return (f"no node has {self.request.count} {self.request.noun} free for "
                 f"{format_duration(self.duration)} starting between {instant(self.after)} "
                 f"and {instant(self.latest_start)}")
 

@@ -72,7 +72,11 @@ class Reservation(models.Model):
     pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="reservations")
     state = models.CharField(max_length=16, choices=ReservationState.choices,
                              default=ReservationState.PENDING, db_index=True)
-    gpu_count = models.PositiveSmallIntegerField()
+    gpu_count = models.PositiveSmallIntegerField(help_text="How many atoms of its class.")
+    device_class = models.CharField(max_length=16, default="gpu",
+                                    help_text="gpu (whole GPUs), mig or gpu-share.")
+    profile = models.CharField(max_length=32, blank=True,
+                               help_text="For mig: the instance profile, such as 1g.10gb.")
     topology = models.CharField(max_length=16, choices=Topology.choices, default=Topology.ANY)
     model = models.CharField(max_length=32, blank=True)
     product = models.CharField(max_length=96, blank=True)
@@ -161,9 +165,14 @@ class MaintenanceWindow(models.Model):
 
 
 class Booking(models.Model):
-    """One device atom held over a time range, by an allocation or a maintenance window. No
-    two bookings of a device overlap: the EXCLUDE constraint
-    `reservations_booking_device_no_overlap` (migration 0004) says so."""
+    """One device atom held over a time range, by an allocation or a maintenance window.
+
+    Two EXCLUDE constraints referee every booking: no two bookings of one device overlap
+    (`reservations_booking_device_no_overlap`, migration 0004), and no booking of a whole
+    GPU overlaps a booking of one of its parts, MIG instances or shares
+    (`reservations_booking_gpu_no_overlap`, migration 0012). `gpu` and `whole` are written
+    by a trigger from the device's row, whatever the inserting code says.
+    """
 
     allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE, null=True,
                                    related_name="bookings")
@@ -171,6 +180,11 @@ class Booking(models.Model):
                                     related_name="bookings")
     device = models.ForeignKey("fleet.Device", on_delete=models.PROTECT, related_name="bookings")
     during = DateTimeRangeField()
+    gpu = models.ForeignKey("fleet.Device", on_delete=models.PROTECT, related_name="+",
+                            null=True, editable=False,
+                            help_text="The physical GPU (the device, or its parent).")
+    whole = models.BooleanField(null=True, editable=False,
+                                help_text="A whole GPU, not a part of one.")
 
     class Meta:
         indexes = [models.Index(fields=["allocation"], name="reservations_booking_alloc"),

@@ -22,7 +22,7 @@ from reservations.offerings import Offering
 
 HOUR_MS = 3_600_000
 
-# The most GPUs the tenant's live reservations of the pool (other than %(skip)s) hold at one
+# The most whole GPUs the tenant's live reservations of the pool (other than %(skip)s) hold at one
 # moment of %(during)s. A pending reservation counts over the window it asked for.
 AT_ONCE_SQL = """
 WITH spans AS (
@@ -34,6 +34,7 @@ WITH spans AS (
                   coalesce(r.requested_start, now()) + r.duration_ms * interval '1 ms',
                   '[)')) AS during) w
    WHERE r.tenant_id = %(tenant)s AND r.pool_id = %(pool)s AND r.id <> %(skip)s
+     AND r.device_class = 'gpu'
      AND r.state IN ('pending', 'placed', 'binding', 'active')
      AND w.during && %(during)s)
 SELECT coalesce(max(held), 0) FROM (

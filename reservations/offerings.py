@@ -9,6 +9,7 @@ from django.utils import timezone
 from compute.fields import id_field
 
 GPU_RESOURCE = "gpu"
+GPU_RESOURCES = (GPU_RESOURCE, "mig", "gpu-share")  # a quota per device class
 HOST_RESOURCES = ("vcpu", "memory")
 
 

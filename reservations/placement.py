@@ -46,8 +46,18 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Request:
+    """`count` atoms of `device_class`: whole GPUs, MIG instances (of one profile) or
+    time-sliced shares. Each atom takes `host_fraction` of a GPU's host share."""
+
     count: int
     topology: str = "any"
+    device_class: str = "gpu"
+    host_fraction: float = 1.0
+
+    @property
+    def noun(self) -> str:
+        return {"mig": "MIG instances", "gpu-share": "GPU shares"}.get(self.device_class,
+                                                                          "GPUs")
 
 
 @dataclass(frozen=True, order=True)
@@ -134,5 +144,5 @@ def why_not(candidates: Sequence[Candidate], request: Request) -> str:
                     f"domain has {largest})")
     most = max(sum(g.size for g in c.groups) for c in candidates)
     if most < request.count:
-        return f"no node has {request.count} GPUs (the largest has {most})"
+        return f"no node has {request.count} {request.noun} (the largest has {most})"
     return BUSY

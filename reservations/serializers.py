@@ -30,7 +30,8 @@ OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
                limits=LIMITS, createdAt=TIME, updatedAt=TIME)
 RESERVATION = obj(
     id=STRING, tenantId=STRING, poolId=STRING, state=STRING,
-    devices=array(obj(**{"class": STRING, "count": INTEGER, "topology": STRING})),
+    devices=array(obj(**{"class": STRING, "count": INTEGER, "topology": STRING,
+                         "profile": nullable(STRING)})),
     model=nullable(STRING), product=nullable(STRING), selector=nullable(STRING),
     kubernetes=BOOLEAN, bindingKind=STRING, start=nullable(TIME), end=nullable(TIME),
     durationMs=nullable(INTEGER), nodeId=nullable(STRING), allocationId=nullable(STRING),
@@ -68,7 +69,8 @@ def present_reservation(rsv: Reservation) -> dict[str, Any]:
     allocation = next((a for a in rsv.allocations.all() if a.ended_at is None), None)
     return {
         "id": rsv.id, "tenantId": rsv.tenant_id, "poolId": rsv.pool_id, "state": rsv.state,
-        "devices": [{"class": "gpu", "count": rsv.gpu_count, "topology": rsv.topology}],
+        "devices": [{"class": rsv.device_class, "count": rsv.gpu_count,
+                     "topology": rsv.topology, "profile": rsv.profile or None}],
         "model": rsv.model or None, "product": rsv.product or None,
         "selector": rsv.selector or None, "kubernetes": rsv.kubernetes,
         "bindingKind": rsv.binding_kind,

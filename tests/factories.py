@@ -19,15 +19,20 @@ from fleet.services.sessions import inventory_report_record, session_open
 
 def inventory(*, gpus: int = 8, domains: tuple[int, ...] = (4, 4), product: str =
               "H100-SXM5-80GB", vram: int = 80, vcpus: int = 96, memory_gib: int = 1024,
-              **extra: Any) -> dict[str, Any]:
-    """A wire-form inventory report: `gpus` GPUs split into NVLink domains of these sizes."""
+              mig: dict[int, list[str]] | None = None, **extra: Any) -> dict[str, Any]:
+    """A wire-form inventory report: `gpus` GPUs split into NVLink domains of these sizes;
+    `mig` gives GPUs in MIG mode their instances' profiles, by GPU index."""
     tag = secrets.token_hex(4)
     domain_of = [f"nv{n}" for n, size in enumerate(domains) for _ in range(size)]
+    instances = mig or {}
     return {
         "hostname": f"gpu-{tag}", "vcpus": vcpus, "memoryGiB": memory_gib,
         "serial": f"SN-{tag}", "productUuid": f"uuid-{tag}",
         "gpus": [{"uuid": f"GPU-{tag}-{i}", "index": i, "product": product, "vramGiB": vram,
-                  "nvlinkDomain": domain_of[i] if i < len(domain_of) else ""}
+                  "nvlinkDomain": domain_of[i] if i < len(domain_of) else "",
+                  "mig": [{"uuid": f"MIG-{tag}-{i}-{j}", "profile": profile,
+                           "vramGiB": int(profile.split("g.")[1].rstrip("gb"))}
+                          for j, profile in enumerate(instances.get(i, []))]}
                  for i in range(gpus)],
         **extra,
     }

@@ -1,6 +1,7 @@
 """The hold contract: what a held allocation is called on a node.
 
-A NodeSpec names each hold by its allocation id and lists GPU UUIDs, nothing more. Every
+A NodeSpec names each hold by its allocation id and lists GPU and MIG UUIDs, and for a
+time-sliced booking the shares it holds of those GPUs (`GPU-…:share-2`), nothing more. Every
 name with a path or a unit in it (the CDI spec file, the env file, the systemd slice) is
 derived here from the validated id, on the agent's side, so a spec (or whoever forged one)
 cannot point bcd's writes anywhere else. The control plane derives the same names to show
@@ -18,6 +19,12 @@ from bcd.contract import ids
 CDI_KIND = "bcd.dev/gpu"
 ENV_DIR = "/run/bcd/allocations"
 DEVICE_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9-]{0,94}$")
+SHARE = re.compile(r"^(GPU-[A-Za-z0-9][A-Za-z0-9-]{0,80}):share-([1-9][0-9]?)$")
+
+
+def share_uuid(gpu_uuid: str, slot: int) -> str:
+    """The name of one time-sliced share of a GPU (its device row's UUID in the ledger)."""
+    return f"{gpu_uuid}:share-{slot}"
 
 
 class BadHold(ValueError):
@@ -30,6 +37,7 @@ class Hold:
     reservation_id: str
     gpus: tuple[str, ...]
     kubernetes: bool = False
+    shares: tuple[str, ...] = ()  # time-sliced shares of the held GPUs
 
     @classmethod
     def from_wire(cls, entry: object) -> Hold:
@@ -50,11 +58,17 @@ class Hold:
         kubernetes = entry.get("kubernetes", False)
         if not isinstance(kubernetes, bool):
             raise BadHold(f"{allocation_id}: kubernetes must be true or false")
-        return cls(allocation_id, reservation_id, tuple(gpus), kubernetes)
+        shares = entry.get("shares", [])
+        if not isinstance(shares, list) or len(set(shares)) != len(shares) or not all(
+                isinstance(n, str) and (m := SHARE.match(n)) and m.group(1) in gpus
+                for n in shares):
+            raise BadHold(f"{allocation_id}: shares must name shares of the held GPUs, once")
+        return cls(allocation_id, reservation_id, tuple(gpus), kubernetes, tuple(shares))
 
     def wire(self) -> dict[str, Any]:
-        return {"allocationId": self.allocation_id, "reservationId": self.reservation_id,
+        wire = {"allocationId": self.allocation_id, "reservationId": self.reservation_id,
                 "gpus": list(self.gpus), "kubernetes": self.kubernetes}
+        return {**wire, "shares": list(self.shares)} if self.shares else wire
 
     @property
     def cdi_devices(self) -> list[str]:
@@ -72,7 +86,14 @@ class Hold:
     def slice_name(self) -> str:
         return f"bcd-alloc-{self.allocation_id}.slice"
 
+    @property
+    def env(self) -> dict[str, str]:
+        """What a workload of the hold is told (the env file, and the CDI spec's edits)."""
+        env = {"BCD_ALLOCATION_ID": self.allocation_id}
+        return {**env, "BCD_GPU_SHARES": ",".join(self.shares)} if self.shares else env
+
     def binding(self) -> dict[str, Any]:
         """What the node reports (signed) that it holds, and what the ledger shows."""
-        return {"allocationId": self.allocation_id, "cdiDevices": self.cdi_devices,
-                "envFile": self.env_file, "cgroupParent": self.slice_name}
+        binding = {"allocationId": self.allocation_id, "cdiDevices": self.cdi_devices,
+                   "envFile": self.env_file, "cgroupParent": self.slice_name}
+        return {**binding, "shares": list(self.shares)} if self.shares else binding

@@ -10,10 +10,14 @@ from fleet.models.nodes import Health
 class DeviceClass(models.TextChoices):
     GPU = "gpu"
     MIG = "mig"
+    SHARE = "gpu-share"
 
 
 class Device(models.Model):
-    """A bookable atom on a node: a whole GPU or a MIG instance, named by its UUID.
+    """A bookable atom on a node, named by its UUID: a whole GPU, a MIG instance of one, or
+    a time-sliced share of one (`<gpu uuid>:share-<n>`, made when the pool's policy slices
+    its GPUs). Instances and shares name their GPU as `parent`; a booking of a GPU and a
+    booking of one of its parts never overlap in time (the ledger's EXCLUDE constraints).
 
     Devices come from inventory reports; one that disappears is kept (`present=False`) so
     its bookings keep their meaning, and is never placed again.
@@ -22,16 +26,18 @@ class Device(models.Model):
     id = id_field("dev")
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="devices")
     uuid = models.CharField(max_length=96, unique=True)
-    device_class = models.CharField(max_length=8, choices=DeviceClass.choices,
+    device_class = models.CharField(max_length=16, choices=DeviceClass.choices,
                                     default=DeviceClass.GPU)
     index = models.PositiveSmallIntegerField(default=0)
     product = models.CharField(max_length=96)
     model = models.CharField(max_length=32)
     vram_gib = models.PositiveIntegerField(default=0)
     nvlink_domain = models.CharField(max_length=32, blank=True)
-    mig_parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
-                                   related_name="mig_instances")
-    mig_profile = models.CharField(max_length=32, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="parts")
+    profile = models.CharField(max_length=32, blank=True,
+                               help_text="A MIG instance's profile (1g.10gb), a share's "
+                                         "slot (2/4).")
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     health_reason = models.CharField(max_length=200, blank=True,
                                      help_text="Why the node reports it unhealthy (an XID, ECC "

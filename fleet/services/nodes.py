@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from audit.services import audit_record, audited
+from bcd.contract.holds import share_uuid
 from compute.errors import Conflict, InvalidState
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
-from fleet.inventory import InventoryReport
+from fleet.inventory import GpuReport, InventoryReport
 from fleet.models import (
     Device,
     DeviceClass,
@@ -82,9 +83,11 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
             _upsert_device(node, uuid=mig.uuid, device_class=DeviceClass.MIG, index=gpu.index,
                            product=gpu.product, model=gpu.model, vram_gib=mig.vram_gib,
                            nvlink_domain="", healthy=gpu.healthy,
-                           health_reason=gpu.health_reason, mig_parent=parent,
-                           mig_profile=mig.profile)
+                           health_reason=gpu.health_reason, parent=parent,
+                           profile=mig.profile)
             seen.add(mig.uuid)
+        if not gpu.mig:
+            seen.update(_upsert_shares(node, gpu, parent))
     gone = node.devices.filter(present=True).exclude(uuid__in=seen).update(present=False)
     summary = {"gpus": len(report.gpus), "vcpus": report.vcpus,
                "memoryGiB": report.memory_gib, "devicesGone": gone,
@@ -93,17 +96,31 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     return summary
 
 
+def _upsert_shares(node: Node, gpu: GpuReport, parent: Device) -> list[str]:
+    """The time-sliced shares of a GPU, when its pool's policy slices GPUs; their UUIDs."""
+    replicas = int(node.pool.policy.get("timeSlicing", {}).get("replicas", 0))
+    uuids = []
+    for slot in range(1, replicas + 1):
+        uuid = share_uuid(gpu.uuid, slot)
+        _upsert_device(node, uuid=uuid, device_class=DeviceClass.SHARE, index=gpu.index,
+                       product=gpu.product, model=gpu.model, vram_gib=gpu.vram_gib,
+                       nvlink_domain="", healthy=gpu.healthy, health_reason=gpu.health_reason,
+                       parent=parent, profile=f"{slot}/{replicas}")
+        uuids.append(uuid)
+    return uuids
+
+
 def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, product: str,
                    model: str, vram_gib: int, nvlink_domain: str, healthy: bool,
-                   health_reason: str = "", mig_parent: Device | None = None,
-                   mig_profile: str = "") -> Device:
+                   health_reason: str = "", parent: Device | None = None,
+                   profile: str = "") -> Device:
     """Record one reported device. A change of health is an event (`device.unhealthy` with
     its reason, or `device.healthy`); an unhealthy GPU is offered to the ledger's policy."""
     health = Health.HEALTHY if healthy else Health.UNHEALTHY
     values = {"node": node, "device_class": device_class, "index": index, "product": product,
               "model": model, "vram_gib": vram_gib, "nvlink_domain": nvlink_domain,
               "health": health, "health_reason": "" if healthy else health_reason,
-              "present": True, "mig_parent": mig_parent, "mig_profile": mig_profile}
+              "present": True, "parent": parent, "profile": profile}
     device, created = Device.objects.get_or_create(uuid=uuid, defaults=values)
     before = Health.HEALTHY if created else device.health
     if not created:

@@ -16,6 +16,7 @@ from reservations.capacity import capacity_preview as preview
 from reservations.capacity import capacity_rollup
 from reservations.device_filter import parse_selector
 from reservations.ledger import Reservation
+from reservations.services.book import check_atoms
 
 
 class CapacityGetIn(Input):
@@ -92,6 +93,9 @@ def unsaved_request(ctx: CallContext, data: dict[str, Any]) -> Reservation:
     kwargs = shape_kwargs(data)
     unsaved = Reservation(tenant=ctx.tenant, pool=ctx.subject, gpu_count=kwargs["gpus"],
                           topology=kwargs["topology"], duration_ms=kwargs["duration_ms"],
-                          product=kwargs["product"], selector=kwargs["selector"])
+                          product=kwargs["product"], selector=kwargs["selector"],
+                          device_class=kwargs["device_class"], profile=kwargs["profile"])
+    check_atoms(ctx.subject, device_class=unsaved.device_class, profile=unsaved.profile,
+                topology=unsaved.topology)
     parse_selector(unsaved.selector)
     return unsaved

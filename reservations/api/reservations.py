@@ -11,6 +11,7 @@ from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
 from compute.events.types import EventType
 from compute.paging import page
+from fleet.models import DeviceClass
 from reservations import selectors
 from reservations import serializers as wire
 from reservations.api.pools import pool_subject
@@ -25,9 +26,14 @@ RESERVATION = Subject("reservation", selectors.access_reservation_by_id, "reserv
 
 
 class DeviceRequestIn(Input):
-    device_class = serializers.ChoiceField(choices=["gpu"])
+    device_class = serializers.ChoiceField(
+        choices=DeviceClass.values,
+        help_text="gpu: whole GPUs; mig: MIG instances of one profile; gpu-share: "
+                  "time-sliced shares of a GPU (pools whose policy slices GPUs).")
     count = serializers.IntegerField(min_value=1, max_value=64)
     topology = serializers.ChoiceField(choices=Topology.choices, default=Topology.ANY)
+    profile = serializers.RegexField(r"^[1-7]g\.[0-9]{1,4}gb(\+me)?$", required=False,
+                                     default="", help_text="For mig: such as 1g.10gb.")
     aliases = {"class": "device_class"}
 
 
@@ -53,7 +59,8 @@ class RequestShapeIn(DevicesIn):
 def shape_kwargs(data: dict[str, Any]) -> dict[str, Any]:
     device = data.pop("devices")[0]
     data["duration_ms"] = data.pop("duration")
-    return {**data, "gpus": device["count"], "topology": device["topology"]}
+    return {**data, "gpus": device["count"], "topology": device["topology"],
+            "device_class": device["device_class"], "profile": device["profile"]}
 
 
 class ReservationCreateIn(RequestShapeIn):

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
+from compute.errors import InvalidArgument
 from compute.events.types import EventType
 from compute.paging import page
 from reservations import selectors
@@ -41,6 +42,9 @@ def series_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs on every window of a rule until a day: one reservation per occurrence,
     booked a horizon ahead and extended as time passes."""
     device = data.pop("devices")[0]
+    if device["device_class"] != "gpu":
+        raise InvalidArgument("devices[0].class: a recurring reservation books whole GPUs",
+                              field="devices")
     return present_series(service.series_create(
         tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id, gpus=device["count"],
         topology=device["topology"], every=data["every"], time_zone=data["timezone"],

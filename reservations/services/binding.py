@@ -22,7 +22,7 @@ from compute.db import database_now
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.metrics import BIND_SECONDS
-from fleet.models import Node
+from fleet.models import DeviceClass, Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.ledger import Allocation, Reservation, ReservationState
@@ -36,13 +36,14 @@ class BindingRefused(Exception):
 
 
 def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
-    """The hold as the node's spec carries it: ids and GPU UUIDs only (the node derives
-    every path and unit name from the allocation id)."""
-    return Hold(allocation.id, rsv.id, tuple(booked_uuids(allocation)), rsv.kubernetes)
-
-
-def booked_uuids(allocation: Allocation) -> list[str]:
-    return sorted(allocation.bookings.values_list("device__uuid", flat=True))
+    """The hold as the node's spec carries it: ids and GPU or MIG UUIDs only (the node
+    derives every path and unit name from the allocation id); a share is held as its GPU,
+    and named among the hold's shares."""
+    booked = allocation.bookings.values_list("device__uuid", "device__device_class",
+                                             "gpu__uuid")
+    shares = sorted(uuid for uuid, kind, _ in booked if kind == DeviceClass.SHARE)
+    gpus = sorted({gpu if kind == DeviceClass.SHARE else uuid for uuid, kind, gpu in booked})
+    return Hold(allocation.id, rsv.id, tuple(gpus), rsv.kubernetes, tuple(shares))
 
 
 @audited
@@ -99,7 +100,8 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         raise BindingRefused("no live allocation of this node has that id")
     rsv = Reservation.objects.select_for_update().get(pk=allocation.reservation_id)
     hold = hold_of(allocation, rsv)
-    if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices:
+    if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices \
+            or sorted(payload.get("shares", [])) != list(hold.shares):
         raise BindingRefused("the node holds other GPUs than the ledger booked")
     if rsv.state == ReservationState.ACTIVE:
         return rsv
@@ -110,7 +112,8 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
                    "envFile": node.simulated_root.rstrip("/") + binding["envFile"],
                    "cgroupParent": binding["cgroupParent"],
                    "cdiSource": str(payload.get("cdiSource") or "")[:300],
-                   "simulated": bool(node.simulated_root)}
+                   "simulated": bool(node.simulated_root),
+                   **({"shares": list(hold.shares)} if hold.shares else {})}
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
     if rsv.placed_at is not None:

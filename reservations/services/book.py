@@ -21,7 +21,7 @@ from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.queue.work import enqueue
 from compute.tenancy.models import Principal, Tenant
-from fleet.models import Pool, PoolClass
+from fleet.models import DeviceClass, Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
     device_filter_q,
@@ -51,7 +51,7 @@ from reservations.quotas import quota_consume
 from reservations.states import transition
 from reservations.work import RESERVATION
 
-GPU = "gpu"
+GPU = DeviceClass.GPU.value
 MAX_RACES = 8  # re-reads after losing a booking race, before leaving the request pending
 
 
@@ -164,15 +164,33 @@ def check_pool_request(pool: Pool, *, model: str, kubernetes: bool, topology: st
                               field="devices")
 
 
+def check_atoms(pool: Pool, *, device_class: str, profile: str, topology: str) -> None:
+    """A request for MIG instances names their profile; one for shares needs a pool that
+    slices its GPUs; neither asks for NVLink."""
+    if device_class != GPU and topology != "any":
+        raise InvalidArgument(f"devices[0].topology: {device_class} atoms are not NVLinked; "
+                              "ask for topology any", field="devices")
+    if device_class == DeviceClass.MIG and not profile:
+        raise InvalidArgument("devices[0].profile: a mig request names its profile, such as "
+                              "1g.10gb", field="devices")
+    if device_class != DeviceClass.MIG and profile:
+        raise InvalidArgument("devices[0].profile: only mig requests have a profile",
+                              field="devices")
+    if device_class == DeviceClass.SHARE and not pool.policy.get("timeSlicing"):
+        raise InvalidArgument(f"devices[0].class: pool {pool.id} does not slice its GPUs "
+                              "(policy.timeSlicing)", field="devices")
+
+
 @audited
 def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int,
                        duration_ms: int, topology: str = "any", start: datetime | None = None,
                        start_in_ms: int | None = None, model: str = "", product: str = "",
                        selector: str = "", kubernetes: bool = False,
                        at_earliest: bool = False, before: datetime | None = None,
-                       before_in_ms: int | None = None,
-                       idempotency_key: str | None = None) -> Reservation:
-    """Reserve `gpus` GPUs of one pool for `duration_ms`, now or from a later start.
+                       before_in_ms: int | None = None, device_class: str = GPU,
+                       profile: str = "", idempotency_key: str | None = None) -> Reservation:
+    """Reserve `gpus` GPUs of one pool for `duration_ms`, now or from a later start (or
+    `gpus` MIG instances of `profile`, or time-sliced shares, by `device_class`).
 
     Quota is consumed here, whether the reservation is placed now or left pending; a
     request that fits nowhere is stored as pending and placed when capacity frees. With
@@ -183,13 +201,15 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
               "topology": topology, "start": start, "start_in_ms": start_in_ms,
               "model": model, "product": product, "selector": selector,
               "kubernetes": kubernetes, "at_earliest": at_earliest, "before": before,
-              "before_in_ms": before_in_ms}
+              "before_in_ms": before_in_ms, "device_class": device_class,
+              "profile": profile}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="reservations.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
         return Reservation.objects.get(pk=existing)
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
     check_pool_request(pool, model=model, kubernetes=kubernetes, topology=topology)
+    check_atoms(pool, device_class=device_class, profile=profile, topology=topology)
     parse_selector(selector)
     now = database_now()
     before = moment(now, before, before_in_ms, field="before")
@@ -200,12 +220,13 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
         tenant=tenant, pool=pool, now=now, gpus=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms, at_earliest=at_earliest,
-        before=before)
+        before=before, device_class=device_class, profile=profile)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
                  target=rsv.id, data={"poolId": pool.id, "gpus": gpus,
-                                      "durationMs": duration_ms, "placed": bool(allocation)})
+                                      "class": device_class, "durationMs": duration_ms,
+                                      "placed": bool(allocation)})
     return rsv
 
 
@@ -213,28 +234,29 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: 
              requested_start: datetime | None, duration_ms: int, model: str = "",
              product: str = "", selector: str = "", kubernetes: bool = False,
              at_earliest: bool = False, before: datetime | None = None,
-             series: ReservationSeries | None = None
-             ) -> tuple[Reservation, Allocation | None]:
+             series: ReservationSeries | None = None, device_class: str = GPU,
+             profile: str = "") -> tuple[Reservation, Allocation | None]:
     """A new reservation of a checked request, inside the caller's service: the offering's
     limits, the quota, placement (now, or at the earliest window) or pending, and its
     placed or pending event. Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
-    quota_consume(tenant=tenant, pool=pool, resource=GPU, amount=gpus)
+    quota_consume(tenant=tenant, pool=pool, resource=device_class, amount=gpus)
     rsv = Reservation.objects.create(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
-        requested_start=requested_start, duration_ms=duration_ms, series=series)
+        requested_start=requested_start, duration_ms=duration_ms, series=series,
+        device_class=device_class, profile=profile)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
     else:
         allocation = try_place(rsv, pool, now)
-    # Under the quota row's lock (taken above), over the window it got or asked for.
-    check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, skip=rsv.id,
-                  during=rsv.during or window(rsv.requested_start or now, duration_ms))
+    if device_class == GPU:  # under the quota row's lock (taken above), over its window
+        check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, skip=rsv.id,
+                      during=rsv.during or window(rsv.requested_start or now, duration_ms))
     if allocation is None:
         event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
-                   payload={"poolId": pool.id, "gpus": gpus})
+                   payload={"poolId": pool.id, "gpus": gpus, "class": device_class})
     else:
         emit_placed(rsv, allocation)
     return rsv, allocation

@@ -11,11 +11,11 @@ from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id
-from reservations.offerings import GPU_RESOURCE, HOST_RESOURCES, Offering, Quota
+from reservations.offerings import GPU_RESOURCES, HOST_RESOURCES, Offering, Quota
 
 
 def allowed_resources(pool_class: str) -> tuple[str, ...]:
-    return HOST_RESOURCES if pool_class == PoolClass.CPU_HOST else (GPU_RESOURCE,)
+    return HOST_RESOURCES if pool_class == PoolClass.CPU_HOST else GPU_RESOURCES
 
 
 @audited
@@ -24,7 +24,8 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
     """Offer an owned pool to another tenant with quotas, or change an offering's quotas;
     `limits` (against hoarding, see reservations.limits) replace the offering's when given.
 
-    A GPU pool's only quota resource is `gpu`; a CPU pool's are `vcpu` and `memory` (GiB).
+    A GPU pool's quota resources are its atoms: `gpu` (whole GPUs), `mig` (MIG instances)
+    and `gpu-share` (time-sliced shares); a CPU pool's are `vcpu` and `memory` (GiB).
     A limit below what the tenant already holds is refused.
     """
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True, lock=True)

@@ -18,7 +18,7 @@ from reservations.hostshare import host_counters_refresh
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
-from reservations.services.book import GPU, try_place
+from reservations.services.book import try_place
 from reservations.services.metering import gpu_meter, usage_record
 from reservations.states import HOLDING, TERMINAL, transition
 from reservations.work import pool_replan
@@ -56,6 +56,9 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
     """
     allocation = live_allocation(rsv)
     started = rsv.during is not None and rsv.during.lower <= now
+    # The quota row before the node's (the ledger's lock order, as booking takes them).
+    quota_refund(tenant_id=rsv.tenant_id, pool=rsv.pool, resource=rsv.device_class,
+                 amount=rsv.gpu_count)
     if allocation is not None:
         if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
             node = Node.objects.select_for_update().get(pk=allocation.node_id)
@@ -65,7 +68,6 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
         end = min(rsv.during.upper, now)
         usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=gpu_meter(rsv.pool.gpu_model),
                      units=rsv.gpu_count, start=rsv.during.lower, end=end)
-    quota_refund(tenant_id=rsv.tenant_id, pool=rsv.pool, resource=GPU, amount=rsv.gpu_count)
     transition(rsv, to)
     rsv.ended_at = now
     rsv.failure_reason = reason if to == ReservationState.FAILED else rsv.failure_reason

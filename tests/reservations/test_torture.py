@@ -29,6 +29,10 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
     assert report.unexpected == [], "\n".join(report.unexpected)
     found = torture.findings(world)
     assert found["overlaps"] == 0
+    assert found["partOverlaps"] == 0
+    # Whole GPUs, MIG instances and shares were all placed, on the same physical GPUs.
+    assert min(found["placedByClass"].get(kind, 0) for kind in ("gpu", "mig", "gpu-share")) \
+        > 20, found["placedByClass"]
     assert found["vcpuCounterDrift"] == 0
     assert found["memoryCounterDrift"] == 0
     assert found["quotaDrift"] == 0
@@ -72,13 +76,23 @@ def scratch_url():
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-def test_without_the_exclude_constraint_the_checks_find_overlaps(scratch_url):
+def _torture_without(scratch_url: str, flag: str) -> dict:
     env = {**os.environ, "DATABASE_URL": scratch_url,
            "DJANGO_SETTINGS_MODULE": "compute.settings"}
     result = subprocess.run(
-        [sys.executable, "-m", "tests.reservations.torture", "--ops", "600", "--drop-exclude"],
+        [sys.executable, "-m", "tests.reservations.torture", "--ops", "600", flag],
         env=env, capture_output=True, text=True, timeout=300, check=False,
         cwd=settings.BASE_DIR)
     assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])["findings"]
-    assert found["overlaps"] > 0
+    found: dict = json.loads(result.stdout.strip().splitlines()[-1])["findings"]
+    return found
+
+
+def test_without_the_exclude_constraints_the_checks_find_overlaps(scratch_url):
+    assert _torture_without(scratch_url, "--drop-exclude")["overlaps"] > 0
+
+
+def test_without_the_gpu_and_parts_constraint_whole_gpus_overlap_their_parts(scratch_url):
+    """The placer reads bookings correctly, so only racing bookers can break the rule; the
+    constraint between a GPU and its parts is what stops them."""
+    assert _torture_without(scratch_url, "--drop-gpu-exclude")["partOverlaps"] > 0

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HOUR = 3_600_000
-QUOTA_LIMIT = 12
+QUOTA_LIMIT = 12  # of each class of atom
+SHARES = 4  # time-sliced shares per GPU
+# GPUs 0-3 of a MIG node: seven 1g.10gb instances each; GPUs 4-5: two 3g.40gb each.
+MIG_LAYOUT = {**{i: ["1g.10gb"] * 7 for i in range(4)}, **{i: ["3g.40gb"] * 2 for i in (4, 5)}}
 
 
 @dataclass
@@ -61,19 +64,23 @@ def build_world(*, nodes: int = 3) -> World:
     acme = tenant_create(actor=admin, slug=f"acme{random.randrange(10**6)}")
     acme_actor = token_create(tenant=acme, actor=admin, name="acme", role="admin").token.principal
     site = site_create(tenant=root, actor=admin, kind="shared", region="eu-1")
+    # Every GPU not in MIG mode is also sliced into shares, and one node in three has
+    # GPUs in MIG mode: whole GPUs, instances and shares race on the same physical GPUs.
     pool = pool_create(tenant=root, actor=admin, site_id=site.id, pool_class="metal-host",
                        gpu_model="H100",
-                       policy={"hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}})
+                       policy={"hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96},
+                               "timeSlicing": {"replicas": SHARES}})
     keys = {}
-    for _ in range(nodes):
+    for index in range(nodes):
         key = ec.generate_private_key(ec.SECP256R1())
-        node = make_node(pool)
+        node = make_node(pool, mig=MIG_LAYOUT if index % 3 == 1 else None)
         Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
         keys[node.id] = key
     part = {"url": "https://images.example/part", "sha256": "0" * 64}
     image_create(tenant=root, actor=admin, pool_id=pool.id, name="default", kernel=part,
                  initrd=part)
-    pool_offer(tenant=root, actor=admin, pool_id=pool.id, to=acme, quota={"gpu": QUOTA_LIMIT})
+    pool_offer(tenant=root, actor=admin, pool_id=pool.id, to=acme,
+               quota=dict.fromkeys(("gpu", "mig", "gpu-share"), QUOTA_LIMIT))
     return World(root=root, acme=Tenant.objects.get(pk=acme.pk), root_actor=admin,
                  acme_actor=acme_actor, pool_id=pool.id, node_keys=keys)
 
@@ -97,9 +104,8 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
             start_in = rng.choice([0, 0, 0, rng.randrange(60_000, 3 * HOUR)])
             rsv = reservation_create(
                 tenant=tenant, actor=actor, pool_id=world.pool_id,
-                gpus=rng.choice([1, 1, 2, 2, 4, 4, 8]),
-                topology=rng.choice(["any", "any", "nvlink-all"]),
-                duration_ms=rng.randrange(HOUR // 2, 4 * HOUR), start_in_ms=start_in or None)
+                duration_ms=rng.randrange(HOUR // 2, 4 * HOUR), start_in_ms=start_in or None,
+                **_atoms(rng))
             mine.append(rsv.id)
             outcomes[f"create.{rsv.state}"] += 1
         elif roll < 0.58:
@@ -145,6 +151,18 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
         unexpected.append(f"{type(error).__name__}: {error}")
 
 
+def _atoms(rng: random.Random) -> dict[str, Any]:
+    """Whole GPUs half the time, else MIG instances or time-sliced shares."""
+    roll = rng.random()
+    if roll < 0.5:
+        return {"gpus": rng.choice([1, 1, 2, 2, 4, 4, 8]),
+                "topology": rng.choice(["any", "any", "nvlink-all"])}
+    if roll < 0.75:
+        return {"device_class": "mig", "gpus": rng.choice([1, 2, 3]),
+                "profile": rng.choice(["1g.10gb", "1g.10gb", "3g.40gb"])}
+    return {"device_class": "gpu-share", "gpus": rng.choice([1, 2, 4])}
+
+
 _OWNERS: dict[str, Any] = {}
 
 
@@ -157,7 +175,7 @@ def _owner(rsv_id: str) -> Any:
 
 
 def _sample_quota(world: World, report: Report, stop: threading.Event) -> None:
-    """Read, in one snapshot, how many GPUs acme's live reservations hold."""
+    """Read, in one snapshot, the most atoms of one class acme's live reservations hold."""
     from django.db import connection, transaction
 
     try:
@@ -165,9 +183,10 @@ def _sample_quota(world: World, report: Report, stop: threading.Event) -> None:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 cursor.execute(
-                    "SELECT coalesce(sum(gpu_count), 0) FROM reservations_reservation "
-                    "WHERE tenant_id = %s AND state IN ('pending', 'placed', 'binding', "
-                    "'active')", [world.acme.id])
+                    "SELECT coalesce(max(n), 0) FROM (SELECT sum(gpu_count) AS n "
+                    "FROM reservations_reservation WHERE tenant_id = %s AND state IN "
+                    "('pending', 'placed', 'binding', 'active') GROUP BY device_class) held",
+                    [world.acme.id])
                 held = cursor.fetchone()[0]
             report.samples += 1
             report.quota_peak = max(report.quota_peak, held)
@@ -219,7 +238,10 @@ def findings(world: World) -> dict[str, Any]:
 
     from fleet.models import Node
     from reservations.hostshare import expected_counters
-    from tests.support.ledger import OVERLAPS_SQL
+    from django.db.models import Count
+
+    from reservations.models import Reservation
+    from tests.support.ledger import OVERLAPS_SQL, PART_OVERLAPS_SQL
 
     def scalar(sql: str, params: list[Any] | None = None) -> Any:
         with connection.cursor() as cursor:
@@ -235,10 +257,12 @@ def findings(world: World) -> dict[str, Any]:
         "vcpuCounterDrift": sum(counters[0] != expected[0] for counters, expected in drift),
         "memoryCounterDrift": sum(counters[1] != expected[1] for counters, expected in drift),
         "quotaDrift": scalar(
-            "SELECT q.used - coalesce((SELECT sum(gpu_count) FROM reservations_reservation r "
-            " WHERE r.tenant_id = q.tenant_id AND r.pool_id = q.pool_id AND r.state IN "
-            " ('pending', 'placed', 'binding', 'active')), 0) FROM reservations_quota q "
-            "WHERE q.tenant_id = %s AND q.resource = 'gpu'", [world.acme.id]),
+            "SELECT coalesce(sum(abs(q.used - coalesce((SELECT sum(gpu_count) FROM "
+            " reservations_reservation r WHERE r.tenant_id = q.tenant_id AND "
+            " r.pool_id = q.pool_id AND r.device_class = q.resource AND r.state IN "
+            " ('pending', 'placed', 'binding', 'active')), 0))), 0)::int "
+            "FROM reservations_quota q "
+            "WHERE q.tenant_id = %s", [world.acme.id]),
         "incoherent": scalar(
             "SELECT count(*) FROM reservations_reservation r WHERE NOT CASE "
             " WHEN r.state = 'pending' THEN NOT EXISTS (SELECT 1 FROM reservations_allocation a "
@@ -253,6 +277,10 @@ def findings(world: World) -> dict[str, Any]:
             " ELSE NOT EXISTS (SELECT 1 FROM reservations_allocation a "
             "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
             " END"),
+        "partOverlaps": scalar(PART_OVERLAPS_SQL),
+        "placedByClass": dict(Reservation.objects.filter(placed_at__isnull=False)
+                              .values_list("device_class").annotate(n=Count("id"))
+                              .order_by()),
         "reservations": scalar("SELECT count(*) FROM reservations_reservation"),
         "everPlaced": scalar("SELECT count(*) FROM reservations_reservation "
                              "WHERE placed_at IS NOT NULL"),
@@ -267,7 +295,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", type=int, default=400)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--drop-exclude", action="store_true")
+    parser.add_argument("--drop-exclude", action="store_true",
+                        help="drop both EXCLUDE constraints (devices, and GPUs and parts)")
+    parser.add_argument("--drop-gpu-exclude", action="store_true",
+                        help="drop only the constraint between a GPU and its parts")
     parser.add_argument("--nodes", type=int, default=4)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
@@ -278,10 +309,12 @@ def main() -> None:
     from django.db import connection
 
     call_command("migrate", verbosity=0)
-    if args.drop_exclude:
-        with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE reservations_booking DROP CONSTRAINT "
-                           "reservations_booking_device_no_overlap")
+    dropped = (["reservations_booking_device_no_overlap"] if args.drop_exclude else []) + (
+        ["reservations_booking_gpu_no_overlap"]
+        if args.drop_exclude or args.drop_gpu_exclude else [])
+    with connection.cursor() as cursor:
+        for constraint in dropped:
+            cursor.execute(f"ALTER TABLE reservations_booking DROP CONSTRAINT {constraint}")
     world = build_world(nodes=args.nodes)
     report = run(world, clients=args.clients, ops=args.ops)
     print(json.dumps({"findings": findings(world), "outcomes": report.outcomes,  # noqa: T201
