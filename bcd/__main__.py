@@ -142,7 +142,8 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("--sim", action="store_true", help="a simulated machine (tests, dev)")
     join.add_argument("--sim-gpus", type=int, default=8)
     join.add_argument("--sim-variant", choices=SIM_VARIANTS, default="gpu",
-                      help="gpu: 8 GPUs on one NVSwitch; gpu-2x4: two NVLink pairs of 4; cpu")
+                      help="gpu: 8 GPUs on one NVSwitch; gpu-2x4: two NVLink pairs of 4; mig: "
+                           "GPUs 0-3 in MIG mode; cpu")
     join.set_defaults(handler=cmd_join)
     node = sub.add_parser("node", help="run the agent")
     node.add_argument("--config", default=None)

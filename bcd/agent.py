@@ -29,7 +29,7 @@ from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
 from bcd.contract.vms import Vm
 from bcd.deviceplugin import GpuSource, run_device_plugin
-from bcd.holds import FALLBACK, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
+from bcd.holds import FALLBACK, Claims, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
 from bcd.join.client import published_gateway
 from bcd.journal import Journal
@@ -160,22 +160,14 @@ class Agent:
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id}))
         report = self.current_inventory()
-        present = {g["uuid"] for g in report.get("gpus", [])
-                   if g.get("health", "healthy") == "healthy"}
-        claimed: dict[str, str] = {}
+        claims = Claims.of(report.get("gpus", []))
         for allocation, hold in list(wanted.items()):
-            problem = ""
-            if not set(hold.gpus) <= present:
-                problem = "device-missing"
-            elif any(claimed.get(uuid, allocation) != allocation for uuid in hold.gpus):
-                problem = "overlap"
+            problem = claims.take(allocation, hold)
             if problem:
                 del wanted[allocation]
                 reports.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": problem}))
-            else:
-                claimed.update(dict.fromkeys(hold.gpus, allocation))
         gpu_index = {g["uuid"]: g["index"] for g in report.get("gpus", [])}
         for allocation, hold in wanted.items():
             self.journal.begin("hold", allocation)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,45 @@ def cdi_spec(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> tuple[dict[
             "containerEdits": top}
     check_spec(spec)
     return spec, source
+
+
+@dataclass
+class Claims:
+    """What the holds of one spec take of the machine, checked before any is written: the
+    node's own second look at what the ledger's constraints already refuse. A hold takes
+    whole GPUs, MIG instances or shares of a GPU; a whole GPU excludes any part of it."""
+
+    present: set[str]  # healthy GPUs and their MIG instances
+    parent: dict[str, str]  # MIG instance -> its GPU
+    atoms: dict[str, str] = field(default_factory=dict)  # atom -> allocation
+    whole: dict[str, str] = field(default_factory=dict)  # GPU held whole -> allocation
+    split: dict[str, set[str]] = field(default_factory=dict)  # GPU -> allocations of parts
+
+    @classmethod
+    def of(cls, gpus: list[dict[str, Any]]) -> Claims:
+        healthy = [g for g in gpus if g.get("health", "healthy") == "healthy"]
+        parent = {m["uuid"]: g["uuid"] for g in healthy for m in g.get("mig", [])}
+        return cls(present={g["uuid"] for g in healthy} | set(parent), parent=parent)
+
+    def take(self, allocation: str, hold: Hold) -> str:
+        """The hold's atoms, or why it cannot have them (device-missing, overlap)."""
+        if not set(hold.gpus) <= self.present:
+            return "device-missing"
+        parts = [(share, share.partition(":share-")[0]) for share in hold.shares] or [
+            (uuid, self.parent.get(uuid, uuid)) for uuid in hold.gpus]
+        for atom, gpu in parts:
+            whole = atom == gpu
+            others = self.split.get(gpu, set()) - {allocation}
+            if self.atoms.get(atom, allocation) != allocation \
+                    or self.whole.get(gpu, allocation) != allocation or (whole and others):
+                return "overlap"
+        for atom, gpu in parts:
+            self.atoms[atom] = allocation
+            if atom == gpu:
+                self.whole[gpu] = allocation
+            else:
+                self.split.setdefault(gpu, set()).add(allocation)
+        return ""
 
 
 def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:

@@ -11,6 +11,7 @@ from django.db import connection
 from compute.tenancy.models import Tenant
 from fleet.models import DeviceClass, Node
 from fleet.selectors import node_list
+from reservations.constraints import OVERLAPS_SQL
 from reservations.ledger import Reservation, ReservationState
 from reservations.sandboxes import Sandbox
 
@@ -62,10 +63,10 @@ def _state(node: Node) -> str:
 
 
 def ledger_overlaps() -> int:
-    """Bookings of one device whose windows overlap: the EXCLUDE constraint keeps it 0."""
+    """Bookings whose windows overlap on one device, or on a GPU and one of its parts: the
+    EXCLUDE constraints keep it 0."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM reservations_booking a JOIN reservations_booking b "
-                       "ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during")
+        cursor.execute(OVERLAPS_SQL)
         return int(cursor.fetchone()[0])
 
 
@@ -95,16 +96,19 @@ def gpus_held_now(node_id: str) -> int:
 
 
 def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
-    """Each node's present GPUs, with the reservation whose booking holds each one now."""
+    """Each node's present GPUs, with the reservation whose booking holds each one (or one
+    of its parts: a MIG instance, a share) now."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT d.node_id, d.index, d.product, d.nvlink_domain, d.health, "
-            "       coalesce(a.reservation_id, ''), coalesce(b.maintenance_id, '') "
+            "SELECT DISTINCT ON (d.node_id, d.index, d.id) d.node_id, d.index, d.product, "
+            "       d.nvlink_domain, d.health, coalesce(a.reservation_id, ''), "
+            "       coalesce(b.maintenance_id, '') "
             "FROM fleet_device d "
-            "LEFT JOIN reservations_booking b ON b.device_id = d.id AND b.during @> now() "
+            "LEFT JOIN reservations_booking b ON b.gpu_id = d.id AND b.during @> now() "
             "LEFT JOIN reservations_allocation a ON a.id = b.allocation_id "
             "WHERE d.node_id = ANY(%s) AND d.present AND d.device_class = %s "
-            "ORDER BY d.node_id, d.index", [node_ids, DeviceClass.GPU])
+            "ORDER BY d.node_id, d.index, d.id, b.whole DESC NULLS LAST",
+            [node_ids, DeviceClass.GPU])
         by_node: dict[str, list[Gpu]] = {}
         for node_id, *fields in cursor.fetchall():
             by_node.setdefault(node_id, []).append(Gpu(*fields))

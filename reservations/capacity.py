@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 
@@ -14,6 +15,7 @@ from compute.errors import InvalidArgument
 from fleet.models import SCHEDULABLE, Connectivity, Device, DeviceClass, Health, Node, Pool
 from fleet.models import ProvisionState as PS
 from reservations.candidates import (
+    IN_THE_WAY,
     MAX_START_AHEAD,
     device_filter_q,
     later_start,
@@ -21,6 +23,7 @@ from reservations.candidates import (
     pending_reason,
     placement_request,
     propose,
+    schedulable_sql,
     window,
 )
 from reservations.earliest import search_for
@@ -35,9 +38,10 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
     cordoned node, or inside a maintenance window now."""
     now = database_now()
     instant = DateTimeTZRange(now, now, "[]")
-    held_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant,
+    # A GPU is held when it, or any of its parts (MIG instances, shares), is booked.
+    held_now = Booking.objects.filter(gpu=OuterRef("pk"), during__overlap=instant,
                                       allocation__isnull=False)
-    booked_later = Booking.objects.filter(device=OuterRef("pk"), during__startswith__gt=now,
+    booked_later = Booking.objects.filter(gpu=OuterRef("pk"), during__startswith__gt=now,
                                           allocation__isnull=False)
     serviced_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant,
                                           maintenance__isnull=False)
@@ -80,8 +84,38 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
                                                       "maintenance", "unreachable")},
         "vcpu": host_row("vcpus", "vcpus_allocated"),
         "memoryGiB": host_row("memory", "memory_allocated"),
+        "parts": parts_rollup(pool, instant),
         "pending": Reservation.objects.filter(pool=pool, state="pending").count(),
     }
+
+
+# MIG instances and shares per class and profile: how many, and how many a request could
+# take now (on a schedulable node, healthy, and neither they nor their GPU booked now).
+PARTS_SQL = """
+SELECT d.device_class, d.profile, count(*),
+       count(*) FILTER (WHERE {schedulable} AND d.health = 'healthy' AND NOT EXISTS (
+           SELECT 1 FROM reservations_booking b WHERE {in_the_way}))
+  FROM fleet_device d JOIN fleet_node ON fleet_node.id = d.node_id
+ WHERE fleet_node.pool_id = %(pool)s AND d.present AND d.device_class <> 'gpu'
+ GROUP BY 1, 2 ORDER BY 1, 2"""
+
+
+def parts_rollup(pool: Pool, instant: DateTimeTZRange) -> list[dict[str, Any]]:
+    schedulable, values = schedulable_sql()
+    sql = PARTS_SQL.replace("{schedulable}", schedulable).replace(
+        "{in_the_way}", IN_THE_WAY.format(device="d", during="%(now)s"))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**values, "pool": pool.id, "now": instant})
+        rows = cursor.fetchall()
+    # A share's profile is its slot (2/4): shares are counted together.
+    found: dict[tuple[str, str | None], list[int]] = {}
+    for kind, profile, total, available in rows:
+        key = (kind, profile if kind == DeviceClass.MIG else None)
+        counts = found.setdefault(key, [0, 0])
+        counts[0] += total
+        counts[1] += available
+    return [{"class": kind, "profile": profile, "total": total, "available": available}
+            for (kind, profile), (total, available) in found.items()]
 
 
 def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = None,

@@ -20,3 +20,15 @@ LEDGER_CONSTRAINTS: dict[str, Callable[[], ComputeError]] = {
     NODE_VCPUS_WITHIN_SIZE: lambda: CapacityConflict("the node has not enough vCPUs free"),
     NODE_MEMORY_WITHIN_SIZE: lambda: CapacityConflict("the node has not enough memory free"),
 }
+
+# Pairs of bookings that overlap in time on one device, or on a GPU and one of its parts
+# (MIG instances, shares), read from the devices themselves: the constraints keep it 0.
+PART_OVERLAPS_SQL = """
+SELECT count(*) FROM reservations_booking a JOIN fleet_device da ON da.id = a.device_id
+  JOIN reservations_booking b ON a.id <> b.id AND a.during && b.during
+  JOIN fleet_device db ON db.id = b.device_id
+ WHERE da.id = db.parent_id"""
+OVERLAPS_SQL = """
+SELECT (SELECT count(*) FROM reservations_booking a JOIN reservations_booking b
+           ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during)
+       + ({parts})""".replace("{parts}", PART_OVERLAPS_SQL)

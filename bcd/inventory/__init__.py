@@ -24,16 +24,16 @@ class InventorySource(Protocol):
         ...
 
 
-SIM_VARIANTS = ("gpu", "gpu-2x4", "cpu")
+SIM_VARIANTS = ("gpu", "gpu-2x4", "mig", "cpu")
 
 
 def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
                   root: str = "") -> InventorySource:
     """The machine's inventory: simulated (`sim`; variants `gpu`: one NVSwitch domain,
-    `gpu-2x4`: two NVLink-bridged halves, `cpu`), else NVML (nvidia-ml-py, when installed
-    and a driver answers), else nvidia-smi."""
+    `gpu-2x4`: two NVLink-bridged halves, `mig`: half the GPUs in MIG mode, `cpu`), else
+    NVML (nvidia-ml-py, when installed and a driver answers), else nvidia-smi."""
     if sim:
-        from bcd.inventory.fake import SimulatedInventory
+        from bcd.inventory.fake import MIG_LAYOUT, SimulatedInventory
 
         # BCD_SIM_VCPUS and BCD_SIM_MEMORY_GIB size a simulated machine's host (its VMs are
         # real, so a small host lets sandboxes and GPU host shares compete for it).
@@ -45,7 +45,8 @@ def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
                                       memory_gib=memory_gib)
         domain = 4 if sim_variant == "gpu-2x4" else sim_gpus
         return SimulatedInventory(hostname, gpus=sim_gpus, nvlink_domain_size=domain, root=root,
-                                  vcpus=vcpus, memory_gib=memory_gib)
+                                  vcpus=vcpus, memory_gib=memory_gib,
+                                  mig_layout=MIG_LAYOUT if sim_variant == "mig" else {})
     try:
         import pynvml  # the `nvml` extra: nvidia-ml-py
     except ImportError:

@@ -1,6 +1,7 @@
 """A simulated machine, labelled as such: an 8-GPU H100 SXM (HGX) server by default, all
 eight GPUs on one NVSwitch domain; or two 4-GPU NVLink domains (PCIe cards with NVLink
-bridges, the `gpu-2x4` variant); or CPU only.
+bridges, the `gpu-2x4` variant); or the HGX with GPUs 0-3 in MIG mode (the `mig` variant:
+MIG_LAYOUT); or CPU only.
 
 Its GPUs answer through NVML's interface (bcd.inventory.described), so inventory, health and
 XID events go through the same code as on a real host; faults injected with
@@ -21,6 +22,8 @@ from bcd.inventory.nvml import NvmlInventory, cleared_file_of
 
 SWITCHES = 4  # NVSwitch chips of an HGX H100 board
 LINKS = 18  # NVLinks of an H100
+# The `mig` variant's instances by GPU index: two GPUs as seven 1g.10gb, two as two 3g.40gb.
+MIG_LAYOUT = {0: ["1g.10gb"] * 7, 1: ["1g.10gb"] * 7, 2: ["3g.40gb"] * 2, 3: ["3g.40gb"] * 2}
 
 
 @dataclass
@@ -31,6 +34,7 @@ class SimulatedInventory:
     vcpus: int = 96
     memory_gib: int = 1024
     product: str = "H100-SXM5-80GB"
+    mig_layout: dict[int, list[str]] = field(default_factory=dict)  # GPUs in MIG mode
     root: str = ""  # the agent's private root, reported so paths can be shown where they are
     nvml: NvmlInventory = field(init=False, repr=False)
 
@@ -77,9 +81,20 @@ class SimulatedInventory:
                 "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": 0,
                                  "failure": 0},
                 "utilization": seed % 101, "temperatureC": 30 + seed % 45,
-                "powerMw": (60 + seed % 600) * 1000})
+                "powerMw": (60 + seed % 600) * 1000, "mig": self._mig(i)})
         events = xid_events(faults_file(Path(self.root))) if self.root else []
         return {"gpus": gpus, "events": events}
+
+    def _mig(self, index: int) -> dict[str, Any]:
+        """MIG mode and instances as NVML answers them (seven slots, empty ones None)."""
+        profiles = self.mig_layout.get(index, [])
+        devices: list[dict[str, Any] | None] = [None] * 7
+        for slot, profile in enumerate(profiles):
+            h = self._id(f"gpu{index}/mig{slot}")
+            devices[slot] = {"uuid": f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:28]}",
+                             "name": f"{self.product} MIG {profile}",
+                             "memoryTotal": int(profile.split("g.")[1][:-2]) * 2**30}
+        return {"mode": 1 if profiles else 0, "maxDevices": 7, "devices": devices}
 
     def host(self) -> dict[str, Any]:
         serial = self._id("serial")

@@ -257,9 +257,12 @@ JOIN_ONE_MORE = """\
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--sim", "sim", type=click.IntRange(0, 256), default=0,
               help="Simulated machines (bcd agents) to join through the gateway.")
-@click.option("--sim-variant", type=click.Choice(["gpu", "gpu-2x4", "cpu"]), default="gpu",
-              show_default=True, help="gpu: 8 GPUs on one NVSwitch domain (HGX); gpu-2x4: "
-              "two NVLink domains of 4; cpu: machines without GPUs (and a CPU pool).")
+@click.option("--sim-variant", type=click.Choice(["gpu", "gpu-2x4", "mig", "cpu"]),
+              default="gpu", show_default=True,
+              help="gpu: 8 GPUs on one NVSwitch domain (HGX); gpu-2x4: two NVLink domains of "
+              "4; mig: the HGX with GPUs 0-3 in MIG mode (seven 1g.10gb, or two 3g.40gb) and the "
+              "others sliced in 4 shares; "
+              "cpu: machines without GPUs (and a CPU pool).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the token, env file, gateway credentials and agents go.")
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
@@ -291,6 +294,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         setup_args = ["bc_dev_setup", "--token-file", str(token_file)]
         if sim_variant == "cpu":
             setup_args.append("--cpu-pool")
+        if sim_variant == "mig":  # MIG instances, and shares of the other GPUs
+            setup_args += ["--slice-gpus", "4"]
         ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
         _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
                  "--host", host, "--host", "localhost"], env)

@@ -108,11 +108,24 @@ def maintenance_cancel(window_id: str, reason: str | None) -> dict[str, Any]:
 
 
 def request_shape(pool: str, gpus: int, duration: int, nvlink: bool, model: str | None,
-                  product: str | None, selector: str | None) -> dict[str, Any]:
+                  product: str | None, selector: str | None, mig: str | None = None,
+                  share: bool = False) -> dict[str, Any]:
+    if mig and share:
+        raise click.UsageError("--mig and --share ask for different atoms: give one")
+    device: dict[str, Any] = {"class": "mig" if mig else "gpu-share" if share else "gpu",
+                              "count": gpus, "topology": "nvlink-all" if nvlink else "any"}
     return {"poolId": pool, "duration": duration, "model": model, "product": product,
-            "selector": selector,
-            "devices": [{"class": "gpu", "count": gpus,
-                         "topology": "nvlink-all" if nvlink else "any"}]}
+            "selector": selector, "devices": [{**device, "profile": mig} if mig else device]}
+
+
+ATOM_OPTIONS = [
+    click.option("--mig", default=None, metavar="PROFILE",
+                 help="MIG instances of this profile (e.g. 1g.10gb) instead of whole GPUs; "
+                      "--gpus counts instances."),
+    click.option("--share", is_flag=True,
+                 help="Time-sliced shares of a GPU (pools that slice GPUs); --gpus counts "
+                      "shares."),
+]
 
 
 def shape_options(func: Any) -> Any:
@@ -125,7 +138,14 @@ def shape_options(func: Any) -> Any:
         click.option("--model", default=None, help="GPU family, e.g. H100."),
         click.option("--product", default=None, help="Exact product, e.g. H100-SXM5-80GB."),
         click.option("--selector", default=None, help="e.g. 'vramGiB >= 80'."),
+        *ATOM_OPTIONS,
     ]):
+        func = option(func)
+    return func
+
+
+def atom_options(func: Any) -> Any:
+    for option in reversed(ATOM_OPTIONS):
         func = option(func)
     return func
 
@@ -147,11 +167,13 @@ def shape_options(func: Any) -> Any:
               help="With --earliest: start no sooner, +2h (from now) or an ISO 8601 time.")
 @click.option("--before", default=None,
               help="With --earliest: end by then, +3d (from now) or an ISO 8601 time.")
+@atom_options
 @output_options
 def capacity(pool: str, preview: bool, earliest: bool, gpus: int | None,
              duration: int | None, nvlink: bool, model: str | None, product: str | None,
              selector: str | None, start: str | None, after: str | None, before: str | None,
-             output: str | None, query: str | None, tenant: str | None) -> None:
+             mig: str | None, share: bool, output: str | None, query: str | None,
+             tenant: str | None) -> None:
     """A pool's capacity; with --preview --gpus N --for 2h [--start +2h], whether a request
     would fit, and if not why; with --earliest --gpus N --for 4h [--after T] [--before T],
     the earliest window where it fits."""
@@ -164,7 +186,7 @@ def capacity(pool: str, preview: bool, earliest: bool, gpus: int | None,
         raise click.UsageError("--preview and --earliest ask different questions: give one")
     if gpus is None or duration is None:
         raise click.UsageError(f"--{'preview' if preview else 'earliest'} needs --gpus and --for")
-    body = request_shape(pool, gpus, duration, nvlink, model, product, selector)
+    body = request_shape(pool, gpus, duration, nvlink, model, product, selector, mig, share)
     body.pop("model")
     if preview:
         body.update(time_fields("start", start))
@@ -209,7 +231,8 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
               help="Seconds to wait for placement.")
 @output_options
 def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str | None,
-            product: str | None, selector: str | None, start: str | None,
+            product: str | None, selector: str | None, mig: str | None, share: bool,
+            start: str | None,
             at_earliest: bool, before: str | None, every: str | None, until: str | None,
             first_day: str | None, time_zone: str, horizon_days: int, kubernetes: bool,
             key: str | None, wait: float, output: str | None, query: str | None,
@@ -217,6 +240,8 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
     """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
     fit; with --every, on every window of a rule until a day); retry with --key KEY to never
     book twice."""
+    if every and (mig or share):
+        raise click.UsageError("--every books whole GPUs: drop --mig and --share")
     if every:
         reserve_every(pool, gpus, nvlink, product, selector, every, until, first_day,
                       time_zone, horizon_days, clashing={"--for": duration, "--start": start,
@@ -230,7 +255,8 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
         raise click.UsageError("--before goes with --at-earliest")
     key = key or str(uuid.uuid4())
     click.echo(f"idempotency key: {key}", err=True)
-    body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector),
+    body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector, mig,
+                            share),
             "kubernetes": kubernetes or None, "idempotencyKey": key, "binding": "hold",
             "atEarliest": at_earliest or None, **time_fields("start", start),
             **time_fields("before", before)}

@@ -30,7 +30,9 @@ CAPACITY = obj(
             available=INTEGER),
     gpusNotSchedulable=obj(provisioning=INTEGER, unhealthy=INTEGER, maintenance=INTEGER,
                            unreachable=INTEGER),
-    vcpu=HOST_ROW, memoryGiB=HOST_ROW, pending=INTEGER)
+    vcpu=HOST_ROW, memoryGiB=HOST_ROW, pending=INTEGER,
+    parts=array(obj(**{"class": STRING}, profile=nullable(STRING), total=INTEGER,
+                    available=INTEGER)))
 WINDOW = obj(start=TIME, end=TIME)
 PLACED = {"poolId": STRING, "gpus": INTEGER, "nodeId": STRING, "nodeClass": STRING,
           "devices": array(STRING), "nvlinkDomains": array(STRING), "vcpus": INTEGER,

@@ -40,8 +40,11 @@ function bodyOf(form) {
 }
 
 function requestShape(fields) {
+  const device = {class: fields.deviceClass || "gpu", count: fields.count,
+                  topology: fields.topology};
+  if (device.class === "mig") device.profile = fields.profile;
   return {poolId: fields.poolId, duration: Math.round(fields.hours * 3600000),
-          devices: [{class: "gpu", count: fields.count, topology: fields.topology}]};
+          devices: [device]};
 }
 
 // datetime-local fields (the browser's local time) as the API's ISO 8601 instants.

@@ -235,11 +235,10 @@ def run(world: World, *, clients: int = 16, ops: int = 2000, seed: int = 7) -> R
 def findings(world: World) -> dict[str, Any]:
     """Every invariant of the ledger, measured with SQL over all rows."""
     from django.db import connection
+    from django.db.models import Count
 
     from fleet.models import Node
     from reservations.hostshare import expected_counters
-    from django.db.models import Count
-
     from reservations.models import Reservation
     from tests.support.ledger import OVERLAPS_SQL, PART_OVERLAPS_SQL
 

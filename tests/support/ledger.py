@@ -6,18 +6,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-# Pairs of bookings that overlap in time on one device, or on a GPU and one of its parts
-# (MIG instances, shares), read from the devices themselves: the EXCLUDE constraints keep
-# it 0.
-PART_OVERLAPS_SQL = """
-SELECT count(*) FROM reservations_booking a JOIN fleet_device da ON da.id = a.device_id
-  JOIN reservations_booking b ON a.id <> b.id AND a.during && b.during
-  JOIN fleet_device db ON db.id = b.device_id
- WHERE da.id = db.parent_id"""
-OVERLAPS_SQL = f"""
-SELECT (SELECT count(*) FROM reservations_booking a JOIN reservations_booking b
-           ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during)
-       + ({PART_OVERLAPS_SQL})"""
+from reservations.constraints import OVERLAPS_SQL, PART_OVERLAPS_SQL
+
+__all__ = ["OVERLAPS_SQL", "PART_OVERLAPS_SQL", "overlapping_bookings", "run_together"]
 
 
 def overlapping_bookings() -> int:

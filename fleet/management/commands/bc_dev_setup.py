@@ -29,8 +29,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--token-file", type=Path, required=True)
         parser.add_argument("--cpu-pool", action="store_true")
+        parser.add_argument("--slice-gpus", type=int, default=0,
+                            help="time-sliced shares per GPU (not in MIG mode) of the pool")
 
-    def handle(self, *args: object, token_file: Path, cpu_pool: bool, **options: object) -> None:
+    def handle(self, *args: object, token_file: Path, cpu_pool: bool, slice_gpus: int,
+               **options: object) -> None:
         install_schedules()
         minted = root_bootstrap(admin_name="dev-admin")
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -40,7 +43,9 @@ class Command(BaseCommand):
         site = site_create(tenant=root, actor=actor, kind="shared", region="dev-1",
                            name="dev", idempotency_key="dev-site")
         pool = pool_create(tenant=root, actor=actor, site_id=site.id, pool_class="metal-host",
-                           gpu_model="H100", policy=DEV_POLICY, name="dev-h100",
+                           gpu_model="H100", name="dev-h100",
+                           policy={**DEV_POLICY, **({"timeSlicing": {"replicas": slice_gpus}}
+                                                    if slice_gpus else {})},
                            idempotency_key="dev-pool-h100")
         result = {"tenantId": root.id, "siteId": site.id, "poolId": pool.id}
         if cpu_pool:
