@@ -108,7 +108,11 @@ def cmd_health_clear(args: argparse.Namespace) -> int:
 def cmd_sim_inject(args: argparse.Namespace) -> int:
     from bcd.inventory.faults import faults_file, inject
 
-    readings = inject(faults_file(_root(args)), args.gpu, args.fault, args.code or 0)
+    try:
+        readings = inject(faults_file(_root(args)), args.gpu, args.fault, args.code or 0)
+    except ValueError as refusal:
+        print(f"bcd: {refusal}", file=sys.stderr)
+        return 2
     if args.fault == "heal":  # a healed simulated GPU was reset: its XIDs are history
         cmd_health_clear(args)
     print(f"gpu {args.gpu}: {json.dumps(readings) if readings else 'healed'} "
@@ -159,11 +163,13 @@ def parser() -> argparse.ArgumentParser:
     doctor.set_defaults(handler=cmd_doctor)
     sim = sub.add_parser("sim", help="a simulated machine's knobs").add_subparsers(
         dest="sim_command", required=True)
-    inject = sim.add_parser("inject", help="inject a GPU fault (xid N, ecc, nvlink-down) or "
-                                           "heal one, in a running simulated machine")
+    inject = sim.add_parser("inject", help="inject a GPU fault (xid N, ecc, nvlink-down), set "
+                                           "its load (util PERCENT) or heal it, in a running "
+                                           "simulated machine")
     inject.add_argument("--gpu", type=int, required=True, help="GPU index")
     inject.add_argument("fault", choices=FAULTS)
-    inject.add_argument("code", type=int, nargs="?", help="the XID, for xid (default 79)")
+    inject.add_argument("code", type=int, nargs="?",
+                        help="the XID, for xid (default 79); the percentage, for util")
     inject.set_defaults(handler=cmd_sim_inject)
     health = sub.add_parser("health", help="GPU health").add_subparsers(
         dest="health_command", required=True)

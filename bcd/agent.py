@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -325,12 +326,17 @@ class Agent:
     async def watch_inventory(self) -> None:
         """Read inventory, health and telemetry off the event loop (NVML and nvidia-smi
         block) and send the inventory when it changed: a GPU that turns unhealthy reaches the
-        ledger in seconds."""
+        ledger in seconds. Telemetry goes every `telemetry_seconds`."""
+        telemetry_sent = 0.0
         while True:
             report = await asyncio.to_thread(self._read_inventory)
             self._telemetry = await asyncio.to_thread(self.inventory.telemetry)
             self._inventory = report
             session = self.session
+            if session is not None and \
+                    time.monotonic() - telemetry_sent >= self.tuning.telemetry_seconds and \
+                    session.send_telemetry(self._telemetry):
+                telemetry_sent = time.monotonic()
             if session is not None and session.state.connected \
                     and canonical(report) != self._last_inventory:
                 sick = [g["index"] for g in report.get("gpus", [])

@@ -87,6 +87,16 @@ class AgentSession:
         self.credit_event.set()  # wake the writer, which may be idle waiting on control
         return str(message.report_id)
 
+    def send_telemetry(self, readings: dict[str, dict[str, float]]) -> bool:
+        """Queue GPU readings on the bulk lane, unless bulk reports are still waiting for
+        credits (then these are dropped: only fresh readings are worth sending)."""
+        if not self.state.connected or not self.bulk.empty():
+            return False
+        self.bulk.put_nowait(self._message(telemetry=pb.Report(json=json.dumps(
+            {"gpus": readings}))))
+        self.credit_event.set()
+        return True
+
     def request_renewal(self, key: ec.EllipticCurvePrivateKey) -> None:
         """Send a CSR for the same key; the gateway relays it and answers Renewed."""
         from bcd.join.documents import csr_for

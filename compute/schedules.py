@@ -8,6 +8,7 @@ from __future__ import annotations
 
 SCHEDULES: dict[str, dict[str, object]] = {
     "audit checkpoints": {"func": "audit.tasks.checkpoint_all_task", "schedule_type": "H"},
+    "gpu samples pruned": {"func": "fleet.tasks.samples_prune_task", "schedule_type": "H"},
 }
 
 

@@ -5,6 +5,7 @@ from compute.admin import ADMIN_REASON, audited_action
 from compute.tenancy.models import Tenant
 from fleet.models import (
     Device,
+    GpuSample,
     Image,
     JoinToken,
     Node,
@@ -66,10 +67,16 @@ class NodeAdmin(ReadOnlyAdmin):
 
 @admin.register(Device)
 class DeviceAdmin(ReadOnlyAdmin):
-    list_display = ("id", "uuid", "node", "index", "product", "nvlink_domain", "health",
-                    "present")
+    list_display = ("id", "uuid", "node", "device_class", "index", "profile", "product",
+                    "nvlink_domain", "health", "present")
     list_filter = ("model", "health", "present", "device_class")
     search_fields = ("id", "uuid", "node__id", "node__hostname")
+
+
+@admin.register(GpuSample)
+class GpuSampleAdmin(ReadOnlyAdmin):
+    list_display = ("device", "at", "utilization", "memory_used_mib")
+    search_fields = ("device__uuid", "device__node__id")
 
 
 @admin.register(JoinToken)

@@ -32,7 +32,7 @@ from compute.db import listen_forever
 from compute.errors import ComputeError
 from compute.metrics import HEARTBEAT_LAG, REPORT_DUPLICATES, SESSIONS
 from fleet import selectors
-from fleet.services import sessions
+from fleet.services import sessions, telemetry
 from fleet.services.specs import DESIRED_CHANNEL
 from gateway.sessions import BULK_WINDOW, Session
 from reservations.services import binding, sandbox_reports
@@ -187,6 +187,15 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                                  session.node_id)
                 session.close("the control plane could not record a report; reconnect")
 
+    @staticmethod
+    def _bulk_done(session: Session, report_id: str, *, duplicate: bool) -> None:
+        """Acknowledge a bulk report and give its slot back to the agent."""
+        session.bulk_outstanding -= 1
+        session.send(pb.GatewayMessage(lane=pb.BULK, ack=pb.Ack(report_id=report_id,
+                                                                duplicate=duplicate)))
+        session.send(pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
+                                                                         credits=1)))
+
     async def _handle(self, session: Session, message: pb.AgentMessage) -> None:
         kind = message.WhichOneof("body")
         node = session.node_id
@@ -206,12 +215,15 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 await self.db(sessions.node_report_refused, node_id=node,
                               action="node.inventory", reason=refusal.message)
                 new = False
-            session.bulk_outstanding -= 1
             REPORT_DUPLICATES.inc(0 if new else 1)
-            session.send(pb.GatewayMessage(lane=pb.BULK, ack=pb.Ack(
-                report_id=message.report_id, duplicate=not new)))
-            session.send(pb.GatewayMessage(lane=pb.CONTROL, credit=pb.Credit(lane=pb.BULK,
-                                                                             credits=1)))
+            self._bulk_done(session, message.report_id, duplicate=not new)
+        elif kind == "telemetry":
+            try:
+                await self.db(telemetry.telemetry_record, node_id=node, epoch=session.epoch,
+                              body=message.telemetry.json)
+            except ComputeError as refusal:  # a malformed report: dropped, said once here
+                logger.warning("node %s: telemetry refused: %s", node, refusal.message)
+            self._bulk_done(session, message.report_id, duplicate=False)
         elif kind == "command_result":
             result = message.command_result
             new = await self.db(sessions.command_result_record, node_id=node,

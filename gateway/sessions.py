@@ -63,7 +63,7 @@ class Session:
         if message.epoch != self.epoch:
             return f"message of session epoch {message.epoch}; the current epoch is {self.epoch}"
         kind = message.WhichOneof("body")
-        if kind == "inventory":
+        if kind in ("inventory", "telemetry"):
             self.bulk_outstanding += 1
             if self.bulk_outstanding > BULK_WINDOW:
                 return "bulk reports beyond the granted credits"

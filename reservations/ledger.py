@@ -94,6 +94,8 @@ class Reservation(models.Model):
     binding_started_at = models.DateTimeField(null=True, blank=True)
     series = models.ForeignKey(ReservationSeries, on_delete=models.PROTECT, null=True,
                                blank=True, related_name="occurrences")
+    idle_since = models.DateTimeField(null=True, blank=True,
+                                      help_text="Flagged idle by its offering's idle reclaim.")
     created_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

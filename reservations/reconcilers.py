@@ -13,7 +13,7 @@ from django.db.models import Q
 from compute.db import database_now
 from compute.queue.work import enqueue, handler
 from fleet.models import Device, Health
-from fleet.work import DEVICE
+from fleet.work import DEVICE, TELEMETRY
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.binding import binding_fail, binding_timeout, reservation_bind
 from reservations.services.book import pending_place
@@ -21,6 +21,7 @@ from reservations.services.device_failure import (
     reservation_flag_device,
     reservation_replace_off_device,
 )
+from reservations.services.idle import reservation_idle_check, watched_on
 from reservations.services.release import reservation_expire
 from reservations.services.series import series_due, series_extend
 from reservations.states import HOLDING
@@ -65,6 +66,13 @@ def reconcile_device(device_id: str) -> None:
                 reservation_replace_off_device(reservation_id=rsv_id, device=device)
         else:
             reservation_flag_device(reservation_id=rsv_id, device=device)
+
+
+@handler(TELEMETRY)
+def reconcile_telemetry(node_id: str) -> None:
+    """A node sent GPU readings: judge its holds whose offering reclaims idle GPUs."""
+    for reservation_id in watched_on(node_id):
+        reservation_idle_check(reservation_id=reservation_id)
 
 
 @handler(POOL)

@@ -22,7 +22,9 @@ from reservations.sandboxes import Sandbox
 from reservations.usage import UsageRecord
 
 LIMITS = {"type": "object", "properties": {
-    "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER},
+    "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER,
+    "idleReclaim": obj(belowPercent=NUMBER, forMinutes=NUMBER, release=BOOLEAN,
+                       graceMinutes=NUMBER)},
     "additionalProperties": False}
 OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
                quota={"type": "object", "additionalProperties": obj(limit=INTEGER,
@@ -37,6 +39,7 @@ RESERVATION = obj(
     durationMs=nullable(INTEGER), nodeId=nullable(STRING), allocationId=nullable(STRING),
     hostShare=nullable(obj(vcpus=INTEGER, memoryGiB=INTEGER)), binding=nullable(OBJECT),
     placementAttempts=INTEGER, failureReason=nullable(STRING), seriesId=nullable(STRING),
+    idleSince=nullable(TIME),
     createdAt=TIME, placedAt=nullable(TIME), endedAt=nullable(TIME))
 SERIES = obj(
     id=STRING, tenantId=STRING, poolId=STRING,
@@ -82,6 +85,7 @@ def present_reservation(rsv: Reservation) -> dict[str, Any]:
         "binding": rsv.binding,
         "placementAttempts": rsv.placement_attempts,
         "failureReason": rsv.failure_reason or None, "seriesId": rsv.series_id,
+        "idleSince": rsv.idle_since,
         "createdAt": rsv.created_at, "placedAt": rsv.placed_at, "endedAt": rsv.ended_at,
     }
 

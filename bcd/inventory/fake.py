@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bcd.inventory.described import DescribedNvml
-from bcd.inventory.faults import faults_file, read_faults, xid_events
+from bcd.inventory.faults import faults_file, read_faults, utilization_set, xid_events
 from bcd.inventory.nvml import NvmlInventory, cleared_file_of
 
 SWITCHES = 4  # NVSwitch chips of an HGX H100 board
@@ -64,6 +64,7 @@ class SimulatedInventory:
     def describe(self) -> dict[str, Any]:
         """The machine as NVML would answer now, injected faults included."""
         faults = read_faults(faults_file(Path(self.root))) if self.root else {}
+        busy = utilization_set(faults_file(Path(self.root))) if self.root else {}
         gpus = []
         for i in range(self.gpus):
             fault = faults.get(i)
@@ -80,7 +81,7 @@ class SimulatedInventory:
                 "eccVolatileUncorrected": fault.ecc_volatile_uncorrected if fault else 0,
                 "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": 0,
                                  "failure": 0},
-                "utilization": seed % 101, "temperatureC": 30 + seed % 45,
+                "utilization": busy.get(i, seed % 101), "temperatureC": 30 + seed % 45,
                 "powerMw": (60 + seed % 600) * 1000, "mig": self._mig(i)})
         events = xid_events(faults_file(Path(self.root))) if self.root else []
         return {"gpus": gpus, "events": events}

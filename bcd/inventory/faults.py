@@ -1,5 +1,6 @@
 """Faults injected into a running simulated machine (`bcd --root R sim inject`): a file in
-its state directory that its simulated GPUs read as their NVML readings."""
+its state directory that its simulated GPUs read as their NVML readings. `util P` is not a
+fault but a load: the GPU reports P % utilization until healed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from bcd.inventory.health import GpuReadings
 
-FAULTS = ("xid", "ecc", "nvlink-down", "heal")
+FAULTS = ("xid", "ecc", "nvlink-down", "util", "heal")
 
 
 def faults_file(root: Path) -> Path:
@@ -32,6 +33,16 @@ def _readings(fields: dict[str, Any]) -> GpuReadings:
         ecc_volatile_uncorrected=int(fields.get("ecc_volatile_uncorrected", 0)),
         xids=tuple(int(e["xid"]) for e in fields.get("xid_events", ())),
         nvlink_links_down=int(fields.get("nvlink_links_down", 0)))
+
+
+def utilization_set(path: Path) -> dict[int, int]:
+    """GPUs whose utilization was set (`util P`), by index."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {int(index): int(fields["utilization"]) for index, fields in raw.items()
+            if "utilization" in fields}
 
 
 def xid_events(path: Path) -> list[dict[str, Any]]:
@@ -59,6 +70,10 @@ def inject(path: Path, gpu: int, fault: str, code: int = 0) -> dict[str, Any]:
                                   {"xid": code or 79, "at": time.time_ns()}]
     elif fault == "ecc":
         readings["ecc_volatile_uncorrected"] = readings.get("ecc_volatile_uncorrected", 0) + 1
+    elif fault == "util":
+        if not 0 <= code <= 100:
+            raise ValueError(f"util {code}: a percentage, 0 to 100")
+        readings["utilization"] = code
     elif fault == "nvlink-down":
         readings["nvlink_links_down"] = readings.get("nvlink_links_down", 0) + 1
     else:

@@ -44,6 +44,8 @@ class EventType(models.TextChoices):
     RESERVATION_REPLACED = "reservation.replaced"
     RESERVATION_DEVICE_UNHEALTHY = "reservation.device_unhealthy"
     RESERVATION_EXTENDED = "reservation.extended"
+    RESERVATION_IDLE = "reservation.idle"
+    RESERVATION_BUSY = "reservation.busy"
     RESERVATION_RELEASED = "reservation.released"
     RESERVATION_CANCELLED = "reservation.cancelled"
     RESERVATION_FAILED = "reservation.failed"

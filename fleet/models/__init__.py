@@ -1,5 +1,5 @@
 from fleet.models.agent import CommandState, NodeCommand, NodeReport
-from fleet.models.devices import Device, DeviceClass
+from fleet.models.devices import Device, DeviceClass, GpuSample
 from fleet.models.images import Image
 from fleet.models.join_tokens import JoinToken
 from fleet.models.nodes import SCHEDULABLE, Connectivity, Health, Node, ProvisionState
@@ -8,6 +8,7 @@ from fleet.models.seals import SpentSeal
 from fleet.models.sites import Site
 from fleet.models.specs import NodeSpec
 
-__all__ = ["SCHEDULABLE", "CommandState", "Connectivity", "Device", "DeviceClass", "Health",
+__all__ = ["SCHEDULABLE", "CommandState", "Connectivity", "Device", "DeviceClass", "GpuSample",
+           "Health",
            "Image", "JoinToken", "Node", "NodeCommand", "NodeReport", "NodeSpec", "Pool",
            "PoolClass", "ProvisionState", "Site", "SpentSeal"]

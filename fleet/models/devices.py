@@ -50,3 +50,20 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return self.uuid
+
+
+class GpuSample(models.Model):
+    """One GPU's telemetry at one moment, as its node reported it (kept a day): what idle
+    reclaim reads. Measurements, not changes of state: no audit row or event each."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField(help_text="When the control plane received it.")
+    utilization = models.PositiveSmallIntegerField(help_text="Percent of time busy.")
+    memory_used_mib = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["device", "at"], name="fleet_sample_device_at"),
+                   models.Index(fields=["at"], name="fleet_sample_at")]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} {self.utilization}% at {self.at}"

@@ -63,6 +63,19 @@ def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return page(pool_list(tenant=ctx.tenant), present=present_pool, **data)
 
 
+class IdleReclaimIn(Input):
+    below_percent = serializers.FloatField(min_value=0.1, max_value=100,
+                                           help_text="GPU utilization under this is idle.")
+    for_minutes = serializers.FloatField(min_value=0.1, max_value=1440,
+                                         help_text="Idle this long (every GPU held) is "
+                                                   "flagged with reservation.idle.")
+    release = serializers.BooleanField(required=False, default=False,
+                                       help_text="Release a flagged reservation that stays "
+                                                 "idle for graceMinutes.")
+    grace_minutes = serializers.FloatField(required=False, default=10, min_value=0,
+                                           max_value=1440)
+
+
 class LimitsIn(Input):
     """Limits against hoarding; each absent one is no limit."""
 
@@ -70,6 +83,9 @@ class LimitsIn(Input):
                                                 max_value=366 * 24)
     max_start_ahead_days = serializers.FloatField(required=False, min_value=0, max_value=366)
     max_gpus_at_once = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
+    idle_reclaim = IdleReclaimIn(
+        required=False, help_text="Flag (and optionally release) reservations whose GPUs "
+                                  "report low utilization for a while.")
 
 
 class PoolOfferIn(PoolIdIn):

@@ -26,5 +26,9 @@ def usage_record(*, tenant_id: str, subject: str, meter: str, units: int, start:
                   "window_end": end})
 
 
-def gpu_meter(model: str) -> str:
-    return f"gpu.{model}.hours"
+def gpu_meter(model: str, device_class: str = "gpu", profile: str = "") -> str:
+    """The meter of an atom's hours: gpu.H100.hours for whole GPUs, mig.H100.1g.10gb.hours
+    for MIG instances (by profile), gpu-share.H100.hours for time-sliced shares."""
+    if device_class == "mig":
+        return f"mig.{model}.{profile}.hours"
+    return f"{device_class}.{model}.hours"

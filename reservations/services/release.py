@@ -66,16 +66,18 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
         free_allocation(allocation, now, keep_history=started)
     if rsv.during is not None and started and to == ReservationState.RELEASED:
         end = min(rsv.during.upper, now)
-        usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=gpu_meter(rsv.pool.gpu_model),
+        meter = gpu_meter(rsv.pool.gpu_model, rsv.device_class, rsv.profile)
+        usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=meter,
                      units=rsv.gpu_count, start=rsv.during.lower, end=end)
     transition(rsv, to)
     rsv.ended_at = now
-    rsv.failure_reason = reason if to == ReservationState.FAILED else rsv.failure_reason
+    rsv.failure_reason = reason[:300] or rsv.failure_reason
     rsv.save(update_fields=["state", "ended_at", "failure_reason"])
     pool_replan(rsv.pool_id)
     event_emit(tenant_id=rsv.tenant_id, type=ENDED_EVENT[to], subject=rsv.id,
                payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count,
-                        "nodeId": allocation.node_id if allocation else None})
+                        "nodeId": allocation.node_id if allocation else None,
+                        **({"reason": reason} if reason else {})})
 
 
 @audited

@@ -43,7 +43,8 @@ def test_mig_instances_are_bound_as_cdi_devices(stack):
                      "--for", "1h")
     assert rsv["state"] == "active", rsv["failureReason"]
     booked = booked_uuids(stack, rsv["id"])
-    assert len(booked) == 2 and all(uuid.startswith("MIG-") for uuid in booked)
+    assert len(booked) == 2
+    assert all(uuid.startswith("MIG-") for uuid in booked)
     spec = json.loads((node_root(stack, rsv["nodeId"]) / "etc" / "cdi"
                        / f"bcd-{rsv['allocationId']}.json").read_text())
     assert sorted(d["name"] for d in spec["devices"]) == booked
@@ -62,7 +63,8 @@ def test_a_share_is_bound_as_its_gpu_with_the_share_named(stack):
     assert rsv["state"] == "active", rsv["failureReason"]
     share = booked_uuids(stack, rsv["id"])[0]
     gpu, _, slot = share.partition(":share-")
-    assert gpu.startswith("GPU-") and slot == "1"
+    assert gpu.startswith("GPU-")
+    assert slot == "1"
     assert rsv["binding"]["cdiDevices"] == [f"bcd.dev/gpu={gpu}"]
     assert rsv["binding"]["shares"] == [share]
     env_file = Path(rsv["binding"]["envFile"])
