@@ -188,24 +188,31 @@ def schedulable_sql() -> tuple[str, dict[str, Any]]:
     return where_sql(Node, SCHEDULABLE, "schedulable")
 
 
+ONLY_SQL = "AND fleet_node.id = ANY(%(only)s)"
+
+
 @functools.cache
-def _candidates_sql(shortlisted: bool) -> tuple[str, dict[str, Any]]:
-    """The query with the schedulable filter written in, and that filter's values."""
+def _candidates_sql(nodes: str) -> tuple[str, dict[str, Any]]:
+    """The query with the schedulable filter written in, and that filter's values; `nodes`
+    is "all", "shortlist" or "only" (the nodes named)."""
     schedulable, values = schedulable_sql()
-    shortlist = SHORTLIST_SQL.replace("{schedulable}", schedulable) if shortlisted else ""
-    sql = CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", shortlist)
+    among = {"all": "", "only": ONLY_SQL,
+             "shortlist": SHORTLIST_SQL.replace("{schedulable}", schedulable)}[nodes]
+    sql = CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", among)
     return sql, values
 
 
 def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
             device_filter: Q | None = None, excluded: Collection[str] = (),
-            whole_pool: bool = True) -> tuple[Choice | None, list[Candidate]]:
-    """The placer's choice over the shortlist, else (unless `whole_pool` is false) over the
-    whole pool (a filter or an odd node shape can leave the shortlist without a fit), with
-    the candidates it scored (the whole pool's when nothing fits, to say why)."""
+            whole_pool: bool = True, only: Collection[str] | None = None
+            ) -> tuple[Choice | None, list[Candidate]]:
+    """The placer's choice over the shortlist (or the nodes `only` names), else (unless
+    `whole_pool` is false) over the whole pool (a filter or an odd node shape can leave the
+    shortlist without a fit), with the candidates it scored (the whole pool's when nothing
+    fits, to say why)."""
     whole = request.device_class == "gpu"  # the shortlist counts whole GPUs
     candidates = load_candidates(pool, during, request, device_filter=device_filter,
-                                 excluded=excluded, shortlisted=whole)
+                                 excluded=excluded, shortlisted=whole, only=only)
     choice = choose(candidates, request)
     if choice is None and whole and whole_pool:
         candidates = load_candidates(pool, during, request, device_filter=device_filter,
@@ -216,12 +223,15 @@ def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
 
 def load_candidates(pool: Pool, during: DateTimeTZRange, request: Request, *,
                     device_filter: Q | None = None, excluded: Collection[str] = (),
-                    shortlisted: bool = False) -> list[Candidate]:
+                    shortlisted: bool = False, only: Collection[str] | None = None
+                    ) -> list[Candidate]:
     """One query: the schedulable nodes of the pool with their free devices of the
     request's class per NVLink domain; `shortlisted`, only the nodes worth scoring for that
-    many whole GPUs."""
-    sql, schedulable = _candidates_sql(shortlisted)
+    many whole GPUs; with `only`, those nodes."""
+    sql, schedulable = _candidates_sql(
+        "only" if only is not None else "shortlist" if shortlisted else "all")
     params: dict[str, Any] = {**schedulable, "pool": pool.id, "during": during,
+                              "only": list(only or ()),
                               "excluded": list(excluded), "count_room": -request.count,
                               "shortlist": SHORTLIST, "class": request.device_class}
     filter_sql = ""

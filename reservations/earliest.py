@@ -45,43 +45,48 @@ ROUNDS = 4  # reads of next starts per horizon (a start refused for host share, 
 # what the bookings in its range cost.
 HORIZONS = (timedelta(hours=6), timedelta(days=2), timedelta(days=14), timedelta(days=90))
 
+# Devices and their groups (a node, or a node's NVLink domain for `nvlink-all`) are numbered
+# here, so the sorts below compare integers, not ids.
 EARLIEST_SQL = """
 WITH dev AS MATERIALIZED (
-  SELECT fleet_device.id, fleet_device.node_id, fleet_device.parent_id,
-         CASE WHEN %(nvlink)s THEN fleet_device.nvlink_domain ELSE '' END AS domain
+  SELECT fleet_device.id, fleet_device.parent_id, fleet_device.node_id,
+         (row_number() OVER ())::int AS d,
+         (dense_rank() OVER (ORDER BY fleet_device.node_id, CASE WHEN %(nvlink)s
+                             THEN fleet_device.nvlink_domain ELSE '' END))::int AS g
     FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_device.present
      AND fleet_device.device_class = %(class)s AND fleet_device.health = 'healthy'
      AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '') {device_filter}),
 busy AS MATERIALIZED (  -- what is in each device's way, by start, with the latest end so far
-  SELECT dev.node_id, dev.domain, lower(b.during) AS lo,
-         max(upper(b.during)) OVER d AS hi, row_number() OVER d AS nth,
-         lead(lower(b.during)) OVER d AS next_lo
+  SELECT dev.d, dev.g, lower(b.during) AS lo, max(upper(b.during)) OVER w AS hi,
+         row_number() OVER w AS nth, lead(lower(b.during)) OVER w AS next_lo
     FROM dev JOIN reservations_booking b ON {in_the_way}
-  WINDOW d AS (PARTITION BY dev.id ORDER BY lower(b.during)
+  WINDOW w AS (PARTITION BY dev.d ORDER BY lower(b.during)
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
-spans AS (
-  SELECT node_id, domain, %(after)s::timestamptz AS first_start,
-         least(lo - %(duration)s, %(latest_start)s) AS last_start
-    FROM busy WHERE nth = 1
-  UNION ALL
-  SELECT node_id, domain, greatest(hi, %(after)s),
-         least(next_lo - %(duration)s, %(latest_start)s) FROM busy
-  UNION ALL
-  SELECT node_id, domain, %(after)s, %(latest_start)s FROM dev
-   WHERE NOT EXISTS (SELECT 1 FROM reservations_booking b WHERE {in_the_way})),
-sweep AS (
-  SELECT node_id, domain, first_start AS at, 0 AS ends, 1 AS delta FROM spans
-   WHERE first_start <= last_start
-  UNION ALL
-  SELECT node_id, domain, last_start, 1, -1 FROM spans WHERE first_start <= last_start),
-counted AS (
-  SELECT node_id, at, ends,
-         sum(delta) OVER (PARTITION BY node_id, domain ORDER BY at, ends) AS free
-    FROM sweep)
-SELECT node_id, min(at) FROM counted
- WHERE ends = 0 AND free >= %(count)s AND at <> ALL(%(tried)s::timestamptz[])
- GROUP BY node_id ORDER BY 2, 1 LIMIT %(limit)s"""
+spans AS MATERIALIZED (  -- the starts each device could serve, as closed spans
+  SELECT g, first_start, last_start FROM (
+    SELECT g, %(after)s::timestamptz AS first_start,
+           least(lo - %(duration)s, %(latest_start)s) AS last_start
+      FROM busy WHERE nth = 1
+    UNION ALL
+    SELECT g, greatest(hi, %(after)s), least(next_lo - %(duration)s, %(latest_start)s)
+      FROM busy
+    UNION ALL
+    SELECT g, %(after)s, %(latest_start)s FROM dev  -- free all along
+     WHERE d NOT IN (SELECT d FROM busy)) gaps
+   WHERE first_start <= last_start),
+counted AS (  -- per group, how many devices are free at each span's first start
+  SELECT g, at, ends, sum(delta) OVER (PARTITION BY g ORDER BY at, ends) AS free FROM (
+    SELECT g, first_start AS at, 0 AS ends, 1 AS delta FROM spans
+    UNION ALL
+    SELECT g, last_start, 1, -1 FROM spans) sweep),
+found AS (
+  SELECT g, min(at) AS at FROM counted
+   WHERE ends = 0 AND free >= %(count)s AND at <> ALL(%(tried)s::timestamptz[])
+   GROUP BY g)
+SELECT groups.node_id, min(found.at) FROM found
+  JOIN (SELECT DISTINCT g, node_id FROM dev) groups ON groups.g = found.g
+ GROUP BY groups.node_id ORDER BY 2, 1 LIMIT %(limit)s"""
 
 
 @functools.cache
@@ -155,8 +160,11 @@ class Search:
                                          device_filter=self.device_filter, tried=tried)
                 if not starts:
                     break
-                for start in sorted({at for at, _ in starts}):
-                    found = self._place_at(start)
+                at_start: dict[datetime, list[str]] = {}
+                for at, node_id in starts:
+                    at_start.setdefault(at, []).append(node_id)
+                for start in sorted(at_start):
+                    found = self._place_at(start, only=at_start[start])
                     if found is not None:
                         return found
                     tried.add(start)
@@ -164,10 +172,13 @@ class Search:
                 return None
         return None
 
-    def _place_at(self, start: datetime, *, whole_pool: bool = True) -> Slot | None:
+    def _place_at(self, start: datetime, *, whole_pool: bool = True,
+                  only: list[str] | None = None) -> Slot | None:
+        """The placer's choice at `start`: on its shortlist, then the whole pool, or only
+        on the nodes the sweep found free then (each node's own best devices)."""
         during = DateTimeTZRange(start, start + self.duration, "[)")
         choice, _ = propose(self.pool, during, self.request, device_filter=self.device_filter,
-                            whole_pool=whole_pool)
+                            whole_pool=whole_pool and only is None, only=only)
         return Slot(during, choice) if choice is not None else None
 
     def reason(self) -> str:

@@ -201,8 +201,18 @@ def parse_quota(values: tuple[str, ...]) -> dict[str, int]:
               help="Limit: how far ahead a reservation may start, in days.")
 @click.option("--max-gpus-at-once", type=click.IntRange(1), default=None,
               help="Limit: GPUs the tenant may hold at any one moment.")
+@click.option("--idle-below", type=click.FloatRange(0.1, 100), default=None, metavar="PERCENT",
+              help="Idle reclaim: GPU utilization under this is idle (with --idle-for).")
+@click.option("--idle-for", type=click.FloatRange(0.1, 1440), default=None, metavar="MINUTES",
+              help="Idle reclaim: flag a reservation idle this long (reservation.idle).")
+@click.option("--idle-release", is_flag=True,
+              help="Idle reclaim: release a flagged reservation still idle after the grace.")
+@click.option("--idle-grace", type=click.FloatRange(0, 1440), default=None, metavar="MINUTES",
+              help="Idle reclaim: minutes between the warning and the release (default 10).")
 def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float | None,
-                max_ahead_days: float | None, max_gpus_at_once: int | None) -> dict[str, Any]:
+                max_ahead_days: float | None, max_gpus_at_once: int | None,
+                idle_below: float | None, idle_for: float | None, idle_release: bool,
+                idle_grace: float | None) -> dict[str, Any]:
     """Offer a pool to a tenant with a quota and, optionally, limits against hoarding (any
     limit given replaces the offering's limits)."""
     body: dict[str, Any] = {"poolId": pool_id, "to": to, "quota": parse_quota(quota)}
@@ -210,6 +220,12 @@ def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float 
                                             ("maxStartAheadDays", max_ahead_days),
                                             ("maxGpusAtOnce", max_gpus_at_once))
               if value is not None}
+    if (idle_below is None) != (idle_for is None):
+        raise click.UsageError("idle reclaim needs both --idle-below and --idle-for")
+    if idle_below is not None:
+        rule = {"belowPercent": idle_below, "forMinutes": idle_for, "release": idle_release}
+        limits["idleReclaim"] = {**rule, **({"graceMinutes": idle_grace}
+                                            if idle_grace is not None else {})}
     if limits:
         body["limits"] = limits
     return body

@@ -29,8 +29,8 @@ def parse_telemetry(body: str) -> dict[str, tuple[int, int]]:
         where = f"gpus.{uuid}"
         if not isinstance(reading, dict):
             raise InvalidArgument(f"{where} must be an object", field=where)
-        utilization = reading.get("utilization")
-        memory = reading.get("memoryUsedMiB", 0)
+        utilization: Any = reading.get("utilization")
+        memory: Any = reading.get("memoryUsedMiB", 0)
         if not _number(utilization) or not 0 <= utilization <= 100:
             raise InvalidArgument(f"{where}.utilization must be a percentage",
                                   field=f"{where}.utilization")

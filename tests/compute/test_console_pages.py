@@ -15,7 +15,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from compute.http.console.pages import gpu_hours_chart
 from compute.tenancy.services import user_create
-from reservations.models import UsageRecord
+from reservations.models import Reservation, UsageRecord
 from tests.compute.test_console import signed_in
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
@@ -205,3 +205,25 @@ def test_recurring_reservations_show_their_occurrences_and_can_be_ended(root, ro
     ended = text(browser, "/console/reservations")
     assert "cancelled 5" in ended
     assert f'name="seriesId" value="{series["id"]}"' not in ended
+
+
+def test_mig_instances_idle_flags_and_offering_limits_show(root, root_token, pool, acme):
+    make_node(pool["id"], mig={0: ["1g.10gb"] * 7})
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 2, "mig": 3},
+         limits={"idleReclaim": {"belowPercent": 5, "forMinutes": 30, "release": True}})
+    rsv = root("reservations.create", poolId=pool["id"], duration=3_600_000,
+               devices=[{"class": "mig", "profile": "1g.10gb", "count": 2}])
+    browser = signed_in(root_token)
+    pools_page = text(browser, "/console/pools")
+    assert "<th>MIG 1g.10gb</th><td>7</td>" in pools_page
+    assert "<td>5</td></tr>" in pools_page  # two of seven booked now
+    assert "idle under 5.0% for 30.0 min is released after 10.0 min" in pools_page
+    page = text(browser, f"/console/reservations/{rsv['id']}")
+    assert "2 MIG 1g.10gb instances" in page
+    assert "Idle since" not in page
+    reservation = Reservation.objects.get(pk=rsv["id"])
+    reservation.idle_since = timezone.now()  # what reservation_idle_check writes
+    reservation.save(update_fields=["idle_since"])
+    assert "Idle since" in text(browser, f"/console/reservations/{rsv['id']}")
+    form = text(browser, "/console/reservations")
+    assert '<option value="gpu-share">GPU shares</option>' in form

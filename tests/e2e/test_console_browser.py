@@ -132,6 +132,11 @@ def test_reserve_cordon_and_release_from_the_console(stack, browser, shots):
     base = base_url(stack)
     page.goto(f"{base}/console/reservations")
     form = page.locator("form[data-action='reservations.create']")
+    form.locator("select[name=deviceClass]").select_option("gpu-share")
+    form.locator("button").click()  # dev's pool does not slice its GPUs: said by the form
+    expect(form.locator(".field-error[data-for='devices']")).to_contain_text(
+        "does not slice its GPUs")
+    form.locator("select[name=deviceClass]").select_option("gpu")
     form.locator("input[name=count]").fill("0")  # refused, next to the field it names
     form.locator("button").click()
     expect(form.locator(".field-error[data-for='devices[0].count']")).to_contain_text(
