@@ -217,7 +217,8 @@ def test_mig_instances_idle_flags_and_offering_limits_show(root, root_token, poo
     pools_page = text(browser, "/console/pools")
     assert "<th>MIG 1g.10gb</th><td>7</td>" in pools_page
     assert "<td>5</td></tr>" in pools_page  # two of seven booked now
-    assert "idle under 5.0% for 30.0 min is released after 10.0 min" in pools_page
+    offered = pools_page[pools_page.index("<h3>Offerings</h3>"):]
+    assert "idle under 5.0% for 30.0 min is released after 10 min" in offered, offered[:600]
     page = text(browser, f"/console/reservations/{rsv['id']}")
     assert "2 MIG 1g.10gb instances" in page
     assert "Idle since" not in page
