@@ -148,7 +148,14 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
     except ComputeError as error:
         outcomes[f"refused.{error.code}"] += 1
     except Exception as error:  # anything else is a defect the test must show
-        unexpected.append(f"{type(error).__name__}: {error}")
+        unexpected.append(f"{_operation(roll, bool(mine))}: {type(error).__name__}: {error}")
+
+
+def _operation(roll: float, booked: bool) -> str:
+    """Which operation a roll of `_one_op` is (to say which one failed)."""
+    if roll < 0.45 or not booked:
+        return "create"
+    return "extend" if roll < 0.58 else "release" if roll < 0.95 else "sandbox"
 
 
 def _atoms(rng: random.Random) -> dict[str, Any]:
