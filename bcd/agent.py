@@ -253,7 +253,8 @@ class Agent:
                 credentials=self.credentials(), target=self.config.gateway,
                 inventory=self.inventory, run_command=self.run_command,
                 journal_epoch=self.journal.epoch, apply_spec=self.apply_spec,
-                applied_generation=self.journal.applied_generation())
+                applied_generation=self.journal.applied_generation(),
+                spec_pin=self.config.join_signing_pin)
             started = asyncio.get_running_loop().time()
             try:
                 reason = await self.session.run(on_welcome=self._welcomed)

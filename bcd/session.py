@@ -16,10 +16,11 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bcd.contract.crypto import sign_bytes
+from bcd.contract.crypto import BadSignature, sign_bytes
 from bcd.contract.holds import BadHold
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
+from bcd.contract.signed import open_command, open_spec
 
 logger = logging.getLogger("bcd.session")
 
@@ -63,13 +64,16 @@ class AgentSession:
 
     def __init__(self, *, credentials: Credentials, target: str, inventory: Any,
                  run_command: CommandRunner, journal_epoch: int = 0,
-                 apply_spec: SpecApplier | None = None, applied_generation: int = 0) -> None:
+                 apply_spec: SpecApplier | None = None, applied_generation: int = 0,
+                 spec_pin: str = "") -> None:
         self.credentials = credentials
         self.target = target
         self.inventory = inventory
         self.run_command = run_command
         self.journal_epoch = journal_epoch
         self.apply_spec = apply_spec
+        self.spec_pin = spec_pin  # the join-signing key's: specs and commands carry its
+        # signature
         self.applied_generation = applied_generation
         self.state = SessionState()
         self.control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -138,6 +142,23 @@ class AgentSession:
             if first in done:
                 yield first.result()
 
+    def on_spec(self, message: pb.Spec) -> bool:
+        """Apply a spec the control plane signed for this node and generation; anything
+        else (a gateway's forgery, another node's spec, a replay) is refused whole."""
+        if self.apply_spec is None:
+            return False
+        try:
+            spec = open_spec(message.json, pin=self.spec_pin, node_id=self.state.node_id,
+                             generation=message.generation)
+            reports = self.apply_spec(message.generation, spec)
+        except (BadHold, BadSignature, ValueError) as refusal:
+            logger.error("spec generation %d refused, nothing applied: %s",
+                         message.generation, refusal)
+            return False
+        self.send_reports(reports)
+        self.applied_generation = max(self.applied_generation, message.generation)
+        return True
+
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.state.heartbeat_seconds)
@@ -145,8 +166,16 @@ class AgentSession:
                 sent_at_ms=int(time.time() * 1000))))
 
     async def _command(self, command: pb.Command) -> None:
-        status, output = await self.run_command(command.command_id, command.kind,
-                                                json.loads(command.json or "{}"))
+        """Run a command the control plane signed for this node; a forged one is answered
+        `refused` (signed by the node) and nothing runs."""
+        try:
+            params = open_command(command.json, pin=self.spec_pin, node_id=self.state.node_id,
+                                  command_id=command.command_id, kind=command.kind)
+        except BadSignature as refusal:
+            logger.error("command %s refused, not run: %s", command.command_id, refusal)
+            status, output = "failed", {"error": f"refused: {refusal}"}
+        else:
+            status, output = await self.run_command(command.command_id, command.kind, params)
         body = json.dumps(output, sort_keys=True)
         signature = sign_bytes(self.credentials.key,
                                f"{command.command_id}\n{status}\n{body}".encode())
@@ -191,17 +220,8 @@ class AgentSession:
                         task = asyncio.create_task(self._command(message.command))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
-                    elif kind == "spec" and self.apply_spec is not None:
-                        try:
-                            reports = self.apply_spec(message.spec.generation,
-                                                      json.loads(message.spec.json))
-                        except (BadHold, ValueError) as refusal:
-                            logger.error("spec generation %d refused, nothing applied: %s",
-                                         message.spec.generation, refusal)
-                            continue
-                        self.send_reports(reports)
-                        self.applied_generation = max(self.applied_generation,
-                                                      message.spec.generation)
+                    elif kind == "spec":
+                        self.on_spec(message.spec)
                     elif kind == "renewed":
                         pem = message.renewed.certificate_pem.encode()
                         self.credentials.certificate_pem = pem

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +89,7 @@ def node_for_session(*, node_id: str) -> SessionNode | None:
 
 def latest_spec(*, node_id: str) -> dict[str, Any] | None:
     spec = NodeSpec.objects.filter(node_id=node_id).order_by("-generation").first()
-    return None if spec is None else {"generation": spec.generation,
-                                      "json": json.dumps(spec.spec)}
+    return None if spec is None else {"generation": spec.generation, "json": spec.signed}
 
 
 SpecCursor = tuple[int, int]  # (writing transaction id, row id)
@@ -114,14 +112,13 @@ def specs_since(*, after: SpecCursor | None, limit: int = 1000
                            "ORDER BY txid DESC, id DESC LIMIT 1")
             row = cursor.fetchone()
             return [], (row[0], row[1]) if row else (0, 0)
-        cursor.execute("SELECT txid, id, node_id, generation, spec FROM fleet_nodespec "
+        cursor.execute("SELECT txid, id, node_id, generation, signed FROM fleet_nodespec "
                        "WHERE txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
                        "AND (txid, id) > (%s, %s) ORDER BY txid, id LIMIT %s",
                        [after[0], after[1], limit])
         rows = cursor.fetchall()
     if not rows:
         return [], after
-    specs = [{"nodeId": node_id, "generation": generation,
-              "json": spec if isinstance(spec, str) else json.dumps(spec)}
-             for _, _, node_id, generation, spec in rows]
+    specs = [{"nodeId": node_id, "generation": generation, "json": signed}
+             for _, _, node_id, generation, signed in rows]
     return specs, (rows[-1][0], rows[-1][1])

@@ -24,6 +24,9 @@ class NodeCommand(models.Model):
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="commands")
     kind = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
+    signed = models.TextField(blank=True, editable=False,
+                              help_text="The command signed by the control plane's "
+                                        "join-signing key (bcd.contract.signed).")
     state = models.CharField(max_length=16, choices=CommandState.choices,
                              default=CommandState.QUEUED, db_index=True)
     result = models.JSONField(null=True, blank=True)

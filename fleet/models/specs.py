@@ -14,6 +14,9 @@ class NodeSpec(models.Model):
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="specs")
     generation = models.PositiveIntegerField()
     spec = models.JSONField(default=dict)
+    signed = models.TextField(blank=True, editable=False,
+                              help_text="The spec signed by the control plane's join-signing "
+                                        "key (bcd.contract.signed), as relayed to the node.")
     created_at = models.DateTimeField(default=timezone.now)
     txid = models.BigIntegerField(null=True, editable=False,
                                   help_text="The writing transaction's id (see compute.db).")

@@ -8,7 +8,7 @@ from typing import Any
 
 from compute.errors import Unavailable
 from fleet.models import CommandState, NodeCommand
-from fleet.services.specs import desired_state_changed
+from fleet.services.specs import command_create, desired_state_changed
 
 ASK_SECONDS = 15.0
 
@@ -17,7 +17,7 @@ def node_ask(*, node_id: str, kind: str, payload: dict[str, Any],
              timeout: float = ASK_SECONDS) -> dict[str, Any]:
     """Queue a read-only command for the node and wait for its signed result's output.
     The node runs it at most once, like every command; no ledger state changes."""
-    command = NodeCommand.objects.create(node_id=node_id, kind=kind, payload=payload)
+    command = command_create(node_id=node_id, kind=kind, payload=payload)
     desired_state_changed()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from compute.tenancy.models import Principal, Tenant
 from fleet.models import CommandState, Device, Health, Node, NodeCommand, ProvisionState
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_adopt_locked, node_event
-from fleet.services.specs import desired_state_changed
+from fleet.services.specs import command_create, desired_state_changed
 
 FINISHED = (CommandState.SUCCEEDED, CommandState.FAILED, CommandState.UNKNOWN)
 
@@ -28,7 +28,7 @@ def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand
     policy = node.pool.policy or {}
     checks = [c["kind"] for c in policy.get("acceptance", [])]
     attempt = int(node.acceptance.get("attempt", 0)) + 1
-    commands = [NodeCommand.objects.create(node=node, kind=check["kind"], payload={
+    commands = [command_create(node_id=node.id, kind=check["kind"], payload={
         "expect": policy.get("expect", {}), "hostShare": policy.get("hostShare", {}),
         "params": check.get("params", {}), "acceptance": attempt})
         for check in policy.get("acceptance", [])]

@@ -192,8 +192,8 @@ def commands_to_send(node_epochs: dict[str, int], limit: int = 500) -> list[dict
     for command in rows:
         command.state, command.sent_at = CommandState.SENT, now
         command.save(update_fields=["state", "sent_at"])
-    return [{"nodeId": c.node_id, "commandId": c.id, "kind": c.kind,
-             "json": json.dumps(c.payload)} for c in rows]
+    return [{"nodeId": c.node_id, "commandId": c.id, "kind": c.kind, "json": c.signed}
+            for c in rows]
 
 
 def lease() -> timedelta:

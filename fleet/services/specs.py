@@ -1,14 +1,20 @@
 """Desired state by generation: each change to a node's device assignments writes the next
-NodeSpec generation (never edits one); the gateway pushes the newest to the agent."""
+NodeSpec generation (never edits one), signed for its node; the gateway pushes the newest
+to the agent, which applies only what the control plane signed. Commands are signed the
+same way when queued."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import connection
 
+from bcd.contract.crypto import sign_document
+from bcd.contract.signed import command_payload, spec_payload
 from compute.db import CURRENT_TXID
-from fleet.models import Node, NodeSpec
+from fleet.models import Node, NodeCommand, NodeSpec
+from fleet.pki import pki
 
 
 def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
@@ -31,9 +37,26 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     vms = [{**vm, "desired": "stopped"} if vm["sandboxId"] == vm_stop else vm
            for vm in _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)]
     desired_state_changed()
-    return NodeSpec.objects.create(node=node, generation=(latest.generation + 1) if latest else 1,
-                                   spec={"allocations": allocations, "vms": vms},
+    generation = (latest.generation + 1) if latest else 1
+    spec = {"allocations": allocations, "vms": vms}
+    return NodeSpec.objects.create(node=node, generation=generation, spec=spec,
+                                   signed=signed_spec(node.id, generation, spec),
                                    txid=CURRENT_TXID)
+
+
+def command_create(*, node_id: str, kind: str, payload: dict[str, Any]) -> NodeCommand:
+    """Queue a command for the node, signed for it (the agent runs nothing else)."""
+    command = NodeCommand(node_id=node_id, kind=kind, payload=payload)
+    command.signed = json.dumps(sign_document(
+        pki().join_signing_key, command_payload(node_id, command.id, kind, payload)))
+    command.save(force_insert=True)
+    return command
+
+
+def signed_spec(node_id: str, generation: int, spec: dict[str, Any]) -> str:
+    """The spec as its node accepts it: signed with the join-signing key it pinned."""
+    return json.dumps(sign_document(pki().join_signing_key,
+                                    spec_payload(node_id, generation, spec)))
 
 
 DESIRED_CHANNEL = "bc_desired"

@@ -7,8 +7,11 @@ import threading
 import pytest
 from django.db import connection, transaction
 
+from bcd.contract.crypto import BadSignature
+from bcd.contract.signed import open_spec
 from fleet.models import Node
-from fleet.selectors import specs_since
+from fleet.pki import pki
+from fleet.selectors import latest_spec, specs_since
 from fleet.services.specs import node_spec_change_locked
 from tests.factories import make_node
 
@@ -73,3 +76,19 @@ def test_a_spec_committing_after_a_later_one_is_still_pushed(pool, late_has_olde
     early.join(10)
     assert sorted(pushed) == sorted([one.id, two.id])  # each pushed once, none skipped
     assert specs_since(after=cursor) == ([], cursor)
+
+
+def test_what_the_gateway_relays_is_the_spec_signed_for_its_node_and_generation(pool):
+    node = make_node(pool["id"])
+    _, cursor = specs_since(after=None)
+    with transaction.atomic():
+        locked = Node.objects.select_for_update().get(pk=node.id)
+        row = node_spec_change_locked(locked, add={"allocationId": "alc_x", "gpus": []})
+    specs, _ = specs_since(after=cursor)
+    relayed = next(s for s in specs if s["generation"] == row.generation)
+    pin = pki().pins()["joinSigningKeyPin"]
+    assert open_spec(relayed["json"], pin=pin, node_id=node.id,
+                     generation=row.generation) == row.spec
+    assert latest_spec(node_id=node.id)["json"] == relayed["json"]
+    with pytest.raises(BadSignature):  # the same spec is no good for another node
+        open_spec(relayed["json"], pin=pin, node_id="node_other", generation=row.generation)

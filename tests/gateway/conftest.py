@@ -141,4 +141,5 @@ async def diag(inventory: SimulatedInventory):
 def session_for(fleet: Fleet, credentials: Credentials, inventory: SimulatedInventory,
                 runner: Any) -> AgentSession:
     return AgentSession(credentials=credentials, target=fleet.gateway.target,
-                        inventory=inventory, run_command=runner)
+                        inventory=inventory, run_command=runner,
+                        spec_pin=fleet.pins.join_signing)
