@@ -17,6 +17,7 @@ is locked, so they see every booker of the node that committed before.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import connection
@@ -37,6 +38,8 @@ sandboxes AS (
   SELECT coalesce(sum(vcpus), 0) AS vcpus, coalesce(sum(memory_gib), 0) AS memory
     FROM reservations_sandbox WHERE node_id = %(node)s AND ended_at IS NULL),
 peak AS ({peak})""".replace("{peak}", PEAK_SQL)
+
+logger = logging.getLogger(__name__)
 
 # Every live GPU allocation of %(node)s over its window: the recount after one ended or moved.
 ALL_SPANS = """
@@ -75,6 +78,17 @@ UPDATE fleet_node
        memory_gib_allocated = greatest(memory_gib_allocated, sandboxes.memory + peak.memory)
   FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
 
+# After a release: never refused. Should the node's claims exceed its size (they never
+# should: every claim is checked), the counters stop at the size, so nothing more fits until
+# enough is released, and the excess is returned to be logged.
+FREED_COUNTERS_SQL = """
+UPDATE fleet_node
+   SET vcpus_allocated = least(fleet_node.vcpus, sandboxes.vcpus + peak.vcpus),
+       memory_gib_allocated = least(fleet_node.memory_gib, sandboxes.memory + peak.memory)
+  FROM sandboxes, peak WHERE fleet_node.id = %(node)s
+RETURNING sandboxes.vcpus + peak.vcpus - fleet_node.vcpus,
+          sandboxes.memory + peak.memory - fleet_node.memory_gib"""
+
 EXPECTED_SQL = """
 SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak"""
 
@@ -85,13 +99,22 @@ def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
     return {"node": node_id, "vcpus": vcpus, "memory": memory_gib, "during": during}
 
 
-def host_counters_refresh(node_id: str) -> None:
+def host_counters_refresh(node_id: str, *, freed: bool = False) -> None:
     """Recompute the node's counters after a GPU allocation ended or moved. Locks the node's
     row first, so the recount sees every committed booker; raises the node's CHECK
-    violation (IntegrityError) if its claims no longer fit."""
+    violation (IntegrityError) if its claims no longer fit, unless the allocation was
+    `freed` (a release is never refused: see FREED_COUNTERS_SQL)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM fleet_node WHERE id = %s FOR UPDATE", [node_id])
-        cursor.execute(ALL_SPANS + COUNTERS_SQL, counter_params(node_id))
+        if not freed:
+            cursor.execute(ALL_SPANS + COUNTERS_SQL, counter_params(node_id))
+            return
+        cursor.execute(ALL_SPANS + FREED_COUNTERS_SQL, counter_params(node_id))
+        vcpus_over, memory_over = cursor.fetchone()
+    if vcpus_over > 0 or memory_over > 0:
+        logger.error("node %s: its claims exceed its size by %s vCPUs and %s GiB; its "
+                     "counters stay at its size until enough is released", node_id,
+                     max(0, vcpus_over), max(0, memory_over))
 
 
 def expected_counters(node_id: str) -> tuple[int, int]:
