@@ -23,7 +23,7 @@ from reservations.candidates import instant
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.release import end_reservation
 
-# The active reservations on %(node)s whose offering reclaims idle GPUs, with its settings.
+# The active reservations on %(node)s whose offering reclaims idle GPUs.
 WATCHED_SQL = """
 SELECT r.id FROM reservations_reservation r
   JOIN reservations_allocation a ON a.reservation_id = r.id AND a.ended_at IS NULL
