@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 import psycopg
 import pytest
 
-from bcd.contract import ids
 from compute.cli.dev import DEV_API_WORKERS
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.support.waiting import wait_until
@@ -43,13 +43,27 @@ def agent_pid(root) -> int | None:
     return None
 
 
+QUEUE = """
+import json, sys
+import django
+django.setup()
+from django.db import transaction
+from fleet.services.specs import command_create, desired_state_changed
+with transaction.atomic():
+    command = command_create(node_id=sys.argv[1], kind="sim.mark",
+                             payload=json.loads(sys.argv[2]))
+    desired_state_changed()
+print(command.id)
+"""
+
+
 def queue_command(stack, node_id, payload) -> str:
-    command_id = ids.new("cmd")
-    with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
-        conn.execute("INSERT INTO fleet_nodecommand (id, node_id, kind, payload, state, "
-                     "created_at) VALUES (%s, %s, 'sim.mark', %s, 'queued', now())",
-                     [command_id, node_id, json.dumps(payload)])
-    return command_id
+    """A `sim.mark` command queued as the control plane queues one: signed for the node."""
+    queued = subprocess.run(
+        [sys.executable, "-c", QUEUE, node_id, json.dumps(payload)], check=True,
+        capture_output=True, text=True, timeout=60,
+        env={**stack.env, "DJANGO_SETTINGS_MODULE": "compute.settings"})
+    return queued.stdout.strip().splitlines()[-1]
 
 
 def command_state(stack, command_id) -> str:
