@@ -72,7 +72,7 @@ class AgentSession:
         self.run_command = run_command
         self.journal_epoch = journal_epoch
         self.apply_spec = apply_spec
-        self.spec_pin = spec_pin  # the join-signing key's: specs and commands carry its
+        self.spec_pin = spec_pin  # the join-signing key's pin: specs and commands carry its
         # signature
         self.applied_generation = applied_generation
         self.state = SessionState()
@@ -167,7 +167,7 @@ class AgentSession:
 
     async def _command(self, command: pb.Command) -> None:
         """Run a command the control plane signed for this node; a forged one is answered
-        `refused` (signed by the node) and nothing runs."""
+        `failed` with a `refused: …` error (signed by the node) and nothing runs."""
         try:
             params = open_command(command.json, pin=self.spec_pin, node_id=self.state.node_id,
                                   command_id=command.command_id, kind=command.kind)
