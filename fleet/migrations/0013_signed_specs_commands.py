@@ -8,12 +8,7 @@ from django.db import migrations, models
 
 
 def sign_existing(apps, schema_editor):
-    import json
-
-    from bcd.contract.crypto import sign_document
-    from bcd.contract.signed import command_payload
-    from fleet.pki import pki
-    from fleet.services.specs import signed_spec
+    from fleet.services.specs import signed_command, signed_spec
 
     NodeSpec = apps.get_model("fleet", "NodeSpec")
     for spec in NodeSpec.objects.filter(signed="").iterator():
@@ -21,8 +16,8 @@ def sign_existing(apps, schema_editor):
         spec.save(update_fields=["signed"])
     NodeCommand = apps.get_model("fleet", "NodeCommand")
     for command in NodeCommand.objects.filter(signed="", state="queued").iterator():
-        command.signed = json.dumps(sign_document(pki().join_signing_key, command_payload(
-            command.node_id, command.id, command.kind, command.payload)))
+        command.signed = signed_command(command.node_id, command.id, command.kind,
+                                        command.payload)
         command.save(update_fields=["signed"])
 
 

@@ -47,10 +47,15 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
 def command_create(*, node_id: str, kind: str, payload: dict[str, Any]) -> NodeCommand:
     """Queue a command for the node, signed for it (the agent runs nothing else)."""
     command = NodeCommand(node_id=node_id, kind=kind, payload=payload)
-    command.signed = json.dumps(sign_document(
-        pki().join_signing_key, command_payload(node_id, command.id, kind, payload)))
+    command.signed = signed_command(node_id, command.id, kind, payload)
     command.save(force_insert=True)
     return command
+
+
+def signed_command(node_id: str, command_id: str, kind: str, payload: dict[str, Any]) -> str:
+    """The command as its node accepts it: signed with the join-signing key it pinned."""
+    return json.dumps(sign_document(pki().join_signing_key,
+                                    command_payload(node_id, command_id, kind, payload)))
 
 
 def signed_spec(node_id: str, generation: int, spec: dict[str, Any]) -> str:
