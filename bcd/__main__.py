@@ -39,8 +39,8 @@ def cmd_join(args: argparse.Namespace) -> int:
         return 1
     if args.token_file:
         Path(args.token_file).unlink(missing_ok=True)
-    print(f"joined as {config.node_id} (site {config.site_id}, role node); certificate valid "
-          f"until {not_after}")
+    print(f"joined as {config.node_id} (site {config.site_id}, role {config.role}); certificate "
+          f"valid until {not_after}")
     return 0
 
 
@@ -55,7 +55,12 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(f"bcd node: {config_path} does not exist: run bcd join first", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    asyncio.run(Agent(Config.read(config_path)).run())
+    config = Config.read(config_path)
+    if args.provisioner and config.role != "provisioner":
+        print(f"bcd node --provisioner: {config.node_id} joined with a {config.role} token; a "
+              "provisioner joins with a token whose role is provisioner", file=sys.stderr)
+        return 1
+    asyncio.run(Agent(config, provisioner=args.provisioner).run())
     return 0
 
 
@@ -151,6 +156,9 @@ def parser() -> argparse.ArgumentParser:
     join.set_defaults(handler=cmd_join)
     node = sub.add_parser("node", help="run the agent")
     node.add_argument("--config", default=None)
+    node.add_argument("--provisioner", action="store_true",
+                      help="also speak Redfish to this site's machines' BMCs (a node that "
+                           "joined with a provisioner token)")
     node.set_defaults(handler=cmd_node)
     status = sub.add_parser("status", help="what the running agent says")
     status.add_argument("--json", action="store_true")

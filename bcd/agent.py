@@ -35,6 +35,7 @@ from bcd.inventory import inventory_for
 from bcd.join.client import published_gateway
 from bcd.journal import Journal
 from bcd.notify import sd_notify, watchdog_seconds
+from bcd.provision import run_bmc
 from bcd.session import AgentSession, Credentials
 from bcd.vms import VmKeeper
 
@@ -44,8 +45,10 @@ REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway i
 
 
 class Agent:
-    def __init__(self, config: Config, tuning: Tuning | None = None) -> None:
+    def __init__(self, config: Config, tuning: Tuning | None = None, *,
+                 provisioner: bool = False) -> None:
         self.config = config
+        self.provisioner = provisioner  # runs `bmc.*` commands for its site's machines
         self.tuning = tuning or Tuning.from_env()
         self.paths = config.paths
         self.inventory = inventory_for(sim=config.sim, sim_gpus=config.sim_gpus,
@@ -104,6 +107,8 @@ class Agent:
         }
         if kind in diagnostics:  # they read hardware and files: off the event loop
             return await asyncio.to_thread(diagnostics[kind])
+        if kind.startswith("bmc.") and self.provisioner:  # blocking HTTP to a BMC
+            return await asyncio.to_thread(run_bmc, kind, payload, self.node_key())
         if kind == "sim.mark" and self.config.sim:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}

@@ -89,6 +89,7 @@ class Config:
     sim_gpus: int = 8
     sim_variant: str = "gpu"
     hostname: str = ""
+    role: str = "node"  # or "provisioner", from the join token
 
     @property
     def paths(self) -> Paths:

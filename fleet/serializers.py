@@ -46,10 +46,18 @@ class TimeSlicingIn(Input):
                                         help_text="Shares of each GPU (bookable one by one).")
 
 
+class BmcPolicyIn(Input):
+    allow_http = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Take redfish+http BMC addresses beyond loopback (the password then "
+                  "crosses the management network in the clear).")
+
+
 class PolicyIn(Input):
     """A pool's policy. Stored in the wire form it was given, once validated."""
 
     acceptance = AcceptanceCheckIn(many=True, required=False)
+    bmc = BmcPolicyIn(required=False)
     expect = ExpectIn(required=False)
     host_share = HostShareIn(required=False)
     kubernetes = serializers.BooleanField(required=False, default=False)
@@ -78,7 +86,9 @@ NODE = obj(
     vcpusAllocated=INTEGER, memoryGiBAllocated=INTEGER, serial=nullable(STRING),
     productUuid=nullable(STRING), macs=array(STRING), createdAt=TIME,
     lastHeartbeatAt=nullable(TIME), sessionEpoch=INTEGER, journalEpoch=INTEGER,
-    conditions=array(CONDITION))
+    conditions=array(CONDITION), role=STRING, provisionError=nullable(STRING),
+    bmc=nullable(obj(address=STRING, tls=STRING, reachable=nullable(BOOLEAN),
+                     powerState=nullable(STRING))))
 DEVICE = obj(id=STRING, uuid=STRING, index=INTEGER, product=STRING, model=STRING,
              vramGiB=INTEGER, nvlinkDomain=nullable(STRING), profile=nullable(STRING),
              parentId=nullable(STRING), health=STRING, healthReason=nullable(STRING),
@@ -118,8 +128,17 @@ def present_node(node: Node) -> dict[str, Any]:
         "macs": node.macs, "createdAt": node.created_at,
         "lastHeartbeatAt": node.last_heartbeat_at,
         "sessionEpoch": node.session_epoch, "journalEpoch": node.journal_epoch,
-        "conditions": node_conditions(node),
+        "conditions": node_conditions(node), "role": node.role,
+        "provisionError": node.provision_error or None, "bmc": present_bmc(node),
     }
+
+
+def present_bmc(node: Node) -> dict[str, Any] | None:
+    """Where the machine's BMC is and what it last said (never its credentials)."""
+    if not node.bmc_address:
+        return None
+    return {"address": node.bmc_address, "tls": node.bmc_tls,
+            "reachable": node.bmc_reachable, "powerState": node.power_state or None}
 
 
 def node_conditions(node: Node) -> list[dict[str, Any]]:
@@ -133,12 +152,17 @@ def node_conditions(node: Node) -> list[dict[str, Any]]:
          "reason": node.connectivity},
         {"type": "Healthy", "status": node.health == "healthy", "reason": node.health},
         {"type": "Schedulable", "status": node.schedulable, "reason": unschedulable_because(node)},
+        *([{"type": "BmcReachable", "status": node.bmc_reachable is not False,
+            "reason": "bmc-unreachable" if node.bmc_reachable is False else
+            "answered" if node.bmc_reachable else "not asked yet"}] if node.bmc_address
+          else []),
     ]
 
 
 def unschedulable_because(node: Node) -> str:
     """Every reason the placer skips the node, in words ("ok" when it does not)."""
     reasons = [why for why, applies in (
+        (f"a {node.role}, not a machine to book", node.role != "node"),
         (f"not adopted ({node.provision_state})", node.provision_state != "adopted"),
         ("cordoned", node.cordoned),
         ("unreachable", node.connectivity == "unreachable"),

@@ -7,9 +7,11 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.db import transaction
 from django.utils import timezone
 
+from bcd.contract.crypto import public_pem
 from compute.queue.models import WorkItem
 from fleet.inventory import parse_inventory
 from fleet.models import Connectivity, Node, Pool
@@ -43,6 +45,14 @@ def make_bare_node(pool: Pool | str, **hardware: Any) -> Node:
     pool = pool if isinstance(pool, Pool) else Pool.objects.get(pk=pool)
     with transaction.atomic():
         return node_create_locked(pool=pool, **hardware)
+
+
+def make_provisioner(pool: Pool | str) -> tuple[Node, ec.EllipticCurvePrivateKey]:
+    """A provisioner of the pool's site as its join leaves it, with its node key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    node = make_bare_node(pool, hostname="provisioner", serial="PROV-1", role="provisioner")
+    Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+    return Node.objects.get(pk=node.pk), key
 
 
 def report_inventory(node: Node, report: dict[str, Any]) -> bool:

@@ -116,7 +116,7 @@ def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus
                     trust_domain=document["trustDomain"], serving_ca_pin=pins.serving_ca,
                     join_signing_pin=pins.join_signing, join_encryption_pin=pins.join_encryption,
                     root=str(root), sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
-                    hostname=name)
+                    hostname=name, role=str(payload.get("role", "node")))
     paths = Paths(root)
     write_private(paths.key_file, request.key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

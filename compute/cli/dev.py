@@ -193,15 +193,16 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 
 
 def _join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
-                    server: str, env: dict[str, str]) -> None:
+                    server: str, env: dict[str, str], role: str = "node") -> None:
     minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
-                                            "maxUses": len(roots)})
+                                            "maxUses": len(roots), "role": role})
     pins = api.call("pki.show")
     agent_env = {**env, "BCD_JOIN_TOKEN": minted["token"]}
     joins = []
     for root in roots:
         root.mkdir(parents=True, exist_ok=True)
-        hostname = f"{'cpu' if variant == 'cpu' else 'gpu'}-{root.name.removeprefix('node-')}"
+        hostname = (role if role != "node" else
+                    f"{'cpu' if variant == 'cpu' else 'gpu'}-{root.name.removeprefix('node-')}")
         joins.append(subprocess.Popen(
             [sys.executable, "-m", "bcd", "--root", str(root), "join", "--server", server,
              "--serving-ca-pin", pins["servingCaSpkiPin"],
@@ -214,6 +215,32 @@ def _join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: st
         _out, err = process.communicate(timeout=60)
         if process.returncode != 0:
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
+
+
+def _provisioner(stack: Stack, api: Client, *, pool_id: str, server: str, state_dir: Path,
+                 env: dict[str, str]) -> None:
+    """The site's provisioner: a real bcd (`node --provisioner`) that speaks Redfish to the
+    BMCs of machines enrolled with `nodes enroll`. It joins once and keeps its identity."""
+    root = state_dir / "provisioner"
+    if joined_config(Paths(root)) is None:
+        _join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
+                        role="provisioner")
+    config = joined_config(Paths(root))
+    if config is None:
+        raise CliError(f"the provisioner did not join: {root} holds no config")
+    before = api.call("nodes.get", {"nodeId": config.node_id})["sessionEpoch"]
+    stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", "--provisioner"],
+                {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, name="provisioner")
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        stack.watch()
+        node = api.call("nodes.get", {"nodeId": config.node_id})
+        if node["sessionEpoch"] > before and node["connectivity"] == "connected":
+            click.echo(f"provisioner {node['id']} of site {node['siteId']} connected "
+                       "(it speaks Redfish to the BMCs of enrolled machines)")
+            return
+        time.sleep(0.3)
+    raise CliError(f"the provisioner did not connect within {READY_TIMEOUT:.0f}s")
 
 
 def _default_image(api: Client, pool_ids: list[str], downloads: Path,
@@ -323,6 +350,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
                       state_dir=state_dir, env=env)
+        _provisioner(stack, api, pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
+                     state_dir=state_dir, env=env)
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": token_file.read_text(),
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"]}

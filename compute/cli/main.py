@@ -7,6 +7,7 @@ import sys
 import click
 
 from bcd.contract.version import version
+from compute.cli import baremetal  # noqa: F401  (adds its commands to `nodes`)
 from compute.cli.audit import audit
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment

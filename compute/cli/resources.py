@@ -319,6 +319,9 @@ def join_tokens() -> None:
 @click.option("--expect-serial", default=None, help="Bind to the machine's serial.")
 @click.option("--expect-product-uuid", default=None, help="Bind to its product UUID.")
 @click.option("--expect-mac", default=None, help="Bind to one of its MAC addresses.")
+@click.option("--role", type=click.Choice(["node", "provisioner"]), default="node",
+              show_default=True, help="provisioner: the machine runs `bcd node "
+              "--provisioner`, speaking Redfish to its site's BMCs.")
 @click.option("--key", default=None, help="Idempotency key: a retry returns the same token "
               "(without its secret).")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
@@ -326,14 +329,14 @@ def join_tokens() -> None:
 @output_options
 def join_tokens_create(pool_id: str, ttl: int, max_uses: int, expect_serial: str | None,
                        expect_product_uuid: str | None, expect_mac: str | None,
-                       key: str | None, out: str | None, output: str | None,
+                       role: str, key: str | None, out: str | None, output: str | None,
                        query: str | None, tenant: str | None) -> None:
     """Mint a join token; the control plane keeps only a hash of its secret."""
     with secret_file(out) as write:
         result = make_client().call("joinTokens.create", {
             "poolId": pool_id, "ttl": ttl, "maxUses": max_uses, "expectSerial": expect_serial,
             "expectProductUuid": expect_product_uuid, "expectMac": expect_mac,
-            "idempotencyKey": key}, tenant=tenant)
+            "role": role, "idempotencyKey": key}, tenant=tenant)
         if out:
             secret = result.pop("token")
             if secret is None:

@@ -119,12 +119,12 @@ class JoinTokens(Group):
 
     def create(self, *, pool_id: str, ttl: int, max_uses: int | None = None,
             expect_serial: str | None = None, expect_product_uuid: str | None = None,
-            expect_mac: str | None = None, idempotency_key: str | None = None,
-            tenant_id: str | None = None) -> Any:
+            expect_mac: str | None = None, role: str | None = None,
+            idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
         """Mint a join token `bcjt_<id>.<secret>`, shown once (bind it with expect*)."""
         return self._call("joinTokens.create", {"poolId": pool_id, "ttl": ttl, "maxUses": max_uses,
             "expectSerial": expect_serial, "expectProductUuid": expect_product_uuid,
-            "expectMac": expect_mac, "idempotencyKey": idempotency_key,
+            "expectMac": expect_mac, "role": role, "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)
 
     def list(self, *, limit: int | None = None, after: str | None = None,
@@ -168,6 +168,11 @@ class Maintenance(Group):
 class Nodes(Group):
     """nodes.* methods."""
 
+    def abort(self, *, node_id: str, reason: str, tenant_id: str | None = None) -> Any:
+        """Stop a machine's provision step, or clear its failure: back to where it was."""
+        return self._call("nodes.abort", {"nodeId": node_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
     def adopt(self, *, node_id: str, reason: str, tenant_id: str | None = None) -> Any:
         """Start a new acceptance attempt for a node whose acceptance failed."""
         return self._call("nodes.adopt", {"nodeId": node_id, "reason": reason,
@@ -179,6 +184,14 @@ class Nodes(Group):
         return self._call("nodes.cordon", {"nodeId": node_id, "reason": reason,
             "tenantId": tenant_id}, retry=False)
 
+    def enroll(self, *, pool_id: str, bmc: str, credentials: dict[str, Any],
+            verify_ca: str | None = None, insecure: bool | None = None, hostname: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Enroll a machine by its BMC; the site's provisioner verifies, then inspects it."""
+        return self._call("nodes.enroll", {"poolId": pool_id, "bmc": bmc,
+            "credentials": credentials, "verifyCa": verify_ca, "insecure": insecure,
+            "hostname": hostname, "tenantId": tenant_id}, retry=False)
+
     def events(self, *, node_id: str, since: int | None = None, limit: int | None = None,
             tenant_id: str | None = None) -> Any:
         """Events about one node, oldest first."""
@@ -189,17 +202,31 @@ class Nodes(Group):
         """One node with its conditions and devices."""
         return self._call("nodes.get", {"nodeId": node_id, "tenantId": tenant_id}, retry=True)
 
+    def inspect(self, *, node_id: str, tenant_id: str | None = None) -> Any:
+        """Read a machine's identity and size from its BMC again."""
+        return self._call("nodes.inspect", {"nodeId": node_id, "tenantId": tenant_id}, retry=False)
+
     def list(self, *, limit: int | None = None, after: str | None = None,
             pool_id: str | None = None, tenant_id: str | None = None) -> Any:
         """Nodes of the tenant's pools."""
         return self._call("nodes.list", {"limit": limit, "after": after, "poolId": pool_id,
             "tenantId": tenant_id}, retry=True)
 
+    def power(self, *, node_id: str, state: str, reason: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Power a machine on, off or cycle it through its BMC (answered once queued)."""
+        return self._call("nodes.power", {"nodeId": node_id, "state": state, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
     def uncordon(self, *, node_id: str, reason: str | None = None,
             tenant_id: str | None = None) -> Any:
         """Let the placer use a node again."""
         return self._call("nodes.uncordon", {"nodeId": node_id, "reason": reason,
             "tenantId": tenant_id}, retry=False)
+
+    def verify(self, *, node_id: str, tenant_id: str | None = None) -> Any:
+        """Check again that an enrolled machine's BMC answers (after verify-failed)."""
+        return self._call("nodes.verify", {"nodeId": node_id, "tenantId": tenant_id}, retry=False)
 
 
 class Offerings(Group):

@@ -26,6 +26,9 @@ class JoinTokenCreateIn(Input):
     expect_product_uuid = serializers.CharField(required=False, default="", max_length=64)
     expect_mac = serializers.RegexField(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$",
                                         required=False, default="")
+    role = serializers.ChoiceField(choices=["node", "provisioner"], default="node",
+                                   help_text="provisioner: the machine runs `bcd node "
+                                             "--provisioner` for its site's BMCs.")
     idempotency_key = IdempotencyKeyField()
 
 

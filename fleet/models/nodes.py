@@ -9,10 +9,29 @@ from compute.fields import id_field
 
 
 class ProvisionState(models.TextChoices):
+    """A joined machine: adopting -> adopted. A bare-metal machine enrolled by its BMC
+    first walks enrolled -> verifying -> manageable -> inspecting -> available (and on to
+    deploying -> deployed -> adopted); a failed step stays `*-failed` with its reason."""
+
     ADOPTING = "adopting"
     ADOPTED = "adopted"
     ACCEPTANCE_FAILED = "acceptance-failed"
     RETIRED = "retired"
+    ENROLLED = "enrolled"
+    VERIFYING = "verifying"
+    VERIFY_FAILED = "verify-failed"
+    MANAGEABLE = "manageable"
+    INSPECTING = "inspecting"
+    INSPECT_FAILED = "inspect-failed"
+    AVAILABLE = "available"
+    DEPLOYING = "deploying"
+    DEPLOY_FAILED = "deploy-failed"
+    DEPLOYED = "deployed"
+
+
+class NodeRole(models.TextChoices):
+    NODE = "node"  # a machine whose capacity is booked
+    PROVISIONER = "provisioner"  # a site's agent that speaks Redfish to the machines' BMCs
 
 
 class Connectivity(models.TextChoices):
@@ -38,6 +57,7 @@ class Node(models.Model):
     pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="nodes")
     site = models.ForeignKey("fleet.Site", on_delete=models.PROTECT, related_name="nodes")
     hostname = models.CharField(max_length=253, blank=True)
+    role = models.CharField(max_length=16, choices=NodeRole.choices, default=NodeRole.NODE)
     provision_state = models.CharField(max_length=24, choices=ProvisionState.choices,
                                        default=ProvisionState.ADOPTING)
     connectivity = models.CharField(max_length=16, choices=Connectivity.choices,
@@ -72,6 +92,21 @@ class Node(models.Model):
                                   help_text="The last acceptance attempt and its results.")
     created_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    bmc_address = models.CharField(
+        max_length=300, blank=True,
+        help_text="redfish+https://HOST/redfish/v1/Systems/ID (empty: enrolled by joining). "
+                  "Its credentials are sealed under the KEK as `bmc:<node id>`.")
+    bmc_verify = models.JSONField(default=dict, blank=True,
+                                  help_text="How the BMC's TLS is checked: {} (system CAs), "
+                                            "{caPem} or {insecure: true}.")
+    bmc_reachable = models.BooleanField(null=True, blank=True,
+                                        help_text="Whether the BMC answered the last command.")
+    power_state = models.CharField(max_length=16, blank=True,
+                                   help_text="As the BMC last said (On, Off).")
+    provision_error = models.TextField(blank=True, help_text="Why the last provision step "
+                                                             "failed.")
+    provision_command = models.CharField(max_length=32, blank=True,
+                                         help_text="The command of the provision step running.")
 
     class Meta:
         ordering = ["id"]
@@ -86,11 +121,19 @@ class Node(models.Model):
         return f"{self.hostname or self.id}"
 
     @property
+    def bmc_tls(self) -> str:
+        """How the BMC's certificate is checked: system (CAs), ca (a pinned bundle) or
+        insecure."""
+        verify = self.bmc_verify or {}
+        return "insecure" if verify.get("insecure") else "ca" if verify.get("caPem") else "system"
+
+    @property
     def schedulable(self) -> bool:
         return (self.provision_state == ProvisionState.ADOPTED and not self.cordoned
+                and self.role == NodeRole.NODE
                 and self.connectivity != Connectivity.UNREACHABLE
                 and self.health == Health.HEALTHY)
 
 
-SCHEDULABLE = Q(provision_state=ProvisionState.ADOPTED, cordoned=False,
-                health=Health.HEALTHY) & ~Q(connectivity=Connectivity.UNREACHABLE)
+SCHEDULABLE = Q(provision_state=ProvisionState.ADOPTED, cordoned=False, health=Health.HEALTHY,
+                role=NodeRole.NODE) & ~Q(connectivity=Connectivity.UNREACHABLE)

@@ -22,7 +22,7 @@ from compute import secrets
 from compute.db import database_now
 from compute.errors import ComputeError
 from compute.tenancy.selectors import root_tenant
-from fleet.models import JoinToken, Node, ProvisionState, SpentSeal
+from fleet.models import JoinToken, Node, NodeRole, ProvisionState, SpentSeal
 from fleet.pki import issue_node_certificate, pki, spiffe_id
 from fleet.services.join_tokens import TOKEN_SCHEME
 from fleet.services.nodes import node_create_locked
@@ -99,7 +99,7 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
         raise _Refusal("the token is revoked", token)
     if token.expires_at <= now:
         raise _Refusal("the token has expired", token)
-    if token.role != "node":
+    if token.role not in NodeRole.values:
         raise _Refusal(f"the token's role {token.role} cannot join nodes", token)
     if SpentSeal.objects.filter(pk=seal).exists():
         raise _Refusal("this sealed token was already used (a replay)", token)
@@ -112,7 +112,7 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
         token.uses += 1
         node = node_create_locked(pool=token.pool, hostname=hardware.hostname,
                                   serial=hardware.serial, product_uuid=hardware.product_uuid,
-                                  macs=hardware.macs)
+                                  macs=hardware.macs, role=token.role)
         token.nodes = [*token.nodes, node.id]
         token.save(update_fields=["uses", "nodes"])
     try:
@@ -155,7 +155,7 @@ def _rejoining_node(token: JoinToken, key_pin: str, hardware: Hardware) -> Node 
 def _response(node: Node, certificate: x509.Certificate, csr_der: bytes) -> dict[str, Any]:
     authority = pki()
     return {
-        "nodeId": node.id, "siteId": node.site_id, "poolId": node.pool_id, "role": "node",
+        "nodeId": node.id, "siteId": node.site_id, "poolId": node.pool_id, "role": node.role,
         "spiffeId": spiffe_id(authority.trust_domain, node.site_id, node.id),
         "certificatePem": certificate.public_bytes(serialization.Encoding.PEM).decode(),
         "caPem": authority.ca_pem, "csrSha256": hashlib.sha256(csr_der).hexdigest(),

@@ -31,8 +31,10 @@ class MintedJoinToken:
 def join_token_create(*, tenant: Tenant, actor: Principal, pool_id: str, ttl: timedelta,
                       max_uses: int = 1, expect_serial: str = "",
                       expect_product_uuid: str = "", expect_mac: str = "",
-                      idempotency_key: str | None = None) -> MintedJoinToken:
-    """Mint a token that lets `max_uses` machines join the pool within `ttl` (1m..24h).
+                      role: str = "node", idempotency_key: str | None = None
+                      ) -> MintedJoinToken:
+    """Mint a token that lets `max_uses` machines join the pool within `ttl` (1m..24h),
+    as nodes or as the site's provisioners (`role`).
 
     The plaintext is returned once; a retry with the same idempotency key returns the same
     token without it.
@@ -41,7 +43,7 @@ def join_token_create(*, tenant: Tenant, actor: Principal, pool_id: str, ttl: ti
         raise InvalidArgument("ttl: must be between 1m and 24h", field="ttl")
     inputs = {"pool_id": pool_id, "ttl": ttl.total_seconds(), "max_uses": max_uses,
               "expect_serial": expect_serial, "expect_product_uuid": expect_product_uuid,
-              "expect_mac": expect_mac.lower()}
+              "expect_mac": expect_mac.lower(), "role": role}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="joinTokens.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
@@ -49,14 +51,14 @@ def join_token_create(*, tenant: Tenant, actor: Principal, pool_id: str, ttl: ti
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True)
     token = JoinToken(pool=pool, max_uses=max_uses, expires_at=database_now() + ttl,
                       expect_serial=expect_serial, expect_product_uuid=expect_product_uuid,
-                      expect_mac=expect_mac.lower())
+                      expect_mac=expect_mac.lower(), role=role)
     plaintext, token.secret_sha256 = secrets.mint(TOKEN_SCHEME, token.id)
     token.save(force_insert=True)
     idempotent_remember(tenant_id=tenant.id, scope="joinTokens.create", key=idempotency_key,
                         inputs=inputs, object_id=token.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="join_token.create",
                  target=token.id, data={"poolId": pool.id, "maxUses": max_uses,
-                                        "bound": token.bound})
+                                        "bound": token.bound, "role": role})
     event_emit(tenant_id=tenant.id, type=EventType.JOIN_TOKEN_CREATED, subject=token.id,
                payload={"poolId": pool.id})
     return MintedJoinToken(token, plaintext)

@@ -15,8 +15,17 @@ from audit.services import audit_record, audited
 from compute.errors import InvalidState
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
-from fleet.models import CommandState, Device, Health, Node, NodeCommand, ProvisionState
+from fleet.models import (
+    CommandState,
+    Device,
+    Health,
+    Node,
+    NodeCommand,
+    NodeRole,
+    ProvisionState,
+)
 from fleet.selectors import access_node_by_id
+from fleet.services.baremetal import bmc_result_locked
 from fleet.services.nodes import node_adopt_locked, node_event
 from fleet.services.specs import command_create, desired_state_changed
 
@@ -24,14 +33,16 @@ FINISHED = (CommandState.SUCCEEDED, CommandState.FAILED, CommandState.UNKNOWN)
 
 
 def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand]:
-    """Queue the pool's acceptance checks for `node` (its row locked by the caller)."""
+    """Queue the pool's acceptance checks for `node` (its row locked by the caller). A
+    provisioner has no capacity to accept: it is adopted as it is."""
     policy = node.pool.policy or {}
-    checks = [c["kind"] for c in policy.get("acceptance", [])]
+    wanted = policy.get("acceptance", []) if node.role == NodeRole.NODE else []
+    checks = [c["kind"] for c in wanted]
     attempt = int(node.acceptance.get("attempt", 0)) + 1
     commands = [command_create(node_id=node.id, kind=check["kind"], payload={
         "expect": policy.get("expect", {}), "hostShare": policy.get("hostShare", {}),
         "params": check.get("params", {}), "acceptance": attempt})
-        for check in policy.get("acceptance", [])]
+        for check in wanted]
     if commands:
         desired_state_changed()
     node.acceptance = {"attempt": attempt, "state": "running", "reason": reason,
@@ -78,6 +89,8 @@ def command_result_locked(node: Node, *, command_id: str, status: str,
                                "status": status}
     if "acceptance" in command.payload:
         summary["acceptance"] = _acceptance_progress(node, command, status, output)
+    if command.kind.startswith("bmc."):
+        summary["provision"] = bmc_result_locked(command, status, output)
     return summary
 
 

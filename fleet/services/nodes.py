@@ -14,6 +14,7 @@ from fleet.models import (
     DeviceClass,
     Health,
     Node,
+    NodeRole,
     Pool,
     PoolClass,
     ProvisionState,
@@ -34,12 +35,14 @@ def node_event(node: Node, type_: EventType, **data: object) -> None:
 
 
 def node_create_locked(*, pool: Pool, hostname: str = "", serial: str = "",
-                       product_uuid: str = "", macs: tuple[str, ...] = ()) -> Node:
+                       product_uuid: str = "", macs: tuple[str, ...] = (),
+                       role: str = NodeRole.NODE) -> Node:
     """Create a node in `adopting` inside the caller's service (the join path)."""
     node = Node.objects.create(pool=pool, site_id=pool.site_id, hostname=hostname,
-                               serial=serial, product_uuid=product_uuid, macs=list(macs))
+                               serial=serial, product_uuid=product_uuid, macs=list(macs),
+                               role=role)
     node.pool = pool
-    node_event(node, EventType.NODE_JOINED, hostname=hostname)
+    node_event(node, EventType.NODE_JOINED, hostname=hostname, role=role)
     return node
 
 

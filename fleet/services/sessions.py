@@ -24,6 +24,7 @@ from compute.events.types import EventType
 from fleet.inventory import parse_inventory
 from fleet.models import CommandState, Connectivity, Node, NodeCommand
 from fleet.models import ProvisionState as PS
+from fleet.services.baremetal import bmc_result_locked
 from fleet.services.lifecycle import acceptance_start_locked, command_result_locked
 from fleet.services.nodes import node_event, node_inventory_ingest_locked
 
@@ -58,7 +59,11 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     unanswered = NodeCommand.objects.filter(node=node, state=CommandState.SENT)
     lost = 0
     if journal_epoch and node.journal_epoch and journal_epoch != node.journal_epoch:
+        provisioning = list(unanswered.filter(kind__startswith="bmc."))
         lost = unanswered.update(state=CommandState.UNKNOWN, finished_at=timezone.now())
+        for command in provisioning:  # the machine's step ends: whether it ran is unknown
+            bmc_result_locked(command, "unknown", {"error": "the provisioner lost its journal; "
+                                                   "whether it ran is unknown"})
         node_event(node, EventType.NODE_JOURNAL_LOST, oldEpoch=node.journal_epoch,
                    newEpoch=journal_epoch, commandsUnknown=lost)
     else:

@@ -14,7 +14,7 @@ import pytest
 
 from compute.api.registry import REGISTRY
 from fleet.models import Node
-from tests.factories import make_node
+from tests.factories import make_node, make_provisioner
 from tests.support.writes import recorded
 
 SHAPE = {"devices": [{"class": "gpu", "count": 1}], "duration": 3_600_000}
@@ -25,6 +25,15 @@ def failed_acceptance(world: dict[str, str]) -> str:
     node = make_node(world["pool"], adopted=False)
     Node.objects.filter(pk=node.pk).update(provision_state="acceptance-failed")
     return node.id
+
+
+def metal(clients: Any, world: dict[str, str], state: str) -> str:
+    """A machine enrolled by its BMC, left in `state`."""
+    enrolled = clients.root("nodes.enroll", poolId=world["pool"],
+                            bmc=f"redfish+https://10.9.1.1/redfish/v1/Systems/{state}",
+                            credentials={"username": "admin", "password": "pw"})
+    Node.objects.filter(pk=enrolled["id"]).update(provision_state=state)
+    return enrolled["id"]
 
 
 # name -> (the audit action it writes, (client, body) of one valid call); `world` holds
@@ -74,6 +83,17 @@ CALLS: dict[str, tuple[str, Call]] = {
                  "every": "weekdays 09:00-10:00", "from": "2027-01-04",
                  "until": "2027-01-08", "horizonDays": 366})),
     "series.release": ("series.release", lambda c, w: (c.root, {"seriesId": w["series"]})),
+    "nodes.enroll": ("node.enroll", lambda c, w: (
+        c.root, {"poolId": w["pool"], "bmc": "redfish+https://10.9.0.1/redfish/v1/Systems/1",
+                 "credentials": {"username": "admin", "password": "pw"}})),
+    "nodes.verify": ("node.verify", lambda c, w: (
+        c.root, {"nodeId": metal(c, w, "verify-failed")})),
+    "nodes.inspect": ("node.inspect", lambda c, w: (
+        c.root, {"nodeId": metal(c, w, "manageable")})),
+    "nodes.power": ("node.power", lambda c, w: (
+        c.root, {"nodeId": metal(c, w, "available"), "state": "on"})),
+    "nodes.abort": ("node.abort", lambda c, w: (
+        c.root, {"nodeId": metal(c, w, "inspect-failed"), "reason": "replaced the BMC"})),
 }
 
 
@@ -85,6 +105,7 @@ class Clients:
 @pytest.fixture
 def world(root, acme, pool, cpu_pool) -> dict[str, str]:
     make_node(pool["id"])
+    make_provisioner(pool["id"])
     make_node(cpu_pool["id"], gpus=0, domains=())
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
     cordoned = make_node(pool["id"])

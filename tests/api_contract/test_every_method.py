@@ -28,6 +28,10 @@ EXTRA: dict[str, dict[str, Any]] = {
     "images.create": {"name": "intruder", "kernel": IMAGE_PART, "initrd": IMAGE_PART},
     "sandboxes.logs": {"lines": 5},
     "maintenance.create": {"duration": 3_600_000, "reason": "intruder"},
+    "nodes.enroll": {"bmc": "redfish+https://10.9.0.1/redfish/v1/Systems/1",
+                     "credentials": {"username": "admin", "password": "pw"}},
+    "nodes.power": {"state": "on"},
+    "nodes.abort": {"reason": "intruder"},
 }
 
 # Valid bodies for methods that act on the tenant as a whole.

@@ -1,0 +1,171 @@
+"""What a site's provisioner does for the control plane: speak Redfish to a machine's BMC.
+
+Each `bmc.*` command names the machine's BMC and carries its credentials sealed to this
+provisioner's key for that machine; they are opened here, used for the one command and never
+written anywhere. Results say what the BMC answered: the system's identity, its power state,
+or why it could not be reached or refused us (with its HTTP status).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bcd.contract.bmc import CREDENTIALS_USE, BadBmcAddress, parse_bmc
+from bcd.contract.crypto import BadJwe, jwe_open
+
+logger = logging.getLogger("bcd.provision")
+Result = tuple[str, dict[str, Any]]
+POWER_SETTLE_SECONDS = 60.0  # how long a power action may take to show in the BMC
+
+
+class Refused(Exception):
+    """A command this provisioner will not run (a bad address or sealed credentials)."""
+
+
+def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> Result:
+    """Run one `bmc.*` command; never raises for what the BMC does."""
+    actions: dict[str, Callable[[Any, dict[str, Any]], dict[str, Any]]] = {
+        "bmc.verify": _verify, "bmc.inspect": _inspect, "bmc.power": _power,
+        "bmc.boot": _boot}
+    if kind not in actions:
+        return "failed", {"error": f"unknown command {kind}"}
+    try:
+        import sushy
+        from sushy import exceptions as redfish
+    except ImportError:
+        return "failed", {"error": "this provisioner has no Redfish client (pip install sushy)"}
+    try:
+        address = parse_bmc(str(payload.get("address", "")))
+        username, password = _credentials(payload, key)
+    except (Refused, BadBmcAddress) as refusal:
+        return "failed", {"error": f"refused: {refusal}"}
+    try:
+        with _verify_setting(payload.get("verify") or {}) as verify:
+            client = sushy.Sushy(address.service_root, username=username, password=password,
+                                 verify=verify)
+            system = client.get_system(address.system_path)
+            return "succeeded", actions[kind](system, payload)
+    except redfish.ConnectionError as error:
+        return "failed", {"error": f"the BMC at {address} did not answer: {_first_line(error)}",
+                          "unreachable": True}
+    except redfish.HTTPError as error:
+        status = int(getattr(error, "status_code", 0) or 0)
+        what = ("refused the credentials" if status in (401, 403)
+                else f"answered HTTP {status}")
+        return "failed", {"error": f"the BMC at {address} {what}: {_first_line(error)}",
+                          "httpStatus": status}
+    except (redfish.SushyError, ValueError) as error:
+        return "failed", {"error": f"the BMC at {address}: {_first_line(error)}"}
+
+
+def _credentials(payload: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> tuple[str, str]:
+    try:
+        header, plaintext = jwe_open(str(payload.get("credentials", "")), key)
+    except BadJwe as error:
+        raise Refused(f"the credentials are not sealed to this provisioner: {error}") from None
+    if header.get("use") != CREDENTIALS_USE or header.get("node") != payload.get("target"):
+        raise Refused("the credentials were sealed for another machine")
+    secret = json.loads(plaintext)
+    return str(secret["username"]), str(secret["password"])
+
+
+@contextmanager
+def _verify_setting(verify: dict[str, Any]) -> Iterator[bool | str]:
+    """requests' `verify`: the system's CAs, none (insecure), or a CA bundle file."""
+    if verify.get("insecure"):
+        yield False
+    elif verify.get("caPem"):
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as bundle:
+            bundle.write(str(verify["caPem"]))
+            bundle.flush()
+            yield bundle.name
+    else:
+        yield True
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def _state(value: Any) -> str:
+    """A sushy enum's Redfish value ('On'), or '' when the BMC did not say."""
+    return str(getattr(value, "value", value) or "")
+
+
+def _verify(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"powerState": _state(system.power_state), "manufacturer": system.manufacturer or "",
+            "model": system.model or "", "systemId": system.identity}
+
+
+def _inspect(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """The system's identity and size, from whichever parts its BMC has."""
+    from sushy import exceptions as redfish
+
+    def part(read: Callable[[], Any], default: Any) -> Any:
+        try:
+            return read()
+        except redfish.SushyError:  # a BMC without this resource
+            return default
+
+    memory = part(lambda: system.memory_summary, None)
+    return {
+        **_verify(system, payload),
+        "serial": system.serial_number or "", "productUuid": (system.uuid or "").lower(),
+        "hostname": system.hostname or "", "name": system.name or "",
+        "cpus": part(lambda: system.processors.summary.count, None) or 0,
+        "memoryGib": int(getattr(memory, "size_gib", 0) or 0),
+        "macs": sorted({(nic.mac_address or "").lower() for nic in part(
+            lambda: system.ethernet_interfaces.get_members(), []) if nic.mac_address}),
+    }
+
+
+def _power(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """Power on, off (forced) or cycle, then wait until the BMC shows the result."""
+    import sushy
+
+    state = str(payload.get("state", ""))
+    allowed = system.get_allowed_reset_system_values()
+    if state == "on":
+        reset, want = sushy.RESET_ON, sushy.POWER_STATE_ON
+    elif state == "off":
+        reset, want = sushy.RESET_FORCE_OFF, sushy.POWER_STATE_OFF
+    elif state == "cycle":
+        reset = (sushy.ResetType.POWER_CYCLE if sushy.ResetType.POWER_CYCLE in allowed
+                 else sushy.RESET_FORCE_RESTART)
+        want = sushy.POWER_STATE_ON
+    else:
+        raise ValueError(f"unknown power state {state!r}")
+    if state != "cycle" and system.power_state == want:
+        return {"powerState": _state(want), "changed": False}
+    system.reset_system(reset)
+    deadline = time.monotonic() + float(payload.get("settleSeconds", POWER_SETTLE_SECONDS))
+    while True:
+        system.refresh()
+        if system.power_state == want:
+            return {"powerState": _state(want), "changed": True, "reset": _state(reset)}
+        if time.monotonic() > deadline:
+            raise ValueError(f"the system is still {_state(system.power_state)} after "
+                             f"{_state(reset)}")
+        time.sleep(1.0)
+
+
+def _boot(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """Set the next boot (once) to a device: cd (virtual media), pxe or hdd."""
+    import sushy
+
+    targets = {"cd": sushy.BOOT_SOURCE_TARGET_CD, "pxe": sushy.BOOT_SOURCE_TARGET_PXE,
+               "hdd": sushy.BOOT_SOURCE_TARGET_HDD}
+    device = str(payload.get("device", ""))
+    if device not in targets:
+        raise ValueError(f"unknown boot device {device!r}")
+    system.set_system_boot_options(targets[device], enabled=sushy.BOOT_SOURCE_ENABLED_ONCE)
+    system.refresh()
+    return {"bootTarget": _state(system.boot.target), "bootEnabled": _state(system.boot.enabled)}

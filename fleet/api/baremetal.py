@@ -1,0 +1,91 @@
+"""API methods for bare metal: nodes.enroll, verify, inspect, power, abort."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compute.api.inputs import Input, PublicIdField
+from compute.api.registry import CallContext, Subject, endpoint
+from compute.events.types import EventType
+from fleet import serializers as wire
+from fleet.api.nodes import NODE, NodeIdIn
+from fleet.selectors import access_pool_by_id
+from fleet.serializers import present_node
+from fleet.services.baremetal import (
+    POWER_STATES,
+    node_abort,
+    node_enroll,
+    node_inspect,
+    node_power,
+    node_verify,
+)
+
+
+class BmcCredentialsIn(Input):
+    username = serializers.CharField(max_length=128)
+    password = serializers.CharField(max_length=512, trim_whitespace=False,
+                                     style={"input_type": "password"})
+
+
+class NodeEnrollIn(Input):
+    pool_id = PublicIdField("pool")
+    bmc = serializers.CharField(max_length=300, help_text="redfish+https://HOST[:PORT]"
+                                                         "/redfish/v1/Systems/ID")
+    credentials = BmcCredentialsIn(help_text="Sealed at rest; never returned or logged.")
+    verify_ca = serializers.CharField(required=False, default="", max_length=65536,
+                                      help_text="A PEM bundle the BMC's certificate must "
+                                                "chain to (default: the system's CAs).")
+    insecure = serializers.BooleanField(required=False, default=False,
+                                        help_text="Do not check the BMC's certificate.")
+    hostname = serializers.CharField(required=False, default="", max_length=253)
+
+
+@endpoint("nodes", "enroll", returns=wire.NODE, input=NodeEnrollIn, mutating=True,
+          subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
+          emits=(EventType.NODE_ENROLLED, EventType.NODE_PROVISION_STATE))
+def nodes_enroll(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Enroll a machine by its BMC; the site's provisioner verifies, then inspects it."""
+    credentials = data.pop("credentials")
+    return present_node(node_enroll(tenant=ctx.tenant, actor=ctx.principal, **data,
+                                    username=credentials["username"],
+                                    password=credentials["password"]))
+
+
+@endpoint("nodes", "verify", returns=wire.NODE, input=NodeIdIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_PROVISION_STATE,))
+def nodes_verify(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Check again that an enrolled machine's BMC answers (after verify-failed)."""
+    return present_node(node_verify(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+@endpoint("nodes", "inspect", returns=wire.NODE, input=NodeIdIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_PROVISION_STATE,))
+def nodes_inspect(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Read a machine's identity and size from its BMC again."""
+    return present_node(node_inspect(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class NodePowerIn(NodeIdIn):
+    state = serializers.ChoiceField(choices=POWER_STATES)
+    reason = serializers.CharField(required=False, default="", max_length=300,
+                                   allow_blank=True)
+
+
+@endpoint("nodes", "power", returns=wire.NODE, input=NodePowerIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_POWER_REQUESTED,))
+def nodes_power(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Power a machine on, off or cycle it through its BMC (answered once queued)."""
+    return present_node(node_power(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class NodeAbortIn(NodeIdIn):
+    reason = serializers.CharField(max_length=300)
+
+
+@endpoint("nodes", "abort", returns=wire.NODE, input=NodeAbortIn, mutating=True, subject=NODE,
+          emits=(EventType.NODE_PROVISION_STATE,))
+def nodes_abort(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Stop a machine's provision step, or clear its failure: back to where it was."""
+    return present_node(node_abort(tenant=ctx.tenant, actor=ctx.principal, **data))

@@ -1,0 +1,80 @@
+"""sushy-tools' Redfish emulator as a real process on a loopback port: a BMC to enroll.
+
+The fake driver keeps each system's power state and boot settings; its request log (one
+line per HTTP request) shows every action the provisioner took.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import httpx
+
+from tests.support.processes import free_port
+
+USERNAME = "admin"
+
+
+@dataclass
+class Emulator:
+    root: Path
+    password: str
+    systems: list[dict[str, Any]]
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.root / "requests.log"
+
+    def bmc(self, uuid: str) -> str:
+        return f"redfish+http://127.0.0.1:{self.port}/redfish/v1/Systems/{uuid}"
+
+    def start(self) -> Emulator:
+        self.root.mkdir(parents=True, exist_ok=True)
+        hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=4)).decode()
+        (self.root / "htpasswd").write_text(f"{USERNAME}:{hashed}\n")
+        (self.root / "emulator.conf").write_text(
+            f"SUSHY_EMULATOR_AUTH_FILE = {str(self.root / 'htpasswd')!r}\n"
+            "SUSHY_EMULATOR_FAKE_DRIVER = True\n"
+            f"SUSHY_EMULATOR_STATE_DIR = {str(self.root / 'state')!r}\n"
+            f"SUSHY_EMULATOR_FAKE_SYSTEMS = {self.systems!r}\n")
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "sushy_tools.emulator.main", "--config",
+                 str(self.root / "emulator.conf"), "-i", "127.0.0.1", "-p", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/redfish/v1/", timeout=1).is_success:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the Redfish emulator exited:\n{self.log.read_text()}")
+            time.sleep(0.2)
+        raise RuntimeError("the Redfish emulator did not answer within 30 s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def system(self, uuid: str) -> dict[str, Any]:
+        """The system as the BMC shows it now."""
+        answer = httpx.get(f"http://127.0.0.1:{self.port}/redfish/v1/Systems/{uuid}",
+                           auth=(USERNAME, self.password), timeout=5)
+        answer.raise_for_status()
+        return answer.json()
+
+    def requests(self, method: str, path_part: str) -> int:
+        """How many `method` requests with `path_part` in their path the BMC served."""
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines()
+                   if f'"{method} ' in line and path_part in line)
