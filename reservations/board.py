@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection
 
 from compute.tenancy.models import Tenant
-from fleet.models import DeviceClass, Node
+from fleet.models import DeviceClass, Node, NodeRole
 from fleet.selectors import node_list
 from reservations.constraints import OVERLAPS_SQL
 from reservations.ledger import Reservation, ReservationState
@@ -71,9 +71,10 @@ def ledger_overlaps() -> int:
 
 
 def fleet_board(*, tenant: Tenant) -> Board:
-    """The board of the tenant's own nodes (four queries, whatever the fleet's size)."""
-    nodes = list(node_list(tenant=tenant).select_related("pool").order_by("pool__name",
-                                                                          "hostname"))
+    """The board of the tenant's own machines (four queries, whatever the fleet's size);
+    provisioners hold no capacity and are listed with the nodes, not here."""
+    nodes = list(node_list(tenant=tenant).filter(role=NodeRole.NODE).select_related("pool")
+                 .order_by("pool__name", "hostname"))
     gpus = _gpus_now([n.id for n in nodes])
     tiles = [Tile(node_id=n.id, hostname=n.hostname or n.id, pool_id=n.pool_id,
                   pool_name=n.pool.name, state=_state(n), simulated=bool(n.simulated_root),

@@ -12,7 +12,16 @@ from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from compute.db import database_now
 from compute.errors import InvalidArgument
-from fleet.models import SCHEDULABLE, Connectivity, Device, DeviceClass, Health, Node, Pool
+from fleet.models import (
+    SCHEDULABLE,
+    Connectivity,
+    Device,
+    DeviceClass,
+    Health,
+    Node,
+    NodeRole,
+    Pool,
+)
 from fleet.models import ProvisionState as PS
 from reservations.candidates import (
     IN_THE_WAY,
@@ -45,7 +54,8 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
                                           allocation__isnull=False)
     serviced_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant,
                                           maintenance__isnull=False)
-    gpus = (Device.objects.filter(node__pool=pool, present=True, device_class=DeviceClass.GPU)
+    gpus = (Device.objects.filter(node__pool=pool, node__role=NodeRole.NODE, present=True,
+                                  device_class=DeviceClass.GPU)
             .annotate(held=Exists(held_now), later=Exists(booked_later),
                       serviced=Exists(serviced_now)))
     schedulable = Q(node__in=Node.objects.filter(pool=pool).filter(SCHEDULABLE)) & Q(
@@ -62,7 +72,7 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
         maintenance=Count("pk", filter=Q(node__cordoned=True) | Q(serviced=True)),
         unreachable=Count("pk", filter=Q(node__connectivity=Connectivity.UNREACHABLE)),
     )
-    nodes = Node.objects.filter(pool=pool)
+    nodes = Node.objects.filter(pool=pool, role=NodeRole.NODE)  # not its provisioners
     host = nodes.aggregate(vcpus=Sum("vcpus"), vcpus_allocated=Sum("vcpus_allocated"),
                            memory=Sum("memory_gib"), memory_allocated=Sum("memory_gib_allocated"))
     live = nodes.filter(SCHEDULABLE).aggregate(

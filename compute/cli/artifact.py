@@ -25,7 +25,8 @@ from bcd.contract.version import version as package_version
 
 DISTRIBUTION = "better_compute_agent"
 REQUIRES = ("grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8", "cryptography>=44", "PyYAML>=6,<7",
-            'tomli>=2; python_version < "3.11"', 'nvidia-ml-py>=12; extra == "nvml"')
+            'tomli>=2; python_version < "3.11"', 'nvidia-ml-py>=12; extra == "nvml"',
+            'sushy>=5,<6; extra == "provisioner"')
 ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
 # What the executable must not carry: the control plane and its dependencies.
 NOT_IN_EXECUTABLE = ("compute", "fleet", "reservations", "audit", "gateway", "django",
@@ -54,7 +55,7 @@ def _metadata(version: str) -> dict[str, bytes]:
     metadata = "\n".join([
         "Metadata-Version: 2.1", "Name: better-compute-agent", f"Version: {version}",
         "Summary: bcd, the better-compute node agent", "Requires-Python: >=3.10",
-        "Provides-Extra: nvml",
+        "Provides-Extra: nvml", "Provides-Extra: provisioner",
         *(f"Requires-Dist: {requirement}" for requirement in REQUIRES)]) + "\n"
     wheel = ("Wheel-Version: 1.0\nGenerator: better-compute\nRoot-Is-Purelib: true\n"
              "Tag: py3-none-any\n")

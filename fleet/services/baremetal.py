@@ -94,18 +94,25 @@ def node_enroll(*, tenant: Tenant, actor: Principal, pool_id: str, bmc: str, use
 @audited
 def node_verify(*, tenant: Tenant, actor: Principal, node_id: str) -> Node:
     """Check again that the BMC answers with the enrolled credentials."""
-    node = _bare_metal(tenant, node_id, allowed=VERIFY_FROM, action="verified")
-    command = _step(node, "bmc.verify")
-    _audit(tenant, actor, node, "node.verify", command)
-    return node
+    return _step_again(tenant, actor, node_id, "bmc.verify")
 
 
 @audited
 def node_inspect(*, tenant: Tenant, actor: Principal, node_id: str) -> Node:
     """Read the machine's identity and size from its BMC."""
-    node = _bare_metal(tenant, node_id, allowed=INSPECT_FROM, action="inspected")
-    command = _step(node, "bmc.inspect")
-    _audit(tenant, actor, node, "node.inspect", command)
+    return _step_again(tenant, actor, node_id, "bmc.inspect")
+
+
+# A step an operator runs again: the states it may start from, and how its refusal says it.
+AGAIN = {"bmc.verify": (VERIFY_FROM, "verified", "node.verify"),
+         "bmc.inspect": (INSPECT_FROM, "inspected", "node.inspect")}
+
+
+def _step_again(tenant: Tenant, actor: Principal, node_id: str, kind: str) -> Node:
+    allowed, verb, action = AGAIN[kind]
+    node = _bare_metal(tenant, node_id, allowed=allowed, action=verb)
+    command = _step(node, kind)
+    _audit(tenant, actor, node, action, command)
     return node
 
 

@@ -19,6 +19,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.support.redfish import USERNAME, Emulator
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,8 @@ def board_live(page: Page, *, timeout_ms: int = 5000) -> None:
 
 
 def nodes(stack: Stack) -> list[dict]:
-    return stack.json("nodes", "list")["items"]
+    """The machines (dev's provisioner is a node too, but holds no capacity)."""
+    return [n for n in stack.json("nodes", "list")["items"] if n["role"] == "node"]
 
 
 def feed_seqs(page: Page) -> list[int]:
@@ -376,3 +378,43 @@ def test_the_board_works_from_the_keyboard(stack, browser, shots):
     tile = page.locator("li.tile:has(details[open])")
     expect(tile.locator("table.gpus")).to_be_visible()
     page.screenshot(path=shots / "tile-opened-by-keyboard.png", full_page=True)
+
+
+def test_a_machine_is_enrolled_by_its_bmc_and_powered_from_the_console(stack, browser, shots,
+                                                                        tmp_path):
+    system = {"uuid": "5d7a3c1e-0b9f-4e8a-9a51-3c9d0e2f4b61", "name": "metal-console",
+              "power_state": "Off", "nics": [{"mac": "52:54:00:cc:dd:01", "ip": "10.0.0.9"}]}
+    bmc = Emulator(tmp_path / "bmc", "console-bmc-pw", [system]).start()
+    try:
+        page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+        page.goto(f"{base_url(stack)}/console/nodes")
+        form = page.locator("form[data-action='nodes.enroll']")
+        form.locator("input[name=bmc]").fill("redfish+http://10.9.9.9/redfish/v1/Systems/1")
+        form.locator("input[name='credentials.username']").fill(USERNAME)
+        form.locator("input[name='credentials.password']").fill("console-bmc-pw")
+        form.locator("button").click()
+        expect(form.locator(".form-error")).to_contain_text("redfish+http sends the BMC")
+        form.locator("input[name=bmc]").fill(bmc.bmc(system["uuid"]))
+        form.locator("input[name=hostname]").fill("metal-console")
+        with page.expect_navigation():
+            form.locator("button").click()
+        machine = next(n for n in stack.json("nodes", "list")["items"]
+                       if n["hostname"] == "metal-console")
+        assert wait_until(lambda: stack.json("nodes", "get", machine["id"])[
+            "provisionState"] == "available", 60)
+        page.goto(f"{base_url(stack)}/console/nodes/{machine['id']}")
+        expect(page.locator("#provision-state")).to_have_text("available")
+        expect(page.locator("#bmc-reachable")).to_have_text("yes")
+        power = page.locator("form[data-action='nodes.power']")
+        power.locator("select[name=state]").select_option("on")
+        with page.expect_navigation():
+            power.locator("button").click()
+        assert wait_until(lambda: bmc.system(system["uuid"])["PowerState"] == "On", 60)
+        assert wait_until(lambda: stack.json("nodes", "get", machine["id"])["bmc"][
+            "powerState"] == "On", 60)
+        page.reload()
+        expect(page.locator("#power")).to_have_text("On")
+        page.screenshot(path=shots / "bare-metal-node.png", full_page=True)
+        assert "console-bmc-pw" not in page.content()
+    finally:
+        bmc.stop()

@@ -83,8 +83,10 @@ def sandboxes(request: HttpRequest, page: Page) -> HttpResponse:
 
 @console_page
 def nodes(request: HttpRequest, page: Page) -> HttpResponse:
-    return page.render("console/nodes.html",
-                       {"items": page.call("nodes.list", limit=1000)["items"]})
+    can_enroll = page.can("nodes.enroll")
+    return page.render("console/nodes.html", {
+        "items": page.call("nodes.list", limit=1000)["items"], "can_enroll": can_enroll,
+        "pools": page.call("pools.list", limit=1000)["items"] if can_enroll else []})
 
 
 @console_page
