@@ -49,6 +49,8 @@ def _kek_file() -> Path:
 
 
 def kek() -> bytes:
+    if settings.BC_WITHOUT_KEK:
+        raise KekUnavailable("this process runs without the key-encryption key")
     value = settings.BC_KEK
     if value:
         raw = base64.b64decode(value)

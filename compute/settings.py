@@ -165,7 +165,9 @@ BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))
 # or a file holding it; neither set: a 0600 file made on first use under the state dir.
 BC_KEK = env("KEK")
 BC_KEK_FILE = env("KEK_FILE")
-if SHARED_DATABASE and not (BC_KEK or BC_KEK_FILE):
+# A process that must never seal or unseal (the gateway): the KEK is refused to it.
+BC_WITHOUT_KEK = env("WITHOUT_KEK") == "1"
+if SHARED_DATABASE and not (BC_KEK or BC_KEK_FILE or BC_WITHOUT_KEK):
     raise ImproperlyConfigured(
         "BETTER_COMPUTE_KEK (or BETTER_COMPUTE_KEK_FILE) is required with a database on the "
         "network: every host must seal and unseal the PKI and audit keys with the same key")

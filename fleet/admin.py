@@ -13,6 +13,7 @@ from fleet.models import (
     NodeReport,
     NodeSpec,
     Pool,
+    ReportInbox,
     Site,
     SpentSeal,
 )
@@ -47,9 +48,9 @@ class DeviceInline(ReadOnlyInline):
 
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
-    list_display = ("id", "hostname", "pool", "provision_state", "connectivity", "health",
-                    "cordoned", "vcpus_allocated", "vcpus")
-    list_filter = ("provision_state", "connectivity", "health", "cordoned", "pool")
+    list_display = ("id", "hostname", "pool", "role", "provision_state", "connectivity",
+                    "health", "cordoned", "vcpus_allocated", "vcpus")
+    list_filter = ("role", "provision_state", "connectivity", "health", "cordoned", "pool")
     search_fields = ("id", "hostname", "serial", "product_uuid")
     inlines = [DeviceInline]
     actions = [
@@ -103,6 +104,13 @@ class NodeReportAdmin(ReadOnlyAdmin):
     list_display = ("report_id", "node", "kind", "received_at")
     list_filter = ("kind",)
     search_fields = ("report_id", "node__id")
+
+
+@admin.register(ReportInbox)
+class ReportInboxAdmin(ReadOnlyAdmin):
+    list_display = ("id", "node", "kind", "epoch", "received_at")
+    list_filter = ("kind",)
+    search_fields = ("node__id",)
 
 
 @admin.register(NodeSpec)

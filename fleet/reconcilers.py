@@ -9,7 +9,9 @@ from __future__ import annotations
 from compute.db import database_now
 from compute.queue.work import enqueue, handler
 from fleet.models import Connectivity, Node
+from fleet.services.lifecycle import command_outcome_unknown
 from fleet.services.sessions import lease, node_mark_unreachable
+from fleet.work import COMMAND
 
 NODE = "node"
 
@@ -18,6 +20,12 @@ NODE = "node"
 def reconcile_node(node_id: str) -> None:
     """Liveness: a node silent past its lease turns unreachable; it never loses its holds."""
     node_mark_unreachable(node_id=node_id)
+
+
+@handler(COMMAND)
+def reconcile_command(command_id: str) -> None:
+    """A command lost with its node's journal: settle what it was doing, once."""
+    command_outcome_unknown(command_id=command_id)
 
 
 def sweep(limit: int = 500) -> int:

@@ -1,7 +1,8 @@
 """`python -m gateway` (or `better-compute gateway`): serve node sessions and joins.
 
-Reads the TLS credentials written by `manage.py bc_gateway_credentials --out DIR`, writes
-reports to Postgres (DATABASE_URL) and relays joins and renewals to the API.
+Reads the TLS credentials written by `manage.py bc_gateway_credentials --out DIR`, files
+reports in Postgres (DATABASE_URL: connect as the role `manage.py bc_gateway_role` makes)
+and relays joins and renewals to the API. It runs without the key-encryption key.
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ from bcd.contract.version import version
               help="Serve Prometheus metrics (/metrics) here; none by default.")
 def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
          metrics_listen: str | None) -> None:
-    """Run the gateway: it holds node sessions, writes their reports to Postgres and relays
-    joins and renewals to the API. It holds no CA and no signing key, and never calls IAM."""
+    """Run the gateway: it holds node sessions, files their reports in Postgres and relays
+    joins and renewals to the API. It holds no CA, no signing key and no KEK, and never
+    calls IAM."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    for name in ("BETTER_COMPUTE_KEK", "BETTER_COMPUTE_KEK_FILE"):
+        os.environ.pop(name, None)
+    os.environ["BETTER_COMPUTE_WITHOUT_KEK"] = "1"
     from compute.pg import require_database_url
 
     require_database_url()

@@ -1,8 +1,9 @@
 """The gateway: a standalone gRPC server holding node sessions over mTLS.
 
-It relays joins and renewals to the API (it holds no CA and no signing key), writes reports
-to Postgres through the fleet services (deduplicated by report id, guarded by the session
-epoch) and pushes queued commands. It never calls IAM.
+It relays joins and renewals to the API (it holds no CA, no signing key and no KEK), files
+the reports it receives in each node's inbox for a worker to verify and apply (it cannot
+apply them: its database role may not), and pushes the specs and commands the control plane
+signed. It never calls IAM.
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from compute.db import listen_forever
-from compute.errors import ComputeError
-from compute.metrics import HEARTBEAT_LAG, REPORT_DUPLICATES, SESSIONS
+from compute.metrics import HEARTBEAT_LAG, SESSIONS
 from fleet import selectors
-from fleet.services import sessions, telemetry
+from fleet.services import sessions
 from fleet.services.specs import DESIRED_CHANNEL
 from gateway.sessions import BULK_WINDOW, Session
-from reservations.services import binding, sandbox_reports
 
 AGENT_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"].full_name
 logger = logging.getLogger("gateway")
@@ -205,50 +204,21 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             if sent := message.heartbeat.sent_at_ms:  # a node's clock ahead of ours reads 0
                 HEARTBEAT_LAG.observe(max(0.0, time.time() - sent / 1000))
             return
-        if kind == "inventory":
-            try:
-                new = await self.db(sessions.inventory_report_record, node_id=node,
-                                    epoch=session.epoch, report_id=message.report_id,
-                                    body=message.inventory.json)
-            except ComputeError as refusal:  # a domain answer, such as another GPU model
-                logger.warning("node %s: inventory refused: %s", node, refusal.message)
-                await self.db(sessions.node_report_refused, node_id=node,
-                              action="node.inventory", reason=refusal.message)
-                new = False
-            REPORT_DUPLICATES.inc(0 if new else 1)
-            self._bulk_done(session, message.report_id, duplicate=not new)
-        elif kind == "telemetry":
-            try:
-                await self.db(telemetry.telemetry_record, node_id=node, epoch=session.epoch,
-                              body=message.telemetry.json)
-            except ComputeError as refusal:  # a malformed report: dropped, said once here
-                logger.warning("node %s: telemetry refused: %s", node, refusal.message)
-            self._bulk_done(session, message.report_id, duplicate=False)
-        elif kind == "command_result":
-            result = message.command_result
-            new = await self.db(sessions.command_result_record, node_id=node,
-                                epoch=session.epoch,
-                                report_id=message.report_id, command_id=result.command_id,
-                                status=result.status, body=result.json,
-                                signature=result.signature)
-            REPORT_DUPLICATES.inc(0 if new else 1)
-            session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
-                report_id=message.report_id, duplicate=not new)))
-        elif kind in ("bound", "released", "failed", "vm"):
+        if kind in ("inventory", "telemetry"):
             report = getattr(message, kind)
-            record = {"bound": binding.allocation_bound_record,
-                      "released": binding.allocation_released_record,
-                      "failed": binding.allocation_failed_record,
-                      "vm": sandbox_reports.vm_report_record}[kind]
-            try:
-                await self.db(record, node_id=node, body=report.json,
-                              signature=report.signature)
-                ok = True
-            except binding.BindingRefused as refusal:
-                logger.warning("node %s: %s refused: %s", node, kind, refusal)
-                ok = False
+            await self.db(sessions.reports_file, node_id=node, epoch=session.epoch, reports=[
+                (kind, {"reportId": message.report_id, "body": report.json})])
+            self._bulk_done(session, message.report_id, duplicate=False)
+        elif kind in ("command_result", "bound", "released", "failed", "vm"):
+            report = getattr(message, kind)
+            fields = {"reportId": message.report_id, "body": report.json,
+                      "signature": report.signature}
+            if kind == "command_result":
+                fields.update(commandId=report.command_id, status=report.status)
+            await self.db(sessions.reports_file, node_id=node, epoch=session.epoch,
+                          reports=[(kind, fields)])
             session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
-                report_id=message.report_id, duplicate=not ok)))
+                report_id=message.report_id, duplicate=False)))
         elif kind == "renew":
             response = await self.http.post(f"{self.api_url}/api/agent/renew", json={
                 "nodeId": node, "csr": base64.b64encode(message.renew.csr_der).decode()})

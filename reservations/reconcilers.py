@@ -14,6 +14,7 @@ from compute.db import database_now
 from compute.queue.work import enqueue, handler
 from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
+from reservations import reports  # noqa: F401  (registers the reports' handler)
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.binding import binding_fail, binding_timeout, reservation_bind
 from reservations.services.book import pending_place

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import click
 
@@ -30,6 +32,7 @@ from compute.cli.client import Client, CliError, Config
 from compute.cli.serve import server_argv
 
 READY_TIMEOUT = 60.0
+GATEWAY_ROLE = "bc_gateway"
 DEV_API_WORKERS = 2
 
 
@@ -217,6 +220,23 @@ def _join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: st
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
 
 
+def _gateway_env(env: dict[str, str], state_dir: Path) -> dict[str, str]:
+    """The gateway's environment: its own database role (made or updated here, with a
+    password kept in the state directory) and no key-encryption key."""
+    password_file = state_dir / "gateway-db-password"
+    if not password_file.exists():
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(24))
+    _django(["bc_gateway_role", "--password-file", str(password_file)], env)
+    url = urlsplit(env["DATABASE_URL"])
+    host = url.netloc.rpartition("@")[2]
+    netloc = f"{GATEWAY_ROLE}:{quote(password_file.read_text().strip(), safe='')}@{host}"
+    return {**{k: v for k, v in env.items() if not k.startswith("BETTER_COMPUTE_KEK")},
+            "DATABASE_URL": urlunsplit(url._replace(netloc=netloc)),
+            "BETTER_COMPUTE_WITHOUT_KEK": "1"}
+
+
 def _provisioner(stack: Stack, api: Client, *, pool_id: str, server: str, state_dir: Path,
                  env: dict[str, str]) -> None:
     """The site's provisioner: a real bcd (`node --provisioner`) that speaks Redfish to the
@@ -326,6 +346,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
         _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
                  "--host", host, "--host", "localhost"], env)
+        gateway_env = _gateway_env(env, state_dir)
         # The API as `serve` runs it; a short drain keeps Ctrl-C quick.
         api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
                                               graceful_timeout=5), env, name="api")
@@ -334,7 +355,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         gateway = stack.start(
             [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
              "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
-             "--cert-dir", str(state_dir / "gateway")], env, name="gateway")
+             "--cert-dir", str(state_dir / "gateway")], gateway_env, name="gateway")
         _wait_for_port(host, join_port, gateway, "gateway")
         for n in (1, 2):
             stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env,

@@ -1,4 +1,4 @@
-from fleet.models.agent import CommandState, NodeCommand, NodeReport
+from fleet.models.agent import CommandState, NodeCommand, NodeReport, ReportInbox
 from fleet.models.devices import Device, DeviceClass, GpuSample
 from fleet.models.images import Image
 from fleet.models.join_tokens import JoinToken
@@ -17,4 +17,4 @@ from fleet.models.specs import NodeSpec
 
 __all__ = ["SCHEDULABLE", "CommandState", "Connectivity", "Device", "DeviceClass", "GpuSample",
            "Health", "Image", "JoinToken", "Node", "NodeCommand", "NodeReport", "NodeRole",
-           "NodeSpec", "Pool", "PoolClass", "ProvisionState", "Site", "SpentSeal"]
+           "NodeSpec", "Pool", "PoolClass", "ProvisionState", "ReportInbox", "Site", "SpentSeal"]

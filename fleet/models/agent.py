@@ -54,3 +54,27 @@ class NodeReport(models.Model):
 
     def __str__(self) -> str:
         return self.report_id
+
+
+class ReportInbox(models.Model):
+    """A report as the gateway received it, not yet verified or applied.
+
+    The gateway only files reports here: it cannot apply them (its database role has no
+    grant to). A worker verifies each (the node's signature, its session epoch) and applies
+    it, in the order the node sent them; refusals are audited there.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="+")
+    epoch = models.PositiveBigIntegerField(help_text="The session it came over.")
+    kind = models.CharField(max_length=32)
+    fields = models.JSONField(default=dict, help_text="The report as the node sent it: "
+                                                      "reportId, body, signature, ….")
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "filed report"  # one entry of a node's inbox
+        indexes = [models.Index(fields=["node", "id"], name="fleet_inbox_node_order")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} from {self.node_id}"

@@ -94,6 +94,26 @@ def command_result_locked(node: Node, *, command_id: str, status: str,
     return summary
 
 
+@audited
+def command_outcome_unknown(*, command_id: str) -> None:
+    """Settle, once, what a command lost with its node's journal was doing: a provision
+    step it ran for a machine ends failed, saying its outcome is unknown."""
+    command = (NodeCommand.objects.select_for_update().select_related("node__pool")
+               .filter(pk=command_id, state=CommandState.UNKNOWN, result__isnull=True).first())
+    if command is None:
+        return
+    output = {"error": "the node lost its journal; whether it ran is unknown"}
+    command.result = {"status": "unknown", "output": output}
+    command.save(update_fields=["result"])
+    summary: dict[str, Any] = {"commandId": command.id, "kind": command.kind,
+                               "status": "unknown"}
+    if command.kind.startswith("bmc."):
+        summary["provision"] = bmc_result_locked(command, "unknown", output)
+    audit_record(tenant_id=command.node.pool.tenant_id, actor_id=command.node_id,
+                 action="node.command.result", target=command.node_id, data=summary,
+                 reason="journal lost")
+
+
 def _acceptance_progress(node: Node, command: NodeCommand, status: str,
                          output: dict[str, Any]) -> str:
     if node.provision_state != ProvisionState.ADOPTING or node.acceptance.get(

@@ -22,11 +22,11 @@ from bcd.contract.crypto import verify_bytes
 from compute.db import database_now
 from compute.events.types import EventType
 from fleet.inventory import parse_inventory
-from fleet.models import CommandState, Connectivity, Node, NodeCommand
+from fleet.models import CommandState, Connectivity, Node, NodeCommand, ReportInbox
 from fleet.models import ProvisionState as PS
-from fleet.services.baremetal import bmc_result_locked
 from fleet.services.lifecycle import acceptance_start_locked, command_result_locked
 from fleet.services.nodes import node_event, node_inventory_ingest_locked
+from fleet.work import command_outcome_lost, node_reports_filed
 
 
 class StaleSession(Exception):
@@ -55,15 +55,15 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     comes back with a new journal epoch, its old journal is gone: those commands are marked
     `unknown` and never delivered again.
     """
-    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    node = Node.objects.select_for_update(of=("self",)).select_related("pool").get(pk=node_id)
     unanswered = NodeCommand.objects.filter(node=node, state=CommandState.SENT)
     lost = 0
     if journal_epoch and node.journal_epoch and journal_epoch != node.journal_epoch:
-        provisioning = list(unanswered.filter(kind__startswith="bmc."))
+        provisioning = list(unanswered.filter(kind__startswith="bmc.").values_list(
+            "id", flat=True))
         lost = unanswered.update(state=CommandState.UNKNOWN, finished_at=timezone.now())
-        for command in provisioning:  # the machine's step ends: whether it ran is unknown
-            bmc_result_locked(command, "unknown", {"error": "the provisioner lost its journal; "
-                                                   "whether it ran is unknown"})
+        for command_id in provisioning:  # the machine's step ends: whether it ran is unknown
+            command_outcome_lost(command_id)
         node_event(node, EventType.NODE_JOURNAL_LOST, oldEpoch=node.journal_epoch,
                    newEpoch=journal_epoch, commandsUnknown=lost)
     else:
@@ -122,7 +122,7 @@ def node_reconnect(*, node_id: str, epoch: int) -> Node:
 
 
 def _guard(node_id: str, epoch: int) -> Node:
-    node = Node.objects.select_for_update().select_related("pool").get(pk=node_id)
+    node = Node.objects.select_for_update(of=("self",)).select_related("pool").get(pk=node_id)
     if node.session_epoch != epoch:
         raise StaleSession(node_id)
     return node
@@ -210,7 +210,7 @@ def node_mark_unreachable(*, node_id: str) -> Node | None:
     """A connected node silent for longer than the lease becomes unreachable (and so
     unschedulable). Nothing it holds is released. None when it is not (or no longer) due."""
     cutoff = database_now() - lease()
-    node = (Node.objects.select_for_update(skip_locked=True).select_related("pool")
+    node = (Node.objects.select_for_update(skip_locked=True, of=("self",)).select_related("pool")
             .filter(pk=node_id, connectivity=Connectivity.CONNECTED,
                     last_heartbeat_at__lt=cutoff).first())
     if node is None:
@@ -222,3 +222,19 @@ def node_mark_unreachable(*, node_id: str) -> Node | None:
                  target=node.id, data={"lastHeartbeatAt": node.last_heartbeat_at},
                  reason="no heartbeat within the lease")
     return node
+
+
+REPORT_KINDS = ("inventory", "telemetry", "command_result", "bound", "released", "failed", "vm")
+
+
+@transaction.atomic(durable=True)
+def reports_file(*, node_id: str, epoch: int, reports: list[tuple[str, dict[str, Any]]]
+                 ) -> None:
+    """File reports the gateway received over a session, for a worker to verify and apply
+    (delivery bookkeeping: each is audited when applied or refused)."""
+    unknown = sorted({kind for kind, _ in reports} - set(REPORT_KINDS))
+    if unknown:
+        raise ValueError(f"no such report: {', '.join(unknown)}")
+    ReportInbox.objects.bulk_create([ReportInbox(node_id=node_id, epoch=epoch, kind=kind,
+                                                 fields=fields) for kind, fields in reports])
+    node_reports_filed(node_id)

@@ -15,9 +15,10 @@ from bcd.contract.crypto import jwe_open
 from compute.events.models import Event
 from fleet.models import Node, NodeCommand
 from fleet.services.baremetal import bmc_secret_name
-from fleet.services.lifecycle import command_result_locked
+from fleet.services.lifecycle import command_outcome_unknown, command_result_locked
 from reservations.models import Reservation
 from tests.factories import make_node, make_provisioner
+from tests.support.work import run_due_work
 
 pytestmark = pytest.mark.django_db
 
@@ -206,5 +207,9 @@ def test_a_provisioner_that_lost_its_journal_ends_the_step_unknown(root, pool):
     NodeCommand.objects.filter(node=provisioner).update(state="sent")  # delivered, no answer
     session_open(node_id=provisioner.id, journal_epoch=2)
     assert last_command(provisioner).state == "unknown"
+    assert node(machine).provision_state == "verifying"  # the gateway may not settle it
+    run_due_work()
     assert node(machine).provision_state == "verify-failed"
     assert "lost its journal" in node(machine).provision_error
+    command_outcome_unknown(command_id=last_command(provisioner).id)  # settled once
+    assert Event.objects.filter(subject=machine, type="node.provision_state").count() == 2

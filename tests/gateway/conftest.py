@@ -20,6 +20,7 @@ from bcd.join.documents import Pins, check_wellknown, prepare, verify_answer
 from bcd.session import AgentSession, Credentials
 from fleet.pki import issue_gateway_certificate, pki
 from tests.support.processes import free_port
+from tests.support.work import ReportsApplier
 
 POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 
@@ -77,9 +78,13 @@ def start_gateway(api_url: str, cert_dir: Path) -> RunningGateway:
 
 @pytest.fixture
 def gateway(live_server, tmp_path) -> Iterator[RunningGateway]:
+    """The gateway, and a worker applying the reports it files."""
+    applier = ReportsApplier()
+    applier.start()
     running = start_gateway(live_server.url, tmp_path / "gw")
     yield running
     running.stop()
+    applier.stop()
 
 
 @dataclass

@@ -13,7 +13,7 @@ from django.db import connections
 from fleet.models import Node
 from tests.gateway.conftest import diag, session_for
 from tests.gateway.test_sessions import joined
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,7 +51,8 @@ def test_a_report_during_a_postgres_restart_closes_the_session_and_is_resent(
     (generation, epoch), reason = asyncio.run(scenario())
     connections.close_all()  # this thread's connection died with the server
     assert reason == "the control plane could not record a report; reconnect"
-    assert state() == (generation + 1, epoch + 1)  # a new session; the resent report, once
+    # A new session; the resent report, applied once.
+    assert wait_until(lambda: state() == (generation + 1, epoch + 1), 15), state()
 
 
 def test_the_gateway_serves_a_renewed_certificate_without_a_restart(gateway, tmp_path):

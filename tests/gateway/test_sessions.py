@@ -8,9 +8,9 @@ import time
 import pytest
 
 from bcd.inventory.fake import SimulatedInventory
-from fleet.models import Node
+from fleet.models import Node, NodeReport, ReportInbox
 from tests.gateway.conftest import diag, join_through_gateway, session_for
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,8 +179,11 @@ def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
 
     answered, acks = asyncio.run(scenario())
     assert answered, "the resent report was never acknowledged"
-    assert acks == [False, True]  # the first is recorded, the resend is a duplicate
-    assert Node.objects.get(pk=payload["nodeId"]).inventory_generation == 1
+    assert acks == [False, False]  # both filed; the worker applies the first only
+    node_id = payload["nodeId"]
+    assert wait_until(lambda: not ReportInbox.objects.filter(node_id=node_id).exists())
+    assert Node.objects.get(pk=node_id).inventory_generation == 1
+    assert NodeReport.objects.filter(node_id=node_id, report_id="inv-1").count() == 1
 
 
 def test_join_heartbeats_inventory_and_commands_never_call_iam(fleet, settings):

@@ -1,0 +1,48 @@
+"""The gateway's own Postgres role: what it may touch, and nothing more.
+
+The gateway keeps node sessions (epochs, heartbeats, connectivity), delivers the specs and
+commands the control plane signed, and files reports in the inbox. It may not change a
+reservation, a booking, a device or a node's provisioning: a gateway that is taken over can
+delay or drop messages, but cannot make the ledger say something no node signed.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+DEFAULT_ROLE = "bc_gateway"
+
+# table -> privileges, on the columns named where named (an INSERT … RETURNING reads the
+# returned key back; an upsert reads the columns it compares).
+GRANTS: dict[str, str] = {
+    "fleet_node": "SELECT, UPDATE (session_epoch, connectivity, last_heartbeat_at, "
+                  "journal_epoch)",
+    "fleet_nodecommand": "SELECT, UPDATE (state, sent_at, finished_at)",
+    "fleet_nodespec": "SELECT",
+    "fleet_pool": "SELECT",
+    "fleet_reportinbox": "INSERT, SELECT (id)",
+    "audit_auditevent": "INSERT, SELECT (seq)",
+    "audit_audithead": "INSERT, SELECT (tenant_id, size), UPDATE (size)",
+    "compute_event": "INSERT, SELECT (seq)",
+    "compute_workitem": "INSERT, SELECT (kind, key, version, due_at), UPDATE (version, due_at)",
+}
+
+
+def grant_statements(role: str, sequences: list[str]) -> list[sql.Composed]:
+    """Revoke everything, then grant GRANTS, and USAGE of the id sequences (`sequences`) of
+    the tables it inserts into."""
+    name = sql.Identifier(role)
+    statements = [sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {}").format(name),
+                  sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {}").format(name),
+                  sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(name)]
+    for table, privileges in GRANTS.items():
+        statements.append(sql.SQL("GRANT {} ON {} TO {}").format(
+            sql.SQL(privileges), sql.Identifier(table), name))
+    for sequence in sequences:
+        statements.append(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
+            sql.SQL(sequence), name))  # as pg_get_serial_sequence spells it, quoted
+    return statements
+
+
+def inserted_tables() -> list[str]:
+    return [table for table, privileges in GRANTS.items() if "INSERT" in privileges]

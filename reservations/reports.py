@@ -1,0 +1,76 @@
+"""Reports from nodes, verified and applied by the control plane (not by the gateway).
+
+The gateway files each report a node sends into the node's inbox (fleet.ReportInbox) and
+acknowledges it; this worker step takes them in the order they came, checks each against the
+node's own key and its current session, and applies it with the service that owns it. A
+report that proves nothing is refused and audited there, and changes nothing. A report is
+dropped from the inbox only once applied or refused, so a worker that dies in between
+applies it again, which every report allows (each is a no-op the second time).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from compute.errors import ComputeError
+from compute.metrics import REPORT_DUPLICATES
+from compute.queue.work import handler
+from fleet.models import ReportInbox
+from fleet.services import sessions, telemetry
+from fleet.work import REPORTS
+from reservations.services import binding, sandbox_reports
+
+logger = logging.getLogger("reservations.reports")
+BATCH = 100
+
+# kind -> (how to apply it, the audit action of its refusal; "" where the service audits
+# its refusals itself, or where a malformed report is dropped unaudited: telemetry)
+APPLY: dict[str, tuple[Callable[..., Any], str]] = {
+    "inventory": (sessions.inventory_report_record, "node.inventory"),
+    "telemetry": (telemetry.telemetry_record, ""),
+    "command_result": (sessions.command_result_record, "node.command.result"),
+    "bound": (binding.allocation_bound_record, ""),
+    "released": (binding.allocation_released_record, "allocation.release"),
+    "failed": (binding.allocation_failed_record, "reservation.bind"),
+    "vm": (sandbox_reports.vm_report_record, ""),
+}
+WITH_EPOCH = ("inventory", "telemetry", "command_result")
+DEDUPLICATED = ("inventory", "command_result")  # they answer whether the report was new
+
+
+@handler(REPORTS)
+def reconcile_reports(node_id: str) -> None:
+    """Apply the node's filed reports, oldest first."""
+    while batch := list(ReportInbox.objects.filter(node_id=node_id).order_by("id")[:BATCH]):
+        for report in batch:
+            apply_report(report)
+            ReportInbox.objects.filter(pk=report.pk).delete()
+
+
+def apply_report(report: ReportInbox) -> None:
+    """One report, applied by the service that owns it, or refused (and audited)."""
+    apply, refusal_action = APPLY[report.kind]
+    fields = {"node_id": report.node_id, "body": str(report.fields.get("body", "")),
+              **({"epoch": report.epoch} if report.kind in WITH_EPOCH else {})}
+    if report.kind in ("inventory", "command_result"):
+        fields["report_id"] = str(report.fields.get("reportId", ""))
+    if report.kind == "command_result":
+        fields.update(command_id=str(report.fields.get("commandId", "")),
+                      status=str(report.fields.get("status", "")))
+    if report.kind not in ("inventory", "telemetry"):
+        fields["signature"] = str(report.fields.get("signature", ""))
+    try:
+        outcome = apply(**fields)
+    except sessions.StaleSession:
+        logger.info("node %s: %s of an older session dropped", report.node_id, report.kind)
+    except (binding.BindingRefused, ComputeError, PermissionError, ValueError) as refusal:
+        reason = refusal.message if isinstance(refusal, ComputeError) else str(refusal)
+        logger.warning("node %s: %s refused: %s", report.node_id, report.kind, reason)
+        if refusal_action:
+            sessions.node_report_refused(node_id=report.node_id, action=refusal_action,
+                                         reason=reason)
+    else:
+        if report.kind in DEDUPLICATED:
+            REPORT_DUPLICATES.inc(0 if outcome else 1)
