@@ -11,6 +11,10 @@ import pytest
 from compute import pg
 from compute.dburl import parse_database_url
 
+# Tests start subprocesses (pg_ctl, dev, agents) while in-process gRPC servers run: gRPC's
+# fork handlers must not run in those children, which exec at once.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 
 @pytest.fixture(scope="session")
 def embedded_postgres() -> Iterator[pg.EmbeddedPostgres | None]:

@@ -393,7 +393,8 @@ def test_a_machine_is_enrolled_by_its_bmc_and_powered_from_the_console(stack, br
         form.locator("input[name='credentials.username']").fill(USERNAME)
         form.locator("input[name='credentials.password']").fill("console-bmc-pw")
         form.locator("button").click()
-        expect(form.locator(".form-error")).to_contain_text("redfish+http sends the BMC")
+        expect(form.locator(".field-error[data-for=bmc]")).to_contain_text(
+            "redfish+http sends the BMC")  # the API's refusal, next to the field it names
         form.locator("input[name=bmc]").fill(bmc.bmc(system["uuid"]))
         form.locator("input[name=hostname]").fill("metal-console")
         with page.expect_navigation():
