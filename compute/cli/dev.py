@@ -220,15 +220,20 @@ def _join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: st
             raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
 
 
-def _gateway_env(env: dict[str, str], state_dir: Path) -> dict[str, str]:
-    """The gateway's environment: its own database role (made or updated here, with a
-    password kept in the state directory) and no key-encryption key."""
+def _gateway_password(state_dir: Path) -> Path:
+    """The file holding the gateway's database password (made once, kept with the state)."""
     password_file = state_dir / "gateway-db-password"
     if not password_file.exists():
         fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(24))
-    _django(["bc_gateway_role", "--password-file", str(password_file)], env)
+    return password_file
+
+
+def _gateway_env(env: dict[str, str], state_dir: Path) -> dict[str, str]:
+    """The gateway's environment: its own database role (bc_dev_setup made it) and no
+    key-encryption key."""
+    password_file = _gateway_password(state_dir)
     url = urlsplit(env["DATABASE_URL"])
     host = url.netloc.rpartition("@")[2]
     netloc = f"{GATEWAY_ROLE}:{quote(password_file.read_text().strip(), safe='')}@{host}"
@@ -237,10 +242,11 @@ def _gateway_env(env: dict[str, str], state_dir: Path) -> dict[str, str]:
             "BETTER_COMPUTE_WITHOUT_KEK": "1"}
 
 
-def _provisioner(stack: Stack, api: Client, *, pool_id: str, server: str, state_dir: Path,
-                 env: dict[str, str]) -> None:
-    """The site's provisioner: a real bcd (`node --provisioner`) that speaks Redfish to the
-    BMCs of machines enrolled with `nodes enroll`. It joins once and keeps its identity."""
+def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
+                       state_dir: Path, env: dict[str, str]) -> tuple[str, int]:
+    """Start the site's provisioner: a real bcd (`node --provisioner`) that speaks Redfish to
+    the BMCs of machines enrolled with `nodes enroll`. It joins once and keeps its identity.
+    Returns its node id and its session epoch before this start."""
     root = state_dir / "provisioner"
     if joined_config(Paths(root)) is None:
         _join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
@@ -251,10 +257,15 @@ def _provisioner(stack: Stack, api: Client, *, pool_id: str, server: str, state_
     before = api.call("nodes.get", {"nodeId": config.node_id})["sessionEpoch"]
     stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", "--provisioner"],
                 {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, name="provisioner")
+    return config.node_id, before
+
+
+def _provisioner_wait(stack: Stack, api: Client, node_id: str, before: int) -> None:
+    """Until the provisioner has a session with this run's gateway."""
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         stack.watch()
-        node = api.call("nodes.get", {"nodeId": config.node_id})
+        node = api.call("nodes.get", {"nodeId": node_id})
         if node["sessionEpoch"] > before and node["connectivity"] == "connected":
             click.echo(f"provisioner {node['id']} of site {node['siteId']} connected "
                        "(it speaks Redfish to the BMCs of enrolled machines)")
@@ -343,6 +354,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
             setup_args.append("--cpu-pool")
         if sim_variant == "mig":  # MIG instances, and shares of the other GPUs
             setup_args += ["--slice-gpus", "4"]
+        setup_args += ["--gateway-role-password-file", str(_gateway_password(state_dir))]
         ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
         _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
                  "--host", host, "--host", "localhost"], env)
@@ -367,12 +379,14 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
         guest = _default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
                                downloads, f"http://{host}:{port}")
+        provisioner = _provisioner_start(stack, api, pool_id=ids.get("cpuPoolId") or
+                                         ids["poolId"], server=url, state_dir=state_dir,
+                                         env=env)
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
                       state_dir=state_dir, env=env)
-        _provisioner(stack, api, pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
-                     state_dir=state_dir, env=env)
+        _provisioner_wait(stack, api, *provisioner)
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": token_file.read_text(),
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"]}

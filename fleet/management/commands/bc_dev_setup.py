@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from compute.schedules import install_schedules
@@ -31,10 +32,15 @@ class Command(BaseCommand):
         parser.add_argument("--cpu-pool", action="store_true")
         parser.add_argument("--slice-gpus", type=int, default=0,
                             help="time-sliced shares per GPU (not in MIG mode) of the pool")
+        parser.add_argument("--gateway-role-password-file", type=Path, default=None,
+                            help="also make the gateway's database role (bc_gateway_role)")
 
     def handle(self, *args: object, token_file: Path, cpu_pool: bool, slice_gpus: int,
-               **options: object) -> None:
+               gateway_role_password_file: Path | None, **options: object) -> None:
         install_schedules()
+        if gateway_role_password_file is not None:
+            call_command("bc_gateway_role", password_file=gateway_role_password_file,
+                         stdout=self.stderr)
         minted = root_bootstrap(admin_name="dev-admin")
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
