@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -161,14 +162,17 @@ class Stack:
 
 
 def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: str,
-              server: str, state_dir: Path, env: dict[str, str]) -> None:
+              server: str, state_dir: Path, env: dict[str, str],
+              after_join: Callable[[], None]) -> None:
     """Start `count` bcd agents (those that joined in an earlier run keep their identity; the
-    others join through the gateway) and wait until each is adopted with a live session."""
+    others join through the gateway) and wait until each is adopted with a live session.
+    `after_join` runs once they joined, before they start (so they are listed first)."""
     roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
     newcomers = [root for root in roots if joined_config(Paths(root)) is None]
     if newcomers:
         _join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
                         env=env)
+    after_join()
 
     def sessions() -> dict[str, tuple[int, str, str]]:
         nodes = api.call("nodes.list", {"poolId": pool_id, "limit": 1000})["items"]
@@ -379,14 +383,20 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
         guest = _default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
                                downloads, f"http://{host}:{port}")
-        provisioner = _provisioner_start(stack, api, pool_id=ids.get("cpuPoolId") or
-                                         ids["poolId"], server=url, state_dir=state_dir,
-                                         env=env)
+        started: list[tuple[str, int]] = []
+
+        def start_provisioner() -> None:  # it joins after the machines, runs beside them
+            started.append(_provisioner_start(stack, api, pool_id=ids.get("cpuPoolId") or
+                                              ids["poolId"], server=url, state_dir=state_dir,
+                                              env=env))
+
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
-                      state_dir=state_dir, env=env)
-        _provisioner_wait(stack, api, *provisioner)
+                      state_dir=state_dir, env=env, after_join=start_provisioner)
+        else:
+            start_provisioner()
+        _provisioner_wait(stack, api, *started[0])
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": token_file.read_text(),
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"]}
