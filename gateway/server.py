@@ -260,8 +260,10 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
                 for command in await self.db(sessions.commands_to_send,
                                              node_epochs=live):
                     session = self.sessions.get(command["nodeId"])
-                    if session is not None:
-                        session.send(pb.GatewayMessage(lane=pb.CONTROL, command=pb.Command(
+                    if session is not None:  # a BMC action goes on its own lane
+                        lane = (pb.PROVISION if command["kind"].startswith("bmc.")
+                                else pb.CONTROL)
+                        session.send(pb.GatewayMessage(lane=lane, command=pb.Command(
                             command_id=command["commandId"], kind=command["kind"],
                             json=command["json"])))
             specs, self.spec_cursor = await self.db(selectors.specs_since,
