@@ -60,7 +60,11 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(f"bcd node --provisioner: {config.node_id} joined with a {config.role} token; a "
               "provisioner joins with a token whose role is provisioner", file=sys.stderr)
         return 1
-    asyncio.run(Agent(config, provisioner=args.provisioner).run())
+    if args.deploy_listen and not args.provisioner:
+        print("bcd node: --deploy-listen is for a provisioner (--provisioner)", file=sys.stderr)
+        return 1
+    asyncio.run(Agent(config, provisioner=args.provisioner,
+                      deploy_listen=args.deploy_listen or "").run())
     return 0
 
 
@@ -159,6 +163,9 @@ def parser() -> argparse.ArgumentParser:
     node.add_argument("--provisioner", action="store_true",
                       help="also speak Redfish to this site's machines' BMCs (a node that "
                            "joined with a provisioner token)")
+    node.add_argument("--deploy-listen", default=None, metavar="HOST:PORT",
+                      help="serve deploy ramdisks their instructions here (an address on the "
+                           "machines' management network)")
     node.set_defaults(handler=cmd_node)
     status = sub.add_parser("status", help="what the running agent says")
     status.add_argument("--json", action="store_true")

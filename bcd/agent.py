@@ -29,13 +29,14 @@ from bcd.config import Config, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
 from bcd.contract.vms import Vm
+from bcd.deploys import Deploys, serve_deploys
 from bcd.deviceplugin import GpuSource, run_device_plugin
 from bcd.holds import FALLBACK, Claims, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
 from bcd.inventory import inventory_for
 from bcd.join.client import published_gateway
 from bcd.journal import Journal
 from bcd.notify import sd_notify, watchdog_seconds
-from bcd.provision import run_bmc
+from bcd.provision import Site, run_bmc
 from bcd.session import AgentSession, Credentials
 from bcd.vms import VmKeeper
 
@@ -46,9 +47,11 @@ REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway i
 
 class Agent:
     def __init__(self, config: Config, tuning: Tuning | None = None, *,
-                 provisioner: bool = False) -> None:
+                 provisioner: bool = False, deploy_listen: str = "") -> None:
         self.config = config
         self.provisioner = provisioner  # runs `bmc.*` commands for its site's machines
+        self.deploy_listen = deploy_listen  # where deploy ramdisks ask for their instructions
+        self.site: Site | None = None
         self.tuning = tuning or Tuning.from_env()
         self.paths = config.paths
         self.inventory = inventory_for(sim=config.sim, sim_gpus=config.sim_gpus,
@@ -108,7 +111,7 @@ class Agent:
         if kind in diagnostics:  # they read hardware and files: off the event loop
             return await asyncio.to_thread(diagnostics[kind])
         if kind.startswith("bmc.") and self.provisioner:  # blocking HTTP to a BMC
-            return await asyncio.to_thread(run_bmc, kind, payload, self.node_key())
+            return await asyncio.to_thread(run_bmc, kind, payload, self.node_key(), self.site)
         if kind == "sim.mark" and self.config.sim:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}
@@ -358,6 +361,12 @@ class Agent:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         self.inventory.start_watching()  # XID events, on a thread of their own
+        if self.provisioner and self.deploy_listen:
+            self.site = Site(deploys=Deploys(), join={
+                "server": self.config.server, "servingCaPin": self.config.serving_ca_pin,
+                "joinSigningPin": self.config.join_signing_pin,
+                "joinEncryptionPin": self.config.join_encryption_pin})
+            serve_deploys(self.site.deploys, self.deploy_listen)
         works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
                  self.stop_empty_slices(), self.watch_inventory(), self.device_plugin(),
                  self.vms.run()]

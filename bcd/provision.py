@@ -14,12 +14,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd.contract.bmc import CREDENTIALS_USE, BadBmcAddress, parse_bmc
 from bcd.contract.crypto import BadJwe, jwe_open
+from bcd.deploys import Deploys
 
 logger = logging.getLogger("bcd.provision")
 Result = tuple[str, dict[str, Any]]
@@ -30,13 +32,26 @@ class Refused(Exception):
     """A command this provisioner will not run (a bad address or sealed credentials)."""
 
 
-def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> Result:
+@dataclass
+class Site:
+    """What the provisioner passes on to a deploy: where the ramdisks' instructions wait,
+    and how a deployed OS's agent reaches the control plane (server and pins)."""
+
+    deploys: Deploys
+    join: dict[str, str]
+
+
+def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey,
+            site: Site | None = None) -> Result:
     """Run one `bmc.*` command; never raises for what the BMC does."""
     actions: dict[str, Callable[[Any, dict[str, Any]], dict[str, Any]]] = {
-        "bmc.verify": _verify, "bmc.inspect": _inspect, "bmc.power": _power,
-        "bmc.boot": _boot}
+        "bmc.verify": _verify, "bmc.status": _verify, "bmc.inspect": _inspect,
+        "bmc.power": _power, "bmc.boot": _boot, "bmc.undeploy": _undeploy,
+        "bmc.deploy": lambda system, p: _deploy(system, p, key, site)}
     if kind not in actions:
         return "failed", {"error": f"unknown command {kind}"}
+    if kind == "bmc.undeploy" and site is not None:
+        site.deploys.withdraw(str(payload.get("target", "")))
     try:
         import sushy
         from sushy import exceptions as redfish
@@ -45,6 +60,8 @@ def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey)
     try:
         address = parse_bmc(str(payload.get("address", "")))
         username, password = _credentials(payload, key)
+        if kind == "bmc.deploy":
+            _opened(payload, key, "joinToken", "joinToken")  # refused before touching the BMC
     except (Refused, BadBmcAddress) as refusal:
         return "failed", {"error": f"refused: {refusal}"}
     try:
@@ -67,14 +84,20 @@ def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey)
 
 
 def _credentials(payload: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> tuple[str, str]:
-    try:
-        header, plaintext = jwe_open(str(payload.get("credentials", "")), key)
-    except BadJwe as error:
-        raise Refused(f"the credentials are not sealed to this provisioner: {error}") from None
-    if header.get("use") != CREDENTIALS_USE or header.get("node") != payload.get("target"):
-        raise Refused("the credentials were sealed for another machine")
-    secret = json.loads(plaintext)
+    secret = json.loads(_opened(payload, key, "credentials", CREDENTIALS_USE))
     return str(secret["username"]), str(secret["password"])
+
+
+def _opened(payload: dict[str, Any], key: ec.EllipticCurvePrivateKey, name: str,
+            use: str) -> bytes:
+    """A secret of the payload sealed to this provisioner for this command's machine."""
+    try:
+        header, plaintext = jwe_open(str(payload.get(name, "")), key)
+    except BadJwe as error:
+        raise Refused(f"the {name} is not sealed to this provisioner: {error}") from None
+    if header.get("use") != use or header.get("node") != payload.get("target"):
+        raise Refused(f"the {name} was sealed for another machine")
+    return plaintext
 
 
 @contextmanager
@@ -155,6 +178,64 @@ def _power(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"the system is still {_state(system.power_state)} after "
                              f"{_state(reset)}")
         time.sleep(1.0)
+
+
+def _cd_drives(system: Any) -> list[Any]:
+    """The BMC's virtual CD/DVD drives: the system's own (newer Redfish) or its managers'."""
+    from sushy import VIRTUAL_MEDIA_CD, VIRTUAL_MEDIA_DVD
+    from sushy import exceptions as redfish
+
+    try:
+        drives = list(system.virtual_media.get_members())
+    except (redfish.MissingAttributeError, redfish.SushyError):
+        drives = [drive for manager in system.managers
+                  for drive in manager.virtual_media.get_members()]
+    return [drive for drive in drives
+            if {VIRTUAL_MEDIA_CD, VIRTUAL_MEDIA_DVD} & set(drive.media_types or [])]
+
+
+def _deploy(system: Any, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey,
+            site: Site | None) -> dict[str, Any]:
+    """Boot the machine into the deploy ramdisk: its instructions left for it first, then
+    the ISO in the virtual CD (or PXE), the next boot set to it once, and power on (a
+    machine already on is reset)."""
+    if site is None:
+        raise ValueError("this provisioner serves no deploy instructions: start it with "
+                         "--deploy-listen HOST:PORT on the management network")
+    token = _opened(payload, key, "joinToken", "joinToken").decode()
+    target = str(payload["target"])
+    site.deploys.offer(target, {
+        "target": target, "serial": str(payload.get("serial", "")),
+        "productUuid": str(payload.get("productUuid", "")), "image": payload["image"],
+        "join": {**site.join, "token": token}},
+        expires_at=time.time() + float(payload.get("timeoutSeconds", 1800)))
+    media: dict[str, Any] = {}
+    if payload.get("boot") == "cd":
+        drives = _cd_drives(system)
+        if not drives:
+            raise ValueError("the BMC offers no virtual CD to insert the deploy ramdisk")
+        drive = drives[0]
+        if drive.inserted:
+            drive.eject_media()
+        drive.insert_media(str(payload["media"]["url"]), inserted=True, write_protected=True)
+        drive.refresh()
+        media = {"mediaImage": drive.image or "", "mediaInserted": bool(drive.inserted)}
+    booted = _boot(system, {"device": payload.get("boot", "cd")})
+    powered = _power(system, {"state": "cycle" if system.power_state == _on() else "on"})
+    return {**media, **booted, "powerState": powered["powerState"]}
+
+
+def _undeploy(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """Eject the deploy media and power the machine off."""
+    for drive in _cd_drives(system):
+        if drive.inserted:
+            drive.eject_media()
+    return _power(system, {"state": "off"})
+
+
+def _on() -> Any:
+    import sushy
+    return sushy.POWER_STATE_ON
 
 
 def _boot(system: Any, payload: dict[str, Any]) -> dict[str, Any]:

@@ -160,6 +160,8 @@ BC_REFUSAL_BURST = int(env("REFUSAL_BURST", "100"))
 BC_REFUSALS_PER_MINUTE = int(env("REFUSALS_PER_MINUTE", "60"))
 BC_NODE_LEASE_SECONDS = int(env("NODE_LEASE_SECONDS", "40"))
 BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))
+# How often the provisioner asks each enrolled machine's BMC whether it answers and is on.
+BC_BMC_POLL_SECONDS = int(env("BMC_POLL_SECONDS", "60"))
 
 # The key-encryption key sealing the PKI and audit keys in Postgres (base64 of 32 bytes),
 # or a file holding it; neither set: a 0600 file made on first use under the state dir.

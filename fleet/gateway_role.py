@@ -8,6 +8,11 @@ delay or drop messages, but cannot make the ledger say something no node signed.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import secrets
+
 from psycopg import sql
 
 DEFAULT_ROLE = "bc_gateway"
@@ -42,6 +47,18 @@ def grant_statements(role: str, sequences: list[str]) -> list[sql.Composed]:
         statements.append(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
             sql.SQL(sequence), name))  # as pg_get_serial_sequence spells it, quoted
     return statements
+
+
+def scram_verifier(password: str, *, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 verifier Postgres stores for `password` (RFC 5802/7677), made
+    here so that only the verifier, never the password, is sent to the server."""
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    b64 = base64.b64encode
+    return (f"SCRAM-SHA-256${iterations}:{b64(salt).decode()}"
+            f"${b64(stored_key).decode()}:{b64(server_key).decode()}")
 
 
 def inserted_tables() -> list[str]:

@@ -51,6 +51,14 @@ class BmcPolicyIn(Input):
         required=False, default=False,
         help_text="Take redfish+http BMC addresses beyond loopback (the password then "
                   "crosses the management network in the clear).")
+    deploy_boot = serializers.ChoiceField(
+        choices=["cd", "pxe"], required=False,
+        help_text="How a deploy boots the ramdisk: virtual media (cd, the default) or PXE.")
+    deploy_ramdisk = serializers.CharField(
+        required=False, max_length=63,
+        help_text="The image a deploy boots unless `nodes deploy --ramdisk` names one: its "
+                  "disk is the bootable ISO (virtual media), its kernel and initrd the same "
+                  "ramdisk for PXE.")
 
 
 class PolicyIn(Input):
@@ -88,7 +96,10 @@ NODE = obj(
     lastHeartbeatAt=nullable(TIME), sessionEpoch=INTEGER, journalEpoch=INTEGER,
     conditions=array(CONDITION), role=STRING, provisionError=nullable(STRING),
     bmc=nullable(obj(address=STRING, tls=STRING, reachable=nullable(BOOLEAN),
-                     powerState=nullable(STRING))))
+                     powerState=nullable(STRING), polledAt=nullable(TIME),
+                     deployment=nullable(obj(image=STRING, imageId=STRING, ramdiskId=STRING,
+                                             boot=STRING, startedAt=STRING,
+                                             deadline=STRING)))))
 DEVICE = obj(id=STRING, uuid=STRING, index=INTEGER, product=STRING, model=STRING,
              vramGiB=INTEGER, nvlinkDomain=nullable(STRING), profile=nullable(STRING),
              parentId=nullable(STRING), health=STRING, healthReason=nullable(STRING),
@@ -133,12 +144,19 @@ def present_node(node: Node) -> dict[str, Any]:
     }
 
 
+DEPLOYMENT_SHOWN = ("image", "imageId", "ramdiskId", "boot", "startedAt", "deadline")
+
+
 def present_bmc(node: Node) -> dict[str, Any] | None:
     """Where the machine's BMC is and what it last said (never its credentials)."""
     if not node.bmc_address:
         return None
+    deployment = node.deployment or {}
     return {"address": node.bmc_address, "tls": node.bmc_tls,
-            "reachable": node.bmc_reachable, "powerState": node.power_state or None}
+            "reachable": node.bmc_reachable, "powerState": node.power_state or None,
+            "polledAt": node.bmc_polled_at,
+            "deployment": {key: str(deployment.get(key, "")) for key in DEPLOYMENT_SHOWN}
+            if deployment else None}
 
 
 def node_conditions(node: Node) -> list[dict[str, Any]]:

@@ -68,3 +68,8 @@ def parse_bmc(text: str) -> BmcAddress:
     if not system.startswith(SYSTEMS) or not identity or "/" in identity:
         raise BadBmcAddress(f"the path must be {SYSTEMS}<system id>, not {parts.path or '/'}")
     return BmcAddress(SCHEMES[parts.scheme], parts.hostname, port, system)
+
+
+def same_uuid(a: str, b: str) -> bool:
+    """Product UUIDs as DMI and Redfish spell them (case and dashes aside)."""
+    return bool(a) and a.replace("-", "").lower() == b.replace("-", "").lower()

@@ -1,4 +1,5 @@
-"""`nodes enroll`, `verify`, `inspect`, `power`, `abort`: machines driven by their BMC."""
+"""`nodes enroll`, `verify`, `inspect`, `power`, `deploy`, `undeploy`, `abort`: machines
+driven by their BMC."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 import click
 
 from compute.cli.common import client, fail, output_options, read_json_file, show
+from compute.cli.durations import Duration
 from compute.cli.ledger import nodes
 
 NODE_COLUMNS = ["id", "hostname", "provisionState", "provisionError", "bmc.reachable",
                 "bmc.powerState"]
-STEPS_RUNNING = ("enrolled", "verifying", "manageable", "inspecting")
+STEPS_RUNNING = ("enrolled", "verifying", "manageable", "inspecting", "deploying", "deployed",
+                 "undeploying")
 WAIT_SECONDS = 600
 
 
@@ -28,9 +31,10 @@ def _credentials(path: str) -> dict[str, str]:
     return {"username": data["username"], "password": data["password"]}
 
 
-def _wait(node: dict[str, Any], tenant: str | None) -> dict[str, Any]:
+def _wait(node: dict[str, Any], tenant: str | None, seconds: float = WAIT_SECONDS
+          ) -> dict[str, Any]:
     """Follow the provision steps until the machine rests; each state change on stderr."""
-    seen, deadline = node["provisionState"], time.monotonic() + WAIT_SECONDS
+    seen, deadline = node["provisionState"], time.monotonic() + seconds
     click.echo(f"{node['id']}: {seen}", err=True)
     while node["provisionState"] in STEPS_RUNNING and time.monotonic() < deadline:
         time.sleep(1.0)
@@ -44,9 +48,9 @@ def _wait(node: dict[str, Any], tenant: str | None) -> dict[str, Any]:
 
 
 def _finish(node: dict[str, Any], *, wait: bool, tenant: str | None, output: str | None,
-            query: str | None) -> None:
+            query: str | None, seconds: float = WAIT_SECONDS) -> None:
     if wait:
-        node = _wait(node, tenant)
+        node = _wait(node, tenant, seconds)
     show(node, output=output, query=query, columns=NODE_COLUMNS)
     if wait and (node["provisionState"].endswith("-failed") or
                  node["provisionState"] in STEPS_RUNNING):
@@ -130,6 +134,39 @@ def _last_event(api: Any, node_id: str, tenant: str | None) -> int:
         if not page:
             return since
         since = page[-1]["seq"]
+
+
+@nodes.command("deploy")
+@click.argument("node_id")
+@click.option("--image", required=True, help="The image (name or id) whose disk is written.")
+@click.option("--ramdisk", default=None,
+              help="The deploy ramdisk image (default: the pool's bmc.deployRamdisk).")
+@click.option("--timeout", type=Duration(minimum="1m", maximum="24h"), default="30m",
+              show_default=True, help="How long the OS has to be written and join.")
+@click.option("--wait", is_flag=True, help="Follow the deploy until the node is adopted.")
+@output_options
+def nodes_deploy(node_id: str, image: str, ramdisk: str | None, timeout: int, wait: bool,
+                 output: str | None, query: str | None, tenant: str | None) -> None:
+    """Deploy an image to an available machine: it boots the deploy ramdisk, which writes
+    the image; the OS's agent joins as this node and is adopted after acceptance."""
+    node = client().call("nodes.deploy", {"nodeId": node_id, "image": image,
+                                          "ramdisk": ramdisk or "", "timeout": timeout},
+                         tenant=tenant)
+    _finish(node, wait=wait, tenant=tenant, output=output, query=query,
+            seconds=timeout / 1000 + 60)
+
+
+@nodes.command("undeploy")
+@click.argument("node_id")
+@click.option("--reason", required=True)
+@click.option("--wait", is_flag=True, help="Follow until the machine is available again.")
+@output_options
+def nodes_undeploy(node_id: str, reason: str, wait: bool, output: str | None,
+                   query: str | None, tenant: str | None) -> None:
+    """Take a deployed machine back: media ejected, powered off, available again."""
+    node = client().call("nodes.undeploy", {"nodeId": node_id, "reason": reason},
+                         tenant=tenant)
+    _finish(node, wait=wait, tenant=tenant, output=output, query=query)
 
 
 @nodes.command("abort")

@@ -184,6 +184,14 @@ class Nodes(Group):
         return self._call("nodes.cordon", {"nodeId": node_id, "reason": reason,
             "tenantId": tenant_id}, retry=False)
 
+    def deploy(self, *, node_id: str, image: str, ramdisk: str | None = None,
+            timeout: int | None = None, tenant_id: str | None = None) -> Any:
+        """Write an image to a machine through the deploy ramdisk; it is adopted when the OS's
+        agent joins and passes acceptance.
+        """
+        return self._call("nodes.deploy", {"nodeId": node_id, "image": image, "ramdisk": ramdisk,
+            "timeout": timeout, "tenantId": tenant_id}, retry=False)
+
     def enroll(self, *, pool_id: str, bmc: str, credentials: dict[str, Any],
             verify_ca: str | None = None, insecure: bool | None = None, hostname: str | None = None,
             tenant_id: str | None = None) -> Any:
@@ -222,6 +230,13 @@ class Nodes(Group):
             tenant_id: str | None = None) -> Any:
         """Let the placer use a node again."""
         return self._call("nodes.uncordon", {"nodeId": node_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
+    def undeploy(self, *, node_id: str, reason: str, tenant_id: str | None = None) -> Any:
+        """Eject the media and power a deployed machine off: available again (refused while it
+        holds reservations or sandboxes).
+        """
+        return self._call("nodes.undeploy", {"nodeId": node_id, "reason": reason,
             "tenantId": tenant_id}, retry=False)
 
     def verify(self, *, node_id: str, tenant_id: str | None = None) -> Any:

@@ -1,7 +1,9 @@
-"""API methods for bare metal: nodes.enroll, verify, inspect, power, abort."""
+"""API methods for bare metal: nodes.enroll, verify, inspect, power, deploy, undeploy,
+abort."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from rest_framework import serializers
@@ -21,6 +23,7 @@ from fleet.services.baremetal import (
     node_power,
     node_verify,
 )
+from fleet.services.deploy import node_deploy, node_undeploy
 
 
 class BmcCredentialsIn(Input):
@@ -78,6 +81,38 @@ class NodePowerIn(NodeIdIn):
 def nodes_power(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Power a machine on, off or cycle it through its BMC (answered once queued)."""
     return present_node(node_power(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class NodeDeployIn(NodeIdIn):
+    image = serializers.CharField(max_length=63, help_text="The image (name or id) whose "
+                                                           "disk is written to the machine.")
+    ramdisk = serializers.CharField(required=False, default="", max_length=63,
+                                    help_text="The deploy ramdisk image (default: the pool's "
+                                              "bmc.deployRamdisk).")
+    timeout = serializers.IntegerField(required=False, default=1_800_000, min_value=60_000,
+                                       max_value=86_400_000,
+                                       help_text="Milliseconds for the OS to write and join.")
+
+
+@endpoint("nodes", "deploy", returns=wire.NODE, input=NodeDeployIn, mutating=True,
+          subject=NODE, emits=(EventType.NODE_PROVISION_STATE,))
+def nodes_deploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Write an image to a machine through the deploy ramdisk; it is adopted when the
+    OS's agent joins and passes acceptance."""
+    data["timeout"] = timedelta(milliseconds=data["timeout"])
+    return present_node(node_deploy(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class NodeUndeployIn(NodeIdIn):
+    reason = serializers.CharField(max_length=300)
+
+
+@endpoint("nodes", "undeploy", returns=wire.NODE, input=NodeUndeployIn, mutating=True,
+          subject=NODE, emits=(EventType.NODE_PROVISION_STATE,))
+def nodes_undeploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Eject the media and power a deployed machine off: available again (refused while it
+    holds reservations or sandboxes)."""
+    return present_node(node_undeploy(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
 class NodeAbortIn(NodeIdIn):

@@ -27,6 +27,10 @@ class JoinToken(models.Model):
     expect_product_uuid = models.CharField(max_length=64, blank=True)
     expect_mac = models.CharField(max_length=17, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    adopts = models.ForeignKey(
+        "fleet.Node", on_delete=models.CASCADE, null=True, blank=True, related_name="+",
+        help_text="The enrolled machine a deploy minted this token for: the agent of the OS "
+                  "it writes joins as that node.")
     nodes = ArrayField(models.CharField(max_length=32), default=list, blank=True,
                        help_text="Nodes that joined with this token.")
 

@@ -10,8 +10,9 @@ from compute.fields import id_field
 
 class ProvisionState(models.TextChoices):
     """A joined machine: adopting -> adopted. A bare-metal machine enrolled by its BMC
-    first walks enrolled -> verifying -> manageable -> inspecting -> available (and on to
-    deploying -> deployed -> adopted); a failed step stays `*-failed` with its reason."""
+    first walks enrolled -> verifying -> manageable -> inspecting -> available, then
+    deploying -> deployed (its OS's agent joined) -> adopted (acceptance passed), and back
+    through undeploying -> available; a failed step stays `*-failed` with its reason."""
 
     ADOPTING = "adopting"
     ADOPTED = "adopted"
@@ -27,6 +28,8 @@ class ProvisionState(models.TextChoices):
     DEPLOYING = "deploying"
     DEPLOY_FAILED = "deploy-failed"
     DEPLOYED = "deployed"
+    UNDEPLOYING = "undeploying"
+    UNDEPLOY_FAILED = "undeploy-failed"
 
 
 class NodeRole(models.TextChoices):
@@ -107,6 +110,11 @@ class Node(models.Model):
                                                              "failed.")
     provision_command = models.CharField(max_length=32, blank=True,
                                          help_text="The command of the provision step running.")
+    deployment = models.JSONField(
+        default=dict, blank=True,
+        help_text="The last deploy: image, ramdisk, boot device, join token, deadline.")
+    bmc_polled_at = models.DateTimeField(null=True, blank=True,
+                                         help_text="When the BMC's power state was last asked.")
 
     class Meta:
         ordering = ["id"]
@@ -115,6 +123,9 @@ class Node(models.Model):
                                    name="fleet_node_vcpus_within_size"),
             models.CheckConstraint(condition=Q(memory_gib_allocated__lte=F("memory_gib")),
                                    name="fleet_node_memory_within_size"),
+            models.UniqueConstraint(
+                fields=["bmc_address"], name="fleet_node_one_enrolment_per_bmc",
+                condition=~Q(bmc_address="") & ~Q(provision_state=ProvisionState.RETIRED)),
         ]
 
     def __str__(self) -> str:

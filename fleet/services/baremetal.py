@@ -1,7 +1,8 @@
 """Bare metal: machines enrolled by their BMC and driven through the site's provisioner.
 
-enrolled -> verifying -> manageable -> inspecting -> available; a failed step stays
-`verify-failed` / `inspect-failed` with the reason until a retry or `nodes abort`. Every BMC
+enrolled -> verifying -> manageable -> inspecting -> available (deploy and undeploy are in
+fleet.services.deploy); a failed step stays `*-failed` with the reason until a retry or
+`nodes abort`. Every BMC
 action is a command for the site's provisioner (a bcd started with `--provisioner`), carrying
 the machine's credentials sealed to that provisioner's key for that one machine; at rest they
 are sealed under the KEK. A BMC that stops answering only marks the node: nothing it holds is
@@ -15,29 +16,42 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from django.db import IntegrityError, transaction
 
 from audit.sealing import SealedSecret, seal, unseal
 from audit.services import audit_record, audited
 from bcd.contract.bmc import CREDENTIALS_USE, BadBmcAddress, BmcAddress, parse_bmc
 from bcd.contract.crypto import jwe_seal
+from compute.db import database_now
 from compute.errors import AlreadyExists, InvalidArgument, InvalidState
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
-from fleet.models import Node, NodeCommand, NodeRole, ProvisionState
+from fleet.models import JoinToken, Node, NodeCommand, NodeRole, ProvisionState
 from fleet.selectors import access_node_by_id, access_pool_by_id
 from fleet.services.nodes import node_event
 from fleet.services.specs import command_create, desired_state_changed
 
 PS = ProvisionState
 # Each step: the state it runs in, where success leads, where failure leads.
+# A deploy's BMC step succeeds when the machine boots the deploy ramdisk: it stays
+# `deploying` until the agent of the OS it writes joins (fleet.services.deploy).
 STEPS = {"bmc.verify": (PS.VERIFYING, PS.MANAGEABLE, PS.VERIFY_FAILED),
-         "bmc.inspect": (PS.INSPECTING, PS.AVAILABLE, PS.INSPECT_FAILED)}
+         "bmc.inspect": (PS.INSPECTING, PS.AVAILABLE, PS.INSPECT_FAILED),
+         "bmc.deploy": (PS.DEPLOYING, PS.DEPLOYING, PS.DEPLOY_FAILED),
+         "bmc.undeploy": (PS.UNDEPLOYING, PS.AVAILABLE, PS.UNDEPLOY_FAILED)}
 # Where `nodes abort` leaves a machine: before the step it was in or that failed.
 ABORT_TO = {PS.VERIFYING: PS.ENROLLED, PS.VERIFY_FAILED: PS.ENROLLED,
-            PS.INSPECTING: PS.MANAGEABLE, PS.INSPECT_FAILED: PS.MANAGEABLE}
+            PS.INSPECTING: PS.MANAGEABLE, PS.INSPECT_FAILED: PS.MANAGEABLE,
+            PS.DEPLOYING: PS.AVAILABLE, PS.DEPLOY_FAILED: PS.AVAILABLE}
 VERIFY_FROM = (PS.ENROLLED, PS.VERIFY_FAILED)
 INSPECT_FROM = (PS.MANAGEABLE, PS.AVAILABLE, PS.INSPECT_FAILED)
 POWER_STATES = ("on", "off", "cycle")
+UNCHANGED = "unchanged"  # a poll that found the BMC as it was: nothing to audit
+BUSY = (PS.VERIFYING, PS.INSPECTING, PS.DEPLOYING, PS.UNDEPLOYING)
+
+
+class NoProvisioner(InvalidState):
+    """The machine's site has no provisioner to send a BMC command to."""
 
 
 def bmc_secret_name(node_id: str) -> str:
@@ -76,14 +90,23 @@ def node_enroll(*, tenant: Tenant, actor: Principal, pool_id: str, bmc: str, use
                             nodeId=existing.id)
     verify: dict[str, Any] = ({"insecure": True} if insecure else
                               {"caPem": verify_ca} if verify_ca else {})
-    node = Node.objects.create(pool=pool, site_id=pool.site_id, hostname=hostname,
-                               provision_state=PS.ENROLLED, bmc_address=str(address),
-                               bmc_verify=verify)
+    try:
+        with transaction.atomic():  # the partial unique index referees racing enrolments
+            node = Node.objects.create(pool=pool, site_id=pool.site_id, hostname=hostname,
+                                       provision_state=PS.ENROLLED, bmc_address=str(address),
+                                       bmc_verify=verify)
+    except IntegrityError:
+        raise AlreadyExists(f"{address} is already enrolled") from None
     node.pool = pool
     seal(bmc_secret_name(node.id), json.dumps({"username": username,
                                                 "password": password}).encode())
     node_event(node, EventType.NODE_ENROLLED, bmc=str(address), hostname=hostname)
-    command = _step(node, "bmc.verify")
+    try:
+        command: NodeCommand | None = step_start(node, "bmc.verify")
+    except NoProvisioner as missing:  # enrolled all the same: `nodes verify` once one runs
+        node.provision_error = missing.message
+        node.save(update_fields=["provision_error"])
+        command = None
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.enroll", target=node.id,
                  data={"poolId": pool.id, "bmc": str(address),
                        "tls": node.bmc_tls,
@@ -110,9 +133,9 @@ AGAIN = {"bmc.verify": (VERIFY_FROM, "verified", "node.verify"),
 
 def _step_again(tenant: Tenant, actor: Principal, node_id: str, kind: str) -> Node:
     allowed, verb, action = AGAIN[kind]
-    node = _bare_metal(tenant, node_id, allowed=allowed, action=verb)
-    command = _step(node, kind)
-    _audit(tenant, actor, node, action, command)
+    node = bare_metal_locked(tenant, node_id, allowed=allowed, action=verb)
+    command = step_start(node, kind)
+    provision_audit(tenant, actor, node, action, command)
     return node
 
 
@@ -123,15 +146,14 @@ def node_power(*, tenant: Tenant, actor: Principal, node_id: str, state: str,
     if state not in POWER_STATES:
         raise InvalidArgument(f"state: {state!r} is not one of {', '.join(POWER_STATES)}",
                               field="state")
-    node = _bare_metal(tenant, node_id, allowed=None, action="powered")
-    if node.provision_state in (PS.VERIFYING, PS.INSPECTING, PS.DEPLOYING):
+    node = bare_metal_locked(tenant, node_id, allowed=None, action="powered")
+    if node.provision_state in BUSY:
         raise InvalidState(f"node {node.id} is {node.provision_state}; power it once that "
                            "is done or aborted", provisionState=node.provision_state)
-    command = _queue(node, "bmc.power", state=state)
+    command = provisioner_command(node, "bmc.power", state=state)
     node_event(node, EventType.NODE_POWER_REQUESTED, state=state, reason=reason,
-               commandId=command.id if command else None, error=node.provision_error
-               if command is None else "")
-    _audit(tenant, actor, node, "node.power", command, state=state, reason=reason)
+               commandId=command.id)
+    provision_audit(tenant, actor, node, "node.power", command, state=state, reason=reason)
     return node
 
 
@@ -139,9 +161,11 @@ def node_power(*, tenant: Tenant, actor: Principal, node_id: str, state: str,
 def node_abort(*, tenant: Tenant, actor: Principal, node_id: str, reason: str) -> Node:
     """Stop a provision step (or clear its failure): the machine goes back to where it was
     before that step; a late answer of the step changes nothing."""
-    node = _bare_metal(tenant, node_id, allowed=tuple(ABORT_TO), action="aborted")
+    node = bare_metal_locked(tenant, node_id, allowed=tuple(ABORT_TO), action="aborted")
     before = node.provision_state
-    _move(node, ABORT_TO[PS(before)], reason=f"aborted: {reason}")
+    provision_move(node, ABORT_TO[PS(before)], reason=f"aborted: {reason}")
+    if before in (PS.DEPLOYING, PS.DEPLOY_FAILED):
+        deploy_token_revoke_locked(node)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.abort", target=node.id,
                  reason=reason, data={"from": before, "to": node.provision_state})
     return node
@@ -154,36 +178,45 @@ def bmc_result_locked(command: NodeCommand, status: str, output: dict[str, Any])
         pk=command.payload.get("target"), role=NodeRole.NODE).first()
     if target is None:
         return "no such machine"
-    _note_reachability(target, status, output)
+    reachability_changed = _note_reachability(target, status, output)
     succeeded = status == "succeeded"
     error = "" if succeeded else str(output.get("error") or (
         "the provisioner stopped while running it; its outcome is unknown"
         if status == "unknown" else status))
-    if "powerState" in output:
-        target.power_state = str(output["powerState"])[:16]
+    power = str(output.get("powerState") or target.power_state)[:16]
+    power_changed = power != target.power_state
+    if power_changed:
+        target.power_state = power
         target.save(update_fields=["power_state"])
+    if command.kind == "bmc.status":
+        return "changed" if reachability_changed or power_changed else UNCHANGED
     if command.kind == "bmc.power":
         node_event(target, EventType.NODE_POWER, state=command.payload.get("state"),
                    powerState=target.power_state, error=error)
         return "powered" if succeeded else f"power failed: {error}"
     if command.kind not in STEPS:
-        return "recorded"
+        return "recorded"  # a poll: reachability and power state are all it tells
     running, passed, failed = STEPS[command.kind]
     if target.provision_state != running or target.provision_command != command.id:
         return "stale"  # aborted, or a later attempt of this step runs
     if not succeeded:
-        _move(target, failed, reason=error)
+        provision_move(target, failed, reason=error)
+        if command.kind == "bmc.deploy":
+            deploy_token_revoke_locked(target)
         return str(failed)
     if command.kind == "bmc.inspect":
         _identity(target, output)
-    _move(target, passed, reason="")
+    if command.kind == "bmc.deploy":
+        target.deployment = {**target.deployment, "booted": output}
+        target.save(update_fields=["deployment"])
+    provision_move(target, passed, reason="", command_id="")
     if passed == PS.MANAGEABLE:
-        _step(target, "bmc.inspect")  # a verified machine is inspected next
-    return str(passed)
+        step_start(target, "bmc.inspect")  # a verified machine is inspected next
+    return "booting the deploy ramdisk" if command.kind == "bmc.deploy" else str(passed)
 
 
-def _bare_metal(tenant: Tenant, node_id: str, *, allowed: tuple[str, ...] | None,
-                action: str) -> Node:
+def bare_metal_locked(tenant: Tenant, node_id: str, *, allowed: tuple[str, ...] | None,
+                      action: str) -> Node:
     node = access_node_by_id(tenant=tenant, node_id=node_id, lock=True)
     if not node.bmc_address:
         raise InvalidState(f"node {node.id} joined by itself and has no BMC; only an enrolled "
@@ -195,40 +228,49 @@ def _bare_metal(tenant: Tenant, node_id: str, *, allowed: tuple[str, ...] | None
     return node
 
 
-def _step(node: Node, kind: str) -> NodeCommand | None:
+def step_start(node: Node, kind: str, **params: Any) -> NodeCommand:
     """Start a provision step: the command for the provisioner, and the step's state."""
-    command = _queue(node, kind)
-    if command is None:
-        return None
-    _move(node, STEPS[kind][0], reason="", command_id=command.id)
+    command = provisioner_command(node, kind, **params)
+    provision_move(node, STEPS[kind][0], reason="", command_id=command.id)
     return command
 
 
-def _queue(node: Node, kind: str, **params: Any) -> NodeCommand | None:
-    """A command for the site's provisioner about `node`, with the BMC credentials sealed to
-    that provisioner for this machine. None (and the reason on the node) when the site has
-    no provisioner."""
+def provisioner_command(node: Node, kind: str, *, sealed: dict[str, bytes] | None = None,
+                        **params: Any) -> NodeCommand:
+    """A command for the site's provisioner about `node`, with the BMC credentials (and any
+    other `sealed` secret) sealed to that provisioner for this machine."""
     provisioner = (Node.objects.filter(site_id=node.site_id, role=NodeRole.PROVISIONER)
                    .exclude(provision_state=PS.RETIRED).exclude(public_key="")
                    .order_by("connectivity", "-last_heartbeat_at").first())
     if provisioner is None:
-        node.provision_error = (f"site {node.site_id} has no provisioner: start `bcd node "
-                                f"--provisioner` on a machine that reaches the BMCs")
-        node.save(update_fields=["provision_error"])
-        return None
+        raise NoProvisioner(f"site {node.site_id} has no provisioner: start `bcd node "
+                            "--provisioner` on a machine that reaches the BMCs",
+                            siteId=node.site_id)
     recipient = load_pem_public_key(provisioner.public_key.encode())
     if not isinstance(recipient, ec.EllipticCurvePublicKey):
         raise InvalidState(f"provisioner {provisioner.id} has no EC key")
     row = SealedSecret.objects.get(pk=bmc_secret_name(node.id))
-    sealed = jwe_seal(unseal(row), recipient, {"use": CREDENTIALS_USE, "node": node.id})
+    secrets = {"credentials": (CREDENTIALS_USE, unseal(row))}
+    secrets.update({name: (name, value) for name, value in (sealed or {}).items()})
     command = command_create(node_id=provisioner.id, kind=kind, payload={
         "target": node.id, "address": node.bmc_address, "verify": node.bmc_verify,
-        "credentials": sealed, **params})
+        **{name: jwe_seal(value, recipient, {"use": use, "node": node.id})
+           for name, (use, value) in secrets.items()}, **params})
+    node.bmc_polled_at = database_now()  # a command is a poll: the next one can wait
+    node.save(update_fields=["bmc_polled_at"])
     desired_state_changed()
     return command
 
 
-def _move(node: Node, state: str, *, reason: str, command_id: str = "") -> None:
+def deploy_token_revoke_locked(node: Node) -> None:
+    """The join token a deploy minted for this machine can no longer be used."""
+    token_id = node.deployment.get("tokenId")
+    if token_id:
+        JoinToken.objects.filter(pk=token_id, revoked_at__isnull=True).update(
+            revoked_at=database_now())
+
+
+def provision_move(node: Node, state: str, *, reason: str, command_id: str = "") -> None:
     """Into `state`, keeping the failure's reason (or none) and the command of the step
     it now runs (an answer to any other is stale)."""
     before = node.provision_state
@@ -241,15 +283,17 @@ def _move(node: Node, state: str, *, reason: str, command_id: str = "") -> None:
                    reason=reason)
 
 
-def _note_reachability(node: Node, status: str, output: dict[str, Any]) -> None:
-    """Whether the BMC answered (a refusal is an answer); an event when that changes."""
+def _note_reachability(node: Node, status: str, output: dict[str, Any]) -> bool:
+    """Whether the BMC answered (a refusal is an answer); an event when that changes (and
+    True)."""
     reachable = not output.get("unreachable") if status != "unknown" else node.bmc_reachable
     if reachable is None or reachable == node.bmc_reachable:
-        return
+        return False
     node.bmc_reachable = reachable
     node.save(update_fields=["bmc_reachable"])
     node_event(node, EventType.NODE_BMC_REACHABLE if reachable
                else EventType.NODE_BMC_UNREACHABLE, error=str(output.get("error", "")))
+    return True
 
 
 def _identity(node: Node, found: dict[str, Any]) -> None:
@@ -265,8 +309,8 @@ def _identity(node: Node, found: dict[str, Any]) -> None:
                              "hostname"])
 
 
-def _audit(tenant: Tenant, actor: Principal, node: Node, action: str,
-           command: NodeCommand | None, **data: Any) -> None:
+def provision_audit(tenant: Tenant, actor: Principal, node: Node, action: str,
+                    command: NodeCommand | None, **data: Any) -> None:
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action=action, target=node.id,
                  reason=str(data.pop("reason", "")),
                  data={"commandId": command.id if command else None,

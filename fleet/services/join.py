@@ -17,13 +17,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from audit.services import audit_denied, audit_record, audited
+from bcd.contract.bmc import same_uuid
 from bcd.contract.crypto import BadJwe, jwe_open, public_pem, sign_document, spki_pin
 from compute import secrets
 from compute.db import database_now
-from compute.errors import ComputeError
+from compute.errors import ComputeError, InvalidState
 from compute.tenancy.selectors import root_tenant
 from fleet.models import JoinToken, Node, NodeRole, ProvisionState, SpentSeal
 from fleet.pki import issue_node_certificate, pki, spiffe_id
+from fleet.services.deploy import deploy_join_locked
 from fleet.services.join_tokens import TOKEN_SCHEME
 from fleet.services.nodes import node_create_locked
 
@@ -105,8 +107,18 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
         raise _Refusal("this sealed token was already used (a replay)", token)
     SpentSeal.objects.create(digest=seal, token=token)
     _check_binding(token, hardware)
-    node = _rejoining_node(token, key_pin, hardware)
-    if node is None:
+    node = _rejoining_node(token, key_pin, hardware) if token.adopts_id is None else None
+    if token.adopts_id is not None:  # the OS a deploy wrote joins as the enrolled machine
+        if token.uses >= token.max_uses:
+            raise _Refusal("the deploy's token was used already", token)
+        try:
+            node = deploy_join_locked(token)
+        except InvalidState as error:
+            raise _Refusal(error.message, token) from None
+        token.uses += 1
+        token.nodes = [*token.nodes, node.id]
+        token.save(update_fields=["uses", "nodes"])
+    elif node is None:
         if token.uses >= token.max_uses:
             raise _Refusal("the token has no uses left", token)
         token.uses += 1
@@ -132,8 +144,8 @@ def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, 
 def _check_binding(token: JoinToken, hardware: Hardware) -> None:
     if token.expect_serial and hardware.serial != token.expect_serial:
         raise _Refusal("the machine's serial does not match the token's binding", token)
-    if token.expect_product_uuid and hardware.product_uuid.lower() != \
-            token.expect_product_uuid.lower():
+    if token.expect_product_uuid and not same_uuid(hardware.product_uuid,
+                                                   token.expect_product_uuid):
         raise _Refusal("the machine's product UUID does not match the token's binding", token)
     if token.expect_mac and token.expect_mac not in {m.lower() for m in hardware.macs}:
         raise _Refusal("none of the machine's MACs matches the token's binding", token)

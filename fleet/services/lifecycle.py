@@ -25,11 +25,12 @@ from fleet.models import (
     ProvisionState,
 )
 from fleet.selectors import access_node_by_id
-from fleet.services.baremetal import bmc_result_locked
+from fleet.services.baremetal import UNCHANGED, bmc_result_locked
 from fleet.services.nodes import node_adopt_locked, node_event
 from fleet.services.specs import command_create, desired_state_changed
 
 FINISHED = (CommandState.SUCCEEDED, CommandState.FAILED, CommandState.UNKNOWN)
+ACCEPTING = (ProvisionState.ADOPTING, ProvisionState.DEPLOYED)
 
 
 def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand]:
@@ -91,6 +92,8 @@ def command_result_locked(node: Node, *, command_id: str, status: str,
         summary["acceptance"] = _acceptance_progress(node, command, status, output)
     if command.kind.startswith("bmc."):
         summary["provision"] = bmc_result_locked(command, status, output)
+        if summary["provision"] == UNCHANGED:
+            return None  # a poll that found the BMC as it was
     return summary
 
 
@@ -116,7 +119,7 @@ def command_outcome_unknown(*, command_id: str) -> None:
 
 def _acceptance_progress(node: Node, command: NodeCommand, status: str,
                          output: dict[str, Any]) -> str:
-    if node.provision_state != ProvisionState.ADOPTING or node.acceptance.get(
+    if node.provision_state not in ACCEPTING or node.acceptance.get(
             "attempt") != command.payload.get("acceptance"):
         return "stale"  # a result of an older attempt
     ok, why = _passes(command, status, output)

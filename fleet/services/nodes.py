@@ -143,7 +143,8 @@ def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, prod
 
 def node_adopt_locked(node: Node, *, checks: list[str]) -> Node:
     """The node passed its pool's acceptance checks: the placer may now consider it."""
-    if node.provision_state not in (ProvisionState.ADOPTING, ProvisionState.ACCEPTANCE_FAILED):
+    if node.provision_state not in (ProvisionState.ADOPTING, ProvisionState.DEPLOYED,
+                                    ProvisionState.ACCEPTANCE_FAILED):
         raise InvalidState(f"node {node.id} is {node.provision_state}, not adopting",
                            provisionState=node.provision_state)
     node.provision_state = ProvisionState.ADOPTED

@@ -139,7 +139,8 @@ def _claim(*, report_id: str, node_id: str, kind: str) -> bool:
 
 @audited
 def inventory_report_record(*, node_id: str, epoch: int, report_id: str, body: str) -> bool:
-    """Ingest an inventory report; the first one of an adopting node starts acceptance.
+    """Ingest an inventory report; the first one of an adopting node (or of a deployed
+    machine's new OS) starts acceptance.
 
     Returns False for a duplicate report (nothing written).
     """
@@ -148,7 +149,7 @@ def inventory_report_record(*, node_id: str, epoch: int, report_id: str, body: s
     if not _claim(report_id=report_id, node_id=node_id, kind="inventory"):
         return False
     summary: dict[str, Any] = node_inventory_ingest_locked(node, report)
-    if node.provision_state == PS.ADOPTING and not node.acceptance:
+    if node.provision_state in (PS.ADOPTING, PS.DEPLOYED) and not node.acceptance:
         acceptance_start_locked(node)
         summary["acceptanceAttempt"] = node.acceptance["attempt"]
     _audit(node, "node.inventory", reportId=report_id, **summary)

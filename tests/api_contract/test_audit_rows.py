@@ -32,8 +32,14 @@ def metal(clients: Any, world: dict[str, str], state: str) -> str:
     enrolled = clients.root("nodes.enroll", poolId=world["pool"],
                             bmc=f"redfish+https://10.9.1.1/redfish/v1/Systems/{state}",
                             credentials={"username": "admin", "password": "pw"})
-    Node.objects.filter(pk=enrolled["id"]).update(provision_state=state)
+    Node.objects.filter(pk=enrolled["id"]).update(provision_state=state,
+                                                  product_uuid=f"uuid-{state}")
     return enrolled["id"]
+
+
+def disk_image(clients: Any, world: dict[str, str], name: str) -> str:
+    return clients.root("images.create", poolId=world["pool"], name=name, kernel=PART,
+                        initrd=PART, disk=PART)["name"]
 
 
 # name -> (the audit action it writes, (client, body) of one valid call); `world` holds
@@ -92,6 +98,11 @@ CALLS: dict[str, tuple[str, Call]] = {
         c.root, {"nodeId": metal(c, w, "manageable")})),
     "nodes.power": ("node.power", lambda c, w: (
         c.root, {"nodeId": metal(c, w, "available"), "state": "on"})),
+    "nodes.deploy": ("node.deploy", lambda c, w: (
+        c.root, {"nodeId": metal(c, w, "available"), "image": disk_image(c, w, "os"),
+                 "ramdisk": disk_image(c, w, "deploy")})),
+    "nodes.undeploy": ("node.undeploy", lambda c, w: (
+        c.root, {"nodeId": metal(c, w, "adopted"), "reason": "retire the OS"})),
     "nodes.abort": ("node.abort", lambda c, w: (
         c.root, {"nodeId": metal(c, w, "inspect-failed"), "reason": "replaced the BMC"})),
 }

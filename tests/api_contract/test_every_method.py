@@ -32,6 +32,8 @@ EXTRA: dict[str, dict[str, Any]] = {
                      "credentials": {"username": "admin", "password": "pw"}},
     "nodes.power": {"state": "on"},
     "nodes.abort": {"reason": "intruder"},
+    "nodes.deploy": {"image": "default", "ramdisk": "default"},
+    "nodes.undeploy": {"reason": "intruder"},
 }
 
 # Valid bodies for methods that act on the tenant as a whole.

