@@ -226,11 +226,11 @@ def _deploy(system: Any, payload: dict[str, Any], key: ec.EllipticCurvePrivateKe
 
 
 def _undeploy(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    """Eject the deploy media and power the machine off."""
+    """Eject the deploy media, boot from disk next and power the machine off."""
     for drive in _cd_drives(system):
         if drive.inserted:
             drive.eject_media()
-    return _power(system, {"state": "off"})
+    return {**_boot(system, {"device": "hdd"}), **_power(system, {"state": "off"})}
 
 
 def _on() -> Any:

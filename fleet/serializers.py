@@ -99,7 +99,7 @@ NODE = obj(
                      powerState=nullable(STRING), polledAt=nullable(TIME),
                      deployment=nullable(obj(image=STRING, imageId=STRING, ramdiskId=STRING,
                                              boot=STRING, startedAt=STRING,
-                                             deadline=STRING)))))
+                                             bootedAt=STRING, deadline=STRING)))))
 DEVICE = obj(id=STRING, uuid=STRING, index=INTEGER, product=STRING, model=STRING,
              vramGiB=INTEGER, nvlinkDomain=nullable(STRING), profile=nullable(STRING),
              parentId=nullable(STRING), health=STRING, healthReason=nullable(STRING),
@@ -144,7 +144,8 @@ def present_node(node: Node) -> dict[str, Any]:
     }
 
 
-DEPLOYMENT_SHOWN = ("image", "imageId", "ramdiskId", "boot", "startedAt", "deadline")
+DEPLOYMENT_SHOWN = ("image", "imageId", "ramdiskId", "boot", "startedAt", "bootedAt",
+                    "deadline")
 
 
 def present_bmc(node: Node) -> dict[str, Any] | None:

@@ -247,10 +247,12 @@ def _gateway_env(env: dict[str, str], state_dir: Path) -> dict[str, str]:
 
 
 def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
-                       state_dir: Path, env: dict[str, str]) -> tuple[str, int]:
+                       state_dir: Path, env: dict[str, str], deploy_listen: str
+                       ) -> tuple[str, int]:
     """Start the site's provisioner: a real bcd (`node --provisioner`) that speaks Redfish to
-    the BMCs of machines enrolled with `nodes enroll`. It joins once and keeps its identity.
-    Returns its node id and its session epoch before this start."""
+    the BMCs of machines enrolled with `nodes enroll`, and serves deploy ramdisks their
+    instructions on `deploy_listen`. It joins once and keeps its identity. Returns its node
+    id and its session epoch before this start."""
     root = state_dir / "provisioner"
     if joined_config(Paths(root)) is None:
         _join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
@@ -259,7 +261,8 @@ def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
     if config is None:
         raise CliError(f"the provisioner did not join: {root} holds no config")
     before = api.call("nodes.get", {"nodeId": config.node_id})["sessionEpoch"]
-    stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", "--provisioner"],
+    stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", "--provisioner",
+                 "--deploy-listen", deploy_listen],
                 {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, name="provisioner")
     return config.node_id, before
 
@@ -384,11 +387,12 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         guest = _default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
                                downloads, f"http://{host}:{port}")
         started: list[tuple[str, int]] = []
+        deploy_listen = f"{host}:{free_port()}"
 
         def start_provisioner() -> None:  # it joins after the machines, runs beside them
             started.append(_provisioner_start(stack, api, pool_id=ids.get("cpuPoolId") or
                                               ids["poolId"], server=url, state_dir=state_dir,
-                                              env=env))
+                                              env=env, deploy_listen=deploy_listen))
 
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,
@@ -399,7 +403,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _provisioner_wait(stack, api, *started[0])
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": token_file.read_text(),
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
-                   "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"]}
+                   "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"],
+                   "DEPLOY_URL": f"http://{deploy_listen}/v1/deploy"}
         if "cpuPoolId" in ids:
             exports["CPU_POOL"] = ids["cpuPoolId"]
         exports.update(guest)

@@ -207,7 +207,8 @@ def bmc_result_locked(command: NodeCommand, status: str, output: dict[str, Any])
     if command.kind == "bmc.inspect":
         _identity(target, output)
     if command.kind == "bmc.deploy":
-        target.deployment = {**target.deployment, "booted": output}
+        target.deployment = {**target.deployment, "booted": output,
+                             "bootedAt": database_now().isoformat()}
         target.save(update_fields=["deployment"])
     provision_move(target, passed, reason="", command_id="")
     if passed == PS.MANAGEABLE:

@@ -3,17 +3,20 @@ loopback port, enrolled through `dev`'s provisioner (a real `bcd node --provisio
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import uuid
 
+import httpx
 import psycopg
 import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
-from tests.support.redfish import USERNAME, Emulator
+from tests.support.redfish import USERNAME, Emulator, served
 from tests.support.waiting import wait_until
 
 PASSWORD = f"bmc-{uuid.uuid4().hex[:12]}-pw"
@@ -24,7 +27,8 @@ MACHINES = {name: {"uuid": str(uuid.uuid4()), "name": name, "power_state": "Off"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    running = start_stack(tmp_path_factory.mktemp("metal"), "--sim", "0")
+    running = start_stack(tmp_path_factory.mktemp("metal"), "--sim", "0",
+                          env_extra={"BETTER_COMPUTE_BMC_POLL_SECONDS": "3"})
     yield running
     stop_stack(running)
 
@@ -150,6 +154,130 @@ def test_a_provisioner_killed_mid_power_action_does_not_power_twice(stack, bmc, 
     assert "stopped while running it" in result["error"], result
     assert bmc.requests("POST", resets) == 1  # not run again
     assert wait_until(lambda: bmc.system(system)["PowerState"] == "On", 30)
+
+
+def deployed_os_uuid(hostname: str) -> str:
+    """The product UUID the simulated machine `hostname` reports (as DMI spells it), so the
+    BMC's system and the OS that joins are one machine."""
+    from bcd.inventory.fake import SimulatedInventory
+
+    raw = SimulatedInventory(hostname).host()["productUuid"]
+    return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    """The images, over HTTP: the BMC downloads the deploy ISO it inserts."""
+    root = tmp_path_factory.mktemp("media")
+    (root / "deploy.iso").write_bytes(b"\0" * 65536)
+    (root / "os.raw").write_bytes(b"\1" * 65536)
+    with served(root) as url:
+        yield url, root
+
+
+def image(stack, media, name, disk):
+    url, root = media
+    digest = hashlib.sha256((root / disk).read_bytes()).hexdigest()
+    stack.ok("images", "create", "--pool", stack.env["POOL"], "--name", name,
+             "--kernel", f"{url}/{disk}", "--kernel-sha256", digest, "--initrd",
+             f"{url}/{disk}", "--initrd-sha256", digest, "--disk", f"{url}/{disk}",
+             "--disk-sha256", digest)
+
+
+def test_a_deploy_boots_the_ramdisk_and_the_os_it_writes_joins_as_the_node(
+        stack, media, tmp_path_factory, tmp_path):
+    """The emulator shows the ISO in the virtual CD, the next boot set to it and the power
+    on; the ramdisk's lookup at the provisioner gets the image and a join token once; the
+    OS's agent (a simulated machine with this UUID) joins with it as the same node, passes
+    acceptance and is adopted. Undeploy ejects the media and powers off."""
+    name = "metal-os"
+    system = {"uuid": deployed_os_uuid(name), "name": name, "power_state": "Off",
+              "nics": [{"mac": "52:54:00:aa:cc:01", "ip": "10.0.0.21"}]}
+    MACHINES[name] = system
+    emulator = Emulator(tmp_path_factory.mktemp("deploy-bmc"), PASSWORD, [system]).start()
+    try:
+        image(stack, media, "os", "os.raw")
+        image(stack, media, "deploy", "deploy.iso")
+        assert enroll(stack, emulator, name, credentials(tmp_path)).returncode == 0
+        machine = node_of(stack, name)["id"]
+        deploying = stack.json("nodes", "deploy", machine, "--image", "os", "--ramdisk",
+                               "deploy", "--timeout", "10m")
+        assert deploying["provisionState"] == "deploying"
+        cd = f"/redfish/v1/Systems/{system['uuid']}/VirtualMedia/Cd"
+        assert wait_until(lambda: emulator.system(system["uuid"])["PowerState"] == "On", 60)
+        # (the emulator keeps every override Continuous, whatever was asked)
+        assert emulator.system(system["uuid"])["Boot"]["BootSourceOverrideTarget"] == "Cd"
+        drive = emulator.get(cd)
+        assert (drive["Inserted"], drive["Image"]) == (True, f"{media[0]}/deploy.iso")
+        lookup = f"{stack.env['DEPLOY_URL']}?serial=&productUuid={system['uuid']}"
+        assert httpx.get(f"{stack.env['DEPLOY_URL']}?productUuid={uuid.uuid4()}").status_code \
+            == 404
+        instructions = httpx.get(lookup, timeout=10).json()
+        assert instructions["image"]["url"] == f"{media[0]}/os.raw"
+        assert httpx.get(lookup, timeout=10).status_code == 404  # handed out once
+        join = instructions["join"]
+        root = tmp_path / "deployed-os"
+        token_file = tmp_path / "token"
+        token_file.write_text(join["token"])
+        token_file.chmod(0o600)
+        joined = subprocess.run(
+            [sys.executable, "-m", "bcd", "--root", str(root), "join", "--server",
+             join["server"], "--serving-ca-pin", join["servingCaPin"], "--join-signing-pin",
+             join["joinSigningPin"], "--join-encryption-pin", join["joinEncryptionPin"],
+             "--token-file", str(token_file), "--sim", "--hostname", name],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert joined.returncode == 0, joined.stderr
+        assert f"joined as {machine}" in joined.stdout
+        agent = subprocess.Popen([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert wait_until(lambda: stack.json("nodes", "get", machine)["provisionState"]
+                              == "adopted", 120)
+            adopted = stack.json("nodes", "get", machine)
+            assert adopted["schedulable"]
+            states = [e["payload"]["to"] for e in events(stack, machine,
+                                                         "node.provision_state")]
+            assert states[-2:] == ["deploying", "deployed"]
+        finally:
+            agent.terminate()
+            agent.wait(timeout=30)
+        stack.json("nodes", "cordon", machine)
+        undeployed = stack.cli("nodes", "undeploy", machine, "--reason", "done", "--wait",
+                               "--output", "json", timeout=180)
+        assert undeployed.returncode == 0, undeployed.stderr
+        assert json.loads(undeployed.stdout)["provisionState"] == "available"
+        assert emulator.system(system["uuid"])["PowerState"] == "Off"
+        assert emulator.get(cd)["Inserted"] is False
+        assert emulator.system(system["uuid"])["Boot"]["BootSourceOverrideTarget"] == "Hdd"
+    finally:
+        emulator.stop()
+
+
+def test_a_bmc_gone_mid_deploy_marks_the_node_and_changes_nothing_else(
+        stack, media, tmp_path_factory, tmp_path):
+    name = "metal-gone"
+    system = {"uuid": str(uuid.uuid4()), "name": name, "power_state": "Off",
+              "nics": [{"mac": "52:54:00:aa:cc:02", "ip": "10.0.0.22"}]}
+    MACHINES[name] = system
+    emulator = Emulator(tmp_path_factory.mktemp("gone-bmc"), PASSWORD, [system]).start()
+    try:
+        if not [i for i in stack.json("images", "list", "--pool", stack.env["POOL"])["items"]
+                if i["name"] == "deploy"]:
+            image(stack, media, "os", "os.raw")
+            image(stack, media, "deploy", "deploy.iso")
+        assert enroll(stack, emulator, name, credentials(tmp_path)).returncode == 0
+        machine = node_of(stack, name)["id"]
+        stack.json("nodes", "deploy", machine, "--image", "os", "--ramdisk", "deploy")
+        assert wait_until(lambda: stack.json("nodes", "get", machine)["bmc"]["deployment"][
+            "bootedAt"], 60)  # booting the ramdisk, waiting for its OS to join
+        emulator.stop()
+        assert wait_until(lambda: stack.json("nodes", "get", machine)["bmc"]["reachable"]
+                          is False, 60)  # the poll found it gone
+        after = stack.json("nodes", "get", machine)
+        assert after["provisionState"] == "deploying"  # nothing failed, released or retired
+        assert len(events(stack, machine, "node.bmc.unreachable")) == 1
+    finally:
+        emulator.stop()
 
 
 def test_no_bmc_password_in_logs_events_audit_answers_or_processes(stack, bmc):

@@ -5,6 +5,7 @@ screenshots under build/screenshots/<test name>/."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
-from tests.support.redfish import USERNAME, Emulator
+from tests.support.redfish import USERNAME, Emulator, served
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -417,5 +418,28 @@ def test_a_machine_is_enrolled_by_its_bmc_and_powered_from_the_console(stack, br
         expect(page.locator("#power")).to_have_text("On")
         page.screenshot(path=shots / "bare-metal-node.png", full_page=True)
         assert "console-bmc-pw" not in page.content()
+        (tmp_path / "media").mkdir()
+        (tmp_path / "media" / "deploy.iso").write_bytes(b"\0" * 4096)
+        with served(tmp_path / "media") as url:
+            digest = hashlib.sha256(b"\0" * 4096).hexdigest()
+            for name in ("console-os", "console-ramdisk"):
+                stack.ok("images", "create", "--pool", stack.env["POOL"], "--name", name,
+                         *[arg for part in ("kernel", "initrd", "disk") for arg in (
+                             f"--{part}", f"{url}/deploy.iso", f"--{part}-sha256", digest)])
+            page.reload()
+            deploy = page.locator("form[data-action='nodes.deploy']")
+            deploy.locator("select[name=image]").select_option("console-os")
+            deploy.locator("select[name=ramdisk]").select_option("console-ramdisk")
+            with page.expect_navigation():
+                deploy.locator("button").click()
+            expect(page.locator("#provision-state")).to_have_text("deploying")
+            expect(page.locator("#deployment")).to_contain_text("console-os via cd")
+            assert wait_until(lambda: bmc.get(f"/redfish/v1/Systems/{system['uuid']}"
+                                              "/VirtualMedia/Cd")["Inserted"], 60)
+        abort = page.locator("form[data-action='nodes.abort']")
+        abort.locator("input[name=reason]").fill("wrong image")
+        with page.expect_navigation():
+            abort.locator("button").click()
+        expect(page.locator("#provision-state")).to_have_text("available")
     finally:
         bmc.stop()

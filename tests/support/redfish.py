@@ -6,11 +6,16 @@ line per HTTP request) shows every action the provisioner took.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +76,11 @@ class Emulator:
 
     def system(self, uuid: str) -> dict[str, Any]:
         """The system as the BMC shows it now."""
-        answer = httpx.get(f"http://127.0.0.1:{self.port}/redfish/v1/Systems/{uuid}",
+        return self.get(f"/redfish/v1/Systems/{uuid}")
+
+    def get(self, path: str) -> dict[str, Any]:
+        """A Redfish resource as the BMC shows it now."""
+        answer = httpx.get(f"http://127.0.0.1:{self.port}{path}",
                            auth=(USERNAME, self.password), timeout=5)
         answer.raise_for_status()
         return answer.json()
@@ -81,3 +90,15 @@ class Emulator:
         may colour them: CI=true in the environment turns werkzeug's colours on)."""
         text = ANSI_STYLE.sub("", self.log.read_text(errors="replace"))
         return sum(1 for line in text.splitlines() if f'"{method} ' in line and path_part in line)
+
+
+@contextmanager
+def served(directory: Path) -> Iterator[str]:
+    """Serve `directory` over HTTP on loopback (the BMC downloads the media it inserts)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        SimpleHTTPRequestHandler, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()

@@ -89,15 +89,21 @@ def nodes(request: HttpRequest, page: Page) -> HttpResponse:
         "pools": page.call("pools.list", limit=1000)["items"] if can_enroll else []})
 
 
+DEPLOYABLE = ("available", "deploy-failed")
+
+
 @console_page
 def node(request: HttpRequest, page: Page, node_id: str) -> HttpResponse:
     """One node: inventory, conditions, connectivity, events, and its actions."""
     found = page.call("nodes.get", nodeId=node_id)
     events = page.call("nodes.events", nodeId=node_id, limit=100)["items"]
     held = gpus_held_now(found["id"])  # the node is the tenant's: nodes.get said so
+    images = (page.call("images.list", poolId=found["poolId"], limit=1000)["items"]
+              if found["bmc"] and found["provisionState"] in DEPLOYABLE else [])
     return page.render("console/node.html", {"node": found, "events": events, "held": held,
                                              "sandboxes": sandboxes_on_node(found["id"]),
-                                             "can_act": page.can("nodes.cordon")})
+                                             "can_act": page.can("nodes.cordon"),
+                                             "disk_images": [i for i in images if i.get("disk")]})
 
 
 @console_page
