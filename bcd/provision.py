@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -26,6 +27,7 @@ from bcd.deploys import Deploys
 logger = logging.getLogger("bcd.provision")
 Result = tuple[str, dict[str, Any]]
 POWER_SETTLE_SECONDS = 60.0  # how long a power action may take to show in the BMC
+FINISH_OFF_SECONDS = 120.0  # how long a ramdisk that wrote its image has to power off
 
 
 class Refused(Exception):
@@ -46,14 +48,12 @@ def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey,
     """Run one `bmc.*` command; never raises for what the BMC does."""
     actions: dict[str, Callable[[Any, dict[str, Any]], dict[str, Any]]] = {
         "bmc.verify": _verify, "bmc.status": _verify, "bmc.inspect": _inspect,
-        "bmc.power": _power, "bmc.boot": _boot, "bmc.undeploy": _undeploy,
-        "bmc.deploy": lambda system, p: _deploy(system, p, key, site)}
-    if kind not in actions:
+        "bmc.power": _power, "bmc.boot": _boot, "bmc.undeploy": _undeploy}
+    if kind not in (*actions, "bmc.deploy"):
         return "failed", {"error": f"unknown command {kind}"}
     if kind == "bmc.undeploy" and site is not None:
         site.deploys.withdraw(str(payload.get("target", "")))
     try:
-        import sushy
         from sushy import exceptions as redfish
     except ImportError:
         return "failed", {"error": "this provisioner has no Redfish client (pip install sushy)"}
@@ -65,10 +65,9 @@ def run_bmc(kind: str, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey,
     except (Refused, BadBmcAddress) as refusal:
         return "failed", {"error": f"refused: {refusal}"}
     try:
-        with _verify_setting(payload.get("verify") or {}) as verify:
-            client = sushy.Sushy(address.service_root, username=username, password=password,
-                                 verify=verify)
-            system = client.get_system(address.system_path)
+        actions["bmc.deploy"] = partial(_deploy, key=key, site=site, finish=partial(
+            _finish_deploy, payload, username, password))  # finished once its image is written
+        with _system(payload, username, password) as system:
             return "succeeded", actions[kind](system, payload)
     except redfish.ConnectionError as error:
         return "failed", {"error": f"the BMC at {address} did not answer: {_first_line(error)}",
@@ -98,6 +97,18 @@ def _opened(payload: dict[str, Any], key: ec.EllipticCurvePrivateKey, name: str,
     if header.get("use") != use or header.get("node") != payload.get("target"):
         raise Refused(f"the {name} was sealed for another machine")
     return plaintext
+
+
+@contextmanager
+def _system(payload: dict[str, Any], username: str, password: str) -> Iterator[Any]:
+    """The BMC's system the payload names, over a session with these credentials."""
+    import sushy
+
+    address = parse_bmc(str(payload.get("address", "")))
+    with _verify_setting(payload.get("verify") or {}) as verify:
+        client = sushy.Sushy(address.service_root, username=username, password=password,
+                             verify=verify)
+        yield client.get_system(address.system_path)
 
 
 @contextmanager
@@ -195,7 +206,7 @@ def _cd_drives(system: Any) -> list[Any]:
 
 
 def _deploy(system: Any, payload: dict[str, Any], key: ec.EllipticCurvePrivateKey,
-            site: Site | None) -> dict[str, Any]:
+            site: Site | None, *, finish: Callable[[], None]) -> dict[str, Any]:
     """Boot the machine into the deploy ramdisk: its instructions left for it first, then
     the ISO in the virtual CD (or PXE), the next boot set to it once, and power on (a
     machine already on is reset)."""
@@ -208,7 +219,7 @@ def _deploy(system: Any, payload: dict[str, Any], key: ec.EllipticCurvePrivateKe
         "target": target, "serial": str(payload.get("serial", "")),
         "productUuid": str(payload.get("productUuid", "")), "image": payload["image"],
         "join": {**site.join, "token": token}},
-        expires_at=time.time() + float(payload.get("timeoutSeconds", 1800)))
+        expires_at=time.time() + float(payload.get("timeoutSeconds", 1800)), finish=finish)
     media: dict[str, Any] = {}
     if payload.get("boot") == "cd":
         drives = _cd_drives(system)
@@ -225,6 +236,26 @@ def _deploy(system: Any, payload: dict[str, Any], key: ec.EllipticCurvePrivateKe
     return {**media, **booted, "powerState": powered["powerState"]}
 
 
+def _finish_deploy(payload: dict[str, Any], username: str, password: str) -> None:
+    """The ramdisk wrote the image and is powering the machine off: once it is off, boot
+    from the disk next, eject the media and power on (a machine that does not go off in
+    time is forced off). What goes wrong is logged; the deploy's deadline catches it."""
+    from sushy import exceptions as redfish
+
+    target = payload.get("target")
+    try:
+        with _system(payload, username, password) as system:
+            deadline = time.monotonic() + FINISH_OFF_SECONDS
+            while system.power_state != _off() and time.monotonic() < deadline:
+                time.sleep(1.0)
+                system.refresh()
+            _undeploy(system, payload)  # off (forced if need be), media out, disk next
+            _power(system, {"state": "on"})
+        logger.info("%s: booting its written disk", target)
+    except (redfish.SushyError, ValueError) as error:
+        logger.error("%s: could not finish the deploy: %s", target, _first_line(error))
+
+
 def _undeploy(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Eject the deploy media, boot from disk next and power the machine off."""
     for drive in _cd_drives(system):
@@ -236,6 +267,11 @@ def _undeploy(system: Any, payload: dict[str, Any]) -> dict[str, Any]:
 def _on() -> Any:
     import sushy
     return sushy.POWER_STATE_ON
+
+
+def _off() -> Any:
+    import sushy
+    return sushy.POWER_STATE_OFF
 
 
 def _boot(system: Any, payload: dict[str, Any]) -> dict[str, Any]:

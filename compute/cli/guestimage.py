@@ -92,11 +92,10 @@ def find_kernel(boot: Path = Path("/boot")) -> Path:
     return kernels[-1]
 
 
-def build(out_dir: Path) -> dict[str, Path]:
-    """Write `kernel` and `initrd` into out_dir (rebuilt each time: it takes well under a
-    second) and return their paths."""
-    kernel = find_kernel()
-    release = kernel.name.removeprefix("vmlinuz-")
+def initramfs(init: str, modules: tuple[str, ...], *, release: str,
+              files: tuple[tuple[str, int, bytes], ...] = ()) -> bytes:
+    """A gzipped initramfs: static busybox, `init`, the kernel `modules` (with what they
+    need, in load order, listed in /lib/modules.order) and any other `files`."""
     busybox = shutil.which("busybox")
     if busybox is None:
         raise FileNotFoundError("no busybox: install the busybox-static package")
@@ -104,20 +103,31 @@ def build(out_dir: Path) -> dict[str, Path]:
     entries: list[tuple[str, int, bytes]] = [
         ("bin", 0o040755, b""), ("lib", 0o040755, b""),
         ("bin/busybox", 0o100755, Path(busybox).read_bytes()),
-        ("init", 0o100755, INIT.encode())]
+        ("init", 0o100755, init.encode()), *files]
     order = []
     if (modules_dir / "modules.dep").exists():
-        for relative in _module_closure(modules_dir, MODULES):
+        for relative in _module_closure(modules_dir, modules):
             name = Path(relative).name.split(".ko")[0] + ".ko"
             entries.append((f"lib/{name}", 0o100644, _module_bytes(modules_dir / relative)))
             order.append(name)
     entries.append(("lib/modules.order", 0o100644, "\n".join(order).encode() + b"\n"))
+    return gzip.compress(_cpio(entries), mtime=0)
+
+
+def build(out_dir: Path) -> dict[str, Path]:
+    """Write `kernel` and `initrd` into out_dir (rebuilt each time: it takes well under a
+    second) and return their paths."""
+    kernel = find_kernel()
     out_dir.mkdir(parents=True, exist_ok=True)
     initrd = out_dir / "initrd.gz"
-    initrd.write_bytes(gzip.compress(_cpio(entries), mtime=0))
+    initrd.write_bytes(initramfs(INIT, MODULES, release=kernel_release(kernel)))
     target = out_dir / "vmlinuz"
     shutil.copyfile(kernel, target)
     return {"kernel": target, "initrd": initrd}
+
+
+def kernel_release(kernel: Path) -> str:
+    return kernel.name.removeprefix("vmlinuz-")
 
 
 def sha256_of(path: Path) -> str:

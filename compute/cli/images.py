@@ -82,3 +82,23 @@ def images_get(image_id: str) -> dict[str, Any]:
 def images_delete(image_id: str) -> dict[str, Any]:
     """Remove an image no live sandbox uses."""
     return {"imageId": image_id}
+
+
+@images.command("deploy-ramdisk")
+@click.option("--deploy-url", required=True, metavar="URL",
+              help="Where the provisioner serves deploy instructions, as the machines reach "
+                   "it: http://HOST:PORT/v1/deploy (bcd node --provisioner --deploy-listen).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              required=True)
+def images_deploy_ramdisk(deploy_url: str, out_dir: Path) -> None:
+    """Build the deploy ramdisk from this machine's Debian packages: deploy.iso (virtual
+    media) and vmlinuz with initrd.gz (PXE). Serve them where the BMCs reach them, then
+    `images create … --disk URL/deploy.iso` and name it in `nodes deploy --ramdisk`."""
+    from compute.cli.deployimage import build_deploy_ramdisk
+
+    try:
+        built = build_deploy_ramdisk(out_dir, deploy_url)
+    except FileNotFoundError as missing:
+        raise click.ClickException(str(missing)) from None
+    for path in built.values():
+        click.echo(f"{path.name}  {sha256_of(path)}  {path}")

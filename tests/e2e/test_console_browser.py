@@ -435,7 +435,8 @@ def test_a_machine_is_enrolled_by_its_bmc_and_powered_from_the_console(stack, br
             expect(page.locator("#provision-state")).to_have_text("deploying")
             expect(page.locator("#deployment")).to_contain_text("console-os via cd")
             assert wait_until(lambda: bmc.get(f"/redfish/v1/Systems/{system['uuid']}"
-                                              "/VirtualMedia/Cd")["Inserted"], 60)
+                                              "/VirtualMedia/Cd")["Inserted"], 120), \
+                stack.json("nodes", "get", machine["id"])
         abort = page.locator("form[data-action='nodes.abort']")
         abort.locator("input[name=reason]").fill("wrong image")
         with page.expect_navigation():

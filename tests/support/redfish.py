@@ -1,7 +1,8 @@
 """sushy-tools' Redfish emulator as a real process on a loopback port: a BMC to enroll.
 
-The fake driver keeps each system's power state and boot settings; its request log (one
-line per HTTP request) shows every action the provisioner took.
+The fake driver keeps each system's power state and boot settings; the libvirt driver
+drives real QEMU VMs (libvirt domains) instead. Its request log (one line per HTTP request)
+shows every action the provisioner took.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Emulator:
     systems: list[dict[str, Any]]
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    libvirt: str = ""  # a libvirt URI: the systems are that libvirt's domains (by UUID)
 
     @property
     def log(self) -> Path:
@@ -47,11 +49,14 @@ class Emulator:
         self.root.mkdir(parents=True, exist_ok=True)
         hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=4)).decode()
         (self.root / "htpasswd").write_text(f"{USERNAME}:{hashed}\n")
+        driver = (f"SUSHY_EMULATOR_LIBVIRT_URI = {self.libvirt!r}\n"
+                  "SUSHY_EMULATOR_ALLOWED_INSTANCES = "
+                  f"{[system['uuid'] for system in self.systems]!r}\n" if self.libvirt else
+                  "SUSHY_EMULATOR_FAKE_DRIVER = True\n"
+                  f"SUSHY_EMULATOR_FAKE_SYSTEMS = {self.systems!r}\n")
         (self.root / "emulator.conf").write_text(
             f"SUSHY_EMULATOR_AUTH_FILE = {str(self.root / 'htpasswd')!r}\n"
-            "SUSHY_EMULATOR_FAKE_DRIVER = True\n"
-            f"SUSHY_EMULATOR_STATE_DIR = {str(self.root / 'state')!r}\n"
-            f"SUSHY_EMULATOR_FAKE_SYSTEMS = {self.systems!r}\n")
+            f"SUSHY_EMULATOR_STATE_DIR = {str(self.root / 'state')!r}\n" + driver)
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "sushy_tools.emulator.main", "--config",
