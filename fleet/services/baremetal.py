@@ -2,11 +2,10 @@
 
 enrolled -> verifying -> manageable -> inspecting -> available (deploy and undeploy are in
 fleet.services.deploy); a failed step stays `*-failed` with the reason until a retry or
-`nodes abort`. Every BMC
-action is a command for the site's provisioner (a bcd started with `--provisioner`), carrying
-the machine's credentials sealed to that provisioner's key for that one machine; at rest they
-are sealed under the KEK. A BMC that stops answering only marks the node: nothing it holds is
-released and nothing is retired on that account (I5).
+`nodes abort`. Every BMC action is a command for the site's provisioner (a bcd started with
+`--provisioner`), carrying the machine's credentials sealed to that provisioner's key for
+that one machine; at rest they are sealed under the KEK. A BMC that stops answering only
+marks the node: nothing it holds is released and nothing is retired on that account (I5).
 """
 
 from __future__ import annotations
@@ -195,7 +194,7 @@ def bmc_result_locked(command: NodeCommand, status: str, output: dict[str, Any])
                    powerState=target.power_state, error=error)
         return "powered" if succeeded else f"power failed: {error}"
     if command.kind not in STEPS:
-        return "recorded"  # a poll: reachability and power state are all it tells
+        return "recorded"  # a boot-device change: what the BMC shows is all it tells
     running, passed, failed = STEPS[command.kind]
     if target.provision_state != running or target.provision_command != command.id:
         return "stale"  # aborted, or a later attempt of this step runs
@@ -211,8 +210,12 @@ def bmc_result_locked(command: NodeCommand, status: str, output: dict[str, Any])
                              "bootedAt": database_now().isoformat()}
         target.save(update_fields=["deployment"])
     provision_move(target, passed, reason="", command_id="")
-    if passed == PS.MANAGEABLE:
-        step_start(target, "bmc.inspect")  # a verified machine is inspected next
+    if passed == PS.MANAGEABLE:  # a verified machine is inspected next
+        try:
+            step_start(target, "bmc.inspect")
+        except NoProvisioner as missing:  # gone meanwhile: `nodes inspect` once one runs
+            target.provision_error = missing.message
+            target.save(update_fields=["provision_error"])
     return "booting the deploy ramdisk" if command.kind == "bmc.deploy" else str(passed)
 
 

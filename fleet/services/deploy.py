@@ -26,7 +26,7 @@ from compute.db import database_now
 from compute.errors import InvalidArgument, InvalidState, NotFound
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
-from fleet.models import Image, JoinToken, Node, NodeCommand, ProvisionState
+from fleet.models import CommandState, Image, JoinToken, Node, NodeCommand, ProvisionState
 from fleet.selectors import latest_spec
 from fleet.services.baremetal import (
     bare_metal_locked,
@@ -43,19 +43,29 @@ PS = ProvisionState
 DEPLOY_FROM = (PS.AVAILABLE, PS.DEPLOY_FAILED)
 UNDEPLOY_FROM = (PS.DEPLOYED, PS.ADOPTED, PS.ACCEPTANCE_FAILED, PS.DEPLOY_FAILED,
                  PS.UNDEPLOY_FAILED)
+DEPLOYED_OR_GOING = (PS.DEPLOYING, PS.DEPLOYED, PS.ADOPTED)
 BOOT_DEVICES = ("cd", "pxe")
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 MIN_TIMEOUT, MAX_TIMEOUT = timedelta(minutes=1), timedelta(hours=24)
+OPEN = (CommandState.QUEUED, CommandState.SENT)
 
 
 @audited
 def node_deploy(*, tenant: Tenant, actor: Principal, node_id: str, image: str,
                 ramdisk: str = "", timeout: timedelta = DEFAULT_TIMEOUT) -> Node:
     """Write `image` (its disk part) to the machine through the pool's deploy ramdisk; the
-    node is adopted when the OS's agent joins and passes acceptance."""
+    node is adopted when the OS's agent joins and passes acceptance. Asked again for the
+    image it is deploying or runs, it answers the node as it is."""
     if not MIN_TIMEOUT <= timeout <= MAX_TIMEOUT:
         raise InvalidArgument("timeout: must be between 1m and 24h", field="timeout")
-    node = bare_metal_locked(tenant, node_id, allowed=DEPLOY_FROM, action="deployed")
+    node = bare_metal_locked(tenant, node_id, allowed=None, action="deployed")
+    if node.provision_state in DEPLOYED_OR_GOING and image in (
+            node.deployment.get("imageId"), node.deployment.get("image")):
+        return node  # a repeat: nothing to do
+    if node.provision_state not in DEPLOY_FROM:
+        raise InvalidState(f"node {node.id} is {node.provision_state}; it can be deployed "
+                           f"only when {' or '.join(DEPLOY_FROM)}",
+                           provisionState=node.provision_state)
     if not (node.serial or node.product_uuid):
         raise InvalidState(f"node {node.id} has no serial or product UUID to bind its join "
                            "token to: inspect it first", provisionState=node.provision_state)
@@ -95,8 +105,15 @@ def node_deploy(*, tenant: Tenant, actor: Principal, node_id: str, image: str,
 @audited
 def node_undeploy(*, tenant: Tenant, actor: Principal, node_id: str, reason: str) -> Node:
     """Eject the media and power the machine off; its agent's identity ends (it joins
-    again only through another deploy). Refused while it holds anything."""
-    node = bare_metal_locked(tenant, node_id, allowed=UNDEPLOY_FROM, action="undeployed")
+    again only through another deploy). Refused while it holds anything; a machine already
+    undeploying or available is answered as it is."""
+    node = bare_metal_locked(tenant, node_id, allowed=None, action="undeployed")
+    if node.provision_state in (PS.UNDEPLOYING, PS.AVAILABLE):
+        return node  # a repeat, or nothing deployed: nothing to do
+    if node.provision_state not in UNDEPLOY_FROM:
+        raise InvalidState(f"node {node.id} is {node.provision_state}; it can be undeployed "
+                           f"only when {' or '.join(UNDEPLOY_FROM)}",
+                           provisionState=node.provision_state)
     holds = (latest_spec(node_id=node.id) or {}).get("holds") or []
     if holds or node.vcpus_allocated:
         raise InvalidState(f"node {node.id} still holds {len(holds)} reservation(s) and "
@@ -191,8 +208,10 @@ def _deadline(node: Node) -> datetime:
 
 
 def _bmc_command_open(node: Node) -> bool:
-    return NodeCommand.objects.filter(kind__startswith="bmc.", payload__target=node.id,
-                                      finished_at__isnull=True).exists()
+    """Whether a BMC command about this machine is queued or on its way (the state index
+    keeps this to the few commands in flight)."""
+    return NodeCommand.objects.filter(state__in=OPEN, kind__startswith="bmc.",
+                                      payload__target=node.id).exists()
 
 
 def _image(node: Node, name_or_id: str, *, field: str) -> Image:

@@ -131,9 +131,13 @@ def test_a_deploy_is_refused_with_what_is_wrong(root, pool, images, available):
     no_ramdisk = root.call("nodes.deploy", nodeId=machine, image="ubuntu-24.04")
     assert "bmc.deployRamdisk" in no_ramdisk.body["error"]["message"]
     assert deploy(root, machine).ok
-    again = deploy(root, machine)
-    assert again.status == 409
-    assert "only when available or deploy-failed" in again.body["error"]["message"]
+    commands = NodeCommand.objects.count()
+    again = deploy(root, machine)  # a repeat answers the node as it is, and sends nothing
+    assert (again.status, again.body["result"]["provisionState"]) == (200, "deploying")
+    assert NodeCommand.objects.count() == commands
+    other = root.call("nodes.deploy", nodeId=machine, image="deploy", ramdisk="deploy")
+    assert other.status == 409
+    assert "only when available or deploy-failed" in other.body["error"]["message"]
 
 
 def test_a_deploy_past_its_deadline_fails_revokes_its_token_and_powers_off(
@@ -181,17 +185,23 @@ def test_the_bmc_is_polled_and_only_a_change_is_audited(root, images, available,
 def test_undeploy_is_refused_while_the_node_holds_work_then_takes_the_machine_back(
         root, images, available):
     machine, provisioner, _ = available
-    assert root.call("nodes.undeploy", nodeId=machine, reason="x").status == 409  # available
+    commands = NodeCommand.objects.count()
+    assert root("nodes.undeploy", nodeId=machine, reason="x")["provisionState"] == "available"
+    assert NodeCommand.objects.count() == commands  # nothing deployed: nothing to do
+    Node.objects.filter(pk=machine).update(provision_state="verify-failed")
+    assert root.call("nodes.undeploy", nodeId=machine, reason="x").status == 409
     Node.objects.filter(pk=machine).update(provision_state="adopted", vcpus_allocated=4,
                                            key_pin="pin", public_key="pem")
     busy = root.call("nodes.undeploy", nodeId=machine, reason="retire the OS")
     assert busy.status == 409
     assert "4 sandbox vCPUs" in busy.body["error"]["message"]
-    Node.objects.filter(pk=machine).update(vcpus_allocated=0)
+    Node.objects.filter(pk=machine).update(vcpus_allocated=0, provision_state="adopted")
     taken = root("nodes.undeploy", nodeId=machine, reason="retire the OS")
     assert taken["provisionState"] == "undeploying"
     assert (node(machine).key_pin, node(machine).public_key) == ("", "")
     assert last_command(provisioner).kind == "bmc.undeploy"
+    assert root("nodes.undeploy", nodeId=machine, reason="again")["provisionState"] == \
+        "undeploying"  # a repeat
     answer(last_command(provisioner), "succeeded", {"powerState": "Off"})
     assert node(machine).provision_state == "available"
 
