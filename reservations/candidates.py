@@ -99,24 +99,25 @@ def placement_request(rsv: Reservation) -> Request:
 
 # The nodes worth scoring for `count` GPUs over a window: the fullest nodes with bookings in
 # the window that still have `count` GPUs (best fit first), and the first nodes with none.
-# Both come from indexes (bookings by window, nodes by id), so the work follows the bookings
-# in the window, not the size of the pool or of the ledger.
+# Both come from one read of the bookings in the window (by index), so the work follows the
+# bookings in the window, not the size of the pool or of the ledger.
+SHORTLIST_CTE = """
+touched AS MATERIALIZED (  -- the pool's nodes with bookings in the window: devices booked
+  SELECT d.node_id, count(DISTINCT b.device_id) AS booked FROM reservations_booking b
+    JOIN fleet_device d ON d.id = b.device_id JOIN fleet_node n ON n.id = d.node_id
+   WHERE b.during && %(during)s AND n.pool_id = %(pool)s
+   GROUP BY d.node_id),"""
 SHORTLIST_SQL = """
     AND fleet_node.id IN (
-      (SELECT d.node_id FROM reservations_booking b
-         JOIN fleet_device d ON d.id = b.device_id JOIN fleet_node n ON n.id = d.node_id
-        WHERE b.during && %(during)s AND n.pool_id = %(pool)s
-        GROUP BY d.node_id
-       HAVING count(DISTINCT b.device_id) <= %(count_room)s + (
-               SELECT count(*) FROM fleet_device t
-                WHERE t.node_id = d.node_id AND t.present AND t.device_class = 'gpu')
-        ORDER BY count(DISTINCT b.device_id) DESC, d.node_id LIMIT %(shortlist)s)
+      (SELECT t.node_id FROM touched t
+        WHERE t.booked <= %(count_room)s + (
+              SELECT count(*) FROM fleet_device g
+               WHERE g.node_id = t.node_id AND g.present AND g.device_class = 'gpu')
+        ORDER BY t.booked DESC, t.node_id LIMIT %(shortlist)s)
       UNION ALL
       (SELECT fleet_node.id FROM fleet_node
         WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
-          AND NOT EXISTS (SELECT 1 FROM fleet_device d JOIN reservations_booking b
-                             ON b.device_id = d.id
-                          WHERE d.node_id = fleet_node.id AND b.during && %(during)s)
+          AND fleet_node.id NOT IN (SELECT node_id FROM touched)
         ORDER BY fleet_node.id LIMIT %(shortlist)s))"""
 
 # A booking `b` in the way of `device` over `during`: a booking of the device itself, and
@@ -130,15 +131,19 @@ IN_THE_WAY = """b.gpu_id = coalesce({device}.parent_id, {device}.id) AND b.durin
 # use over the window is what its sandboxes hold plus the most its GPU allocations hold at
 # one moment of the window (two bookings that never meet do not add up).
 CANDIDATES_SQL = """
-WITH nodes AS MATERIALIZED (
+WITH {touched} nodes AS MATERIALIZED (
   SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib,
          (SELECT count(*) FROM fleet_device g WHERE g.node_id = fleet_node.id AND g.present
              AND g.device_class = 'gpu') AS gpus FROM fleet_node
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
      AND fleet_node.id <> ALL(%(excluded)s) {shortlist}),
 meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
-  SELECT b.allocation_id, b.during FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
+  SELECT b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
+    FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
     JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s),
+blocked AS MATERIALIZED (  -- the nodes' devices with a booking in their way in the window
+  SELECT DISTINCT fleet_device.id FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
+    JOIN meeting b ON {in_the_way}),
 spans AS (
   SELECT DISTINCT ON (a.id) a.node_id, a.vcpus, a.memory_gib,
          greatest(lower(m.during), lower(%(during)s::tstzrange)) AS lo,
@@ -161,8 +166,8 @@ SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
        coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), fleet_device.nvlink_domain,
        count(*),
        coalesce(string_agg(fleet_device.id, ',' ORDER BY fleet_device.index) FILTER (
-           WHERE fleet_device.health = 'healthy' {device_filter} AND NOT EXISTS (
-               SELECT 1 FROM reservations_booking b WHERE {in_the_way})), '')
+           WHERE fleet_device.health = 'healthy' {device_filter}
+             AND fleet_device.id NOT IN (SELECT id FROM blocked)), '')
   FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
   LEFT JOIN held ON held.node_id = nodes.id
   LEFT JOIN sandboxed ON sandboxed.node_id = nodes.id
@@ -199,7 +204,7 @@ def _candidates_sql(nodes: str) -> tuple[str, dict[str, Any]]:
     among = {"all": "", "only": ONLY_SQL,
              "shortlist": SHORTLIST_SQL.replace("{schedulable}", schedulable)}[nodes]
     sql = CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", among)
-    return sql, values
+    return sql.replace("{touched}", SHORTLIST_CTE if nodes == "shortlist" else ""), values
 
 
 def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
