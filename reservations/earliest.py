@@ -1,12 +1,17 @@
 """The earliest slot: the first start at which a request fits on one node.
 
-Each device's free stretches are the gaps between its bookings (maintenance windows are
-bookings too), from which the starts it could serve a request of `duration` form one closed
-span. Per node (per NVLink domain for `nvlink-all`) a sweep over those spans counts how many
-devices are free at each start; the first start where enough are free is the node's earliest.
-Every earliest start is either `after` or the end of a booking, so the sweep's points are
-exactly those. The host share is then checked by the placer itself at that window, so the
-answer is what `reservations.create` would book there.
+Whole groups first: a request for every GPU of a node (or of an NVLink domain, for
+`nvlink-all`) fits exactly where that group's free time (reservations.gaps, kept by
+Postgres beside the bookings) has a gap long enough, so those groups cost an index read of
+their long gaps, however busy their calendars are.
+
+Every other group is swept: each device's free stretches are the gaps between its bookings
+(maintenance windows are bookings too), from which the starts it could serve a request of
+`duration` form one closed span. Per node (per NVLink domain for `nvlink-all`) a sweep over
+those spans counts how many devices are free at each start; the first start where enough
+are free is the node's earliest. Every earliest start is either `after` or the end of a
+booking, so the sweep's points are exactly those. The host share is then checked by the
+placer itself at that window, so the answer is what `reservations.create` would book there.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Q
 
 from compute.errors import InvalidArgument
-from fleet.models import Device, Pool
+from fleet.models import Device, DeviceClass, Pool
 from reservations.candidates import (
     IN_THE_WAY,
     MAX_START_AHEAD,
@@ -56,7 +61,7 @@ WITH dev AS MATERIALIZED (
     FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_device.present
      AND fleet_device.device_class = %(class)s AND fleet_device.health = 'healthy'
-     AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '') {device_filter}),
+     AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '') {device_filter} {only}),
 busy AS MATERIALIZED (  -- what is in each device's way, by start, with the latest end so far
   SELECT dev.d, dev.g, lower(b.during) AS lo, max(upper(b.during)) OVER w AS hi,
          row_number() OVER w AS nth, lead(lower(b.during)) OVER w AS next_lo
@@ -89,28 +94,76 @@ SELECT groups.node_id, min(found.at) FROM found
  GROUP BY groups.node_id ORDER BY 2, 1 LIMIT %(limit)s"""
 
 
+# Per group of whole GPUs (a node, or its NVLink domains for `nvlink-all`): how many it has
+# and how many this request may take. A group where the request takes every GPU, all of
+# them eligible, is whole: its starts are those of its long gaps (or `after`, for a group
+# that was never booked and so has no gap rows; every booked group has one gap to
+# infinity). The nodes of the other groups that could hold the request, and those whose
+# gaps are stale, are swept.
+WHOLE_GROUPS_SQL = """
+WITH grp AS MATERIALIZED (
+  SELECT fleet_device.node_id,
+         CASE WHEN %(nvlink)s THEN fleet_device.nvlink_domain ELSE '' END AS domain,
+         count(*) AS gpus, count(*) FILTER (WHERE fleet_device.present
+             AND fleet_device.health = 'healthy' {device_filter}) AS eligible
+    FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
+   WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
+     AND fleet_device.device_class = 'gpu' AND fleet_device.parent_id IS NULL
+     AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '')
+   GROUP BY 1, 2),
+stale AS MATERIALIZED (SELECT DISTINCT node_id FROM reservations_stalegaps),
+whole AS MATERIALIZED (
+  SELECT node_id, domain FROM grp WHERE gpus = eligible AND eligible = %(count)s
+     AND node_id NOT IN (SELECT node_id FROM stale)),
+long AS MATERIALIZED (  -- gaps of at least `duration` that do not end before after+duration
+  SELECT node_id, domain, greatest(lo, %(after)s) AS at FROM reservations_groupgap
+   WHERE point(end_s, length_s) <@ box(point(%(earliest_end_s)s, %(duration_s)s),
+                                       point(1e16, 1e16))
+     AND lo <= %(latest_start)s AND hi >= %(earliest_end)s),
+starts AS (
+  SELECT long.node_id, long.at FROM long JOIN whole USING (node_id, domain)
+  UNION ALL
+  SELECT node_id, %(after)s FROM whole WHERE (node_id, domain) NOT IN (
+    SELECT node_id, domain FROM reservations_groupgap WHERE hi = 'infinity'))
+(SELECT node_id, min(at) FROM starts WHERE at <> ALL(%(tried)s::timestamptz[])
+  GROUP BY node_id ORDER BY 2, 1 LIMIT %(limit)s)
+UNION ALL
+SELECT DISTINCT node_id, NULL::timestamptz FROM grp
+ WHERE eligible >= %(count)s AND (NOT (gpus = eligible AND eligible = %(count)s)
+                                  OR node_id IN (SELECT node_id FROM stale))"""
+
+
 @functools.cache
-def _earliest_sql() -> tuple[str, dict[str, Any]]:
+def _earliest_sql(only: bool) -> tuple[str, dict[str, Any]]:
     schedulable, values = schedulable_sql()
     in_the_way = IN_THE_WAY.format(device="dev",
                                    during="tstzrange(%(after)s, %(latest_end)s)")
-    sql = EARLIEST_SQL.replace("{schedulable}", schedulable)
+    sql = EARLIEST_SQL.replace("{schedulable}", schedulable).replace(
+        "{only}", "AND fleet_node.id = ANY(%(only)s)" if only else "")
     return sql.replace("{in_the_way}", in_the_way), values
+
+
+@functools.cache
+def _whole_groups_sql() -> tuple[str, dict[str, Any]]:
+    schedulable, values = schedulable_sql()
+    return WHOLE_GROUPS_SQL.replace("{schedulable}", schedulable), values
 
 
 def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after: datetime,
                     latest_start: datetime, device_filter: Q | None = None,
-                    tried: Collection[datetime] = (), limit: int = NODES_TRIED
-                    ) -> list[tuple[datetime, str]]:
+                    tried: Collection[datetime] = (), limit: int = NODES_TRIED,
+                    whole_groups: bool = True) -> list[tuple[datetime, str]]:
     """Per node, the first start in [after, latest_start], other than those `tried`, at
     which `request.count` of its devices (in one NVLink domain for `nvlink-all`) are free
-    for `duration`; earliest first. Host shares are not considered here."""
-    sql, params = _earliest_sql()
-    params = {**params, "pool": pool.id, "nvlink": request.topology == "nvlink-all",
-              "after": after, "latest_start": latest_start,
-              "latest_end": latest_start + duration, "duration": duration,
-              "count": request.count, "tried": list(tried), "limit": limit,
-              "class": request.device_class}
+    for `duration`; earliest first. Host shares are not considered here. Without
+    `whole_groups`, every node is swept (the same answers, the slow way)."""
+    params: dict[str, Any] = {
+        "pool": pool.id, "nvlink": request.topology == "nvlink-all", "after": after,
+        "latest_start": latest_start, "latest_end": latest_start + duration,
+        "earliest_end": after + duration, "duration": duration,
+        "earliest_end_s": (after + duration).timestamp(),
+        "duration_s": duration.total_seconds(), "count": request.count,
+        "tried": list(tried), "limit": limit, "class": request.device_class}
     filter_sql = ""
     if device_filter:
         where, values = where_sql(Device, device_filter, "filter")
@@ -118,8 +171,23 @@ def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after:
         params.update(values)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL work_mem = '32MB'")  # the sweep's sorts stay in memory
-        cursor.execute(sql.replace("{device_filter}", filter_sql), params)
-        return [(at, node_id) for node_id, at in cursor.fetchall()]
+        starts: list[tuple[datetime, str]] = []
+        swept: list[str] | None = None  # the nodes to sweep; None: the whole pool
+        if whole_groups and request.device_class == DeviceClass.GPU:
+            sql, schedulable = _whole_groups_sql()
+            cursor.execute("SET LOCAL enable_nestloop = off")  # its estimates are poor
+            cursor.execute(sql.replace("{device_filter}", filter_sql),
+                           {**schedulable, **params})
+            rows = cursor.fetchall()
+            cursor.execute("SET LOCAL enable_nestloop = on")
+            starts = [(at, node_id) for node_id, at in rows if at is not None]
+            swept = [node_id for node_id, at in rows if at is None]
+        if swept is None or swept:
+            sql, schedulable = _earliest_sql(only=swept is not None)
+            cursor.execute(sql.replace("{device_filter}", filter_sql),
+                           {**schedulable, **params, "only": swept})
+            starts += [(at, node_id) for node_id, at in cursor.fetchall()]
+        return sorted(starts)[:limit]
 
 
 @dataclass(frozen=True)

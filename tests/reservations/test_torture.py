@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from reservations.gaps import gaps_mend
 from tests.reservations import torture
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -30,6 +31,11 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
     found = torture.findings(world)
     assert found["overlaps"] == 0
     assert found["partOverlaps"] == 0
+    # The free time of whole groups kept up with every booking, on the nodes not marked
+    # stale; once mended, on every node.
+    assert found["gapDrift"] == 0
+    assert gaps_mend() == 0
+    assert torture.findings(world)["gapDrift"] == 0
     # Whole GPUs, MIG instances and shares were all placed, on the same physical GPUs.
     assert min(found["placedByClass"].get(kind, 0) for kind in ("gpu", "mig", "gpu-share")) \
         > 20, found["placedByClass"]

@@ -245,6 +245,7 @@ def findings(world: World) -> dict[str, Any]:
     from django.db.models import Count
 
     from fleet.models import Node
+    from reservations.gaps import GAP_DRIFT_SQL
     from reservations.hostshare import expected_counters
     from reservations.models import Reservation
     from tests.support.ledger import OVERLAPS_SQL, PART_OVERLAPS_SQL
@@ -284,6 +285,8 @@ def findings(world: World) -> dict[str, Any]:
             "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
             " END"),
         "partOverlaps": scalar(PART_OVERLAPS_SQL),
+        "gapDrift": scalar(GAP_DRIFT_SQL),
+        "staleGapNodes": scalar("SELECT count(DISTINCT node_id) FROM reservations_stalegaps"),
         "placedByClass": dict(Reservation.objects.filter(placed_at__isnull=False)
                               .values_list("device_class").annotate(n=Count("id"))
                               .order_by()),

@@ -1,0 +1,81 @@
+"""Free time of whole GPU groups, kept beside the bookings it is derived from.
+
+A group is a node's GPUs, or the GPUs of one of its NVLink domains. A gap is a maximal
+stretch of time in which no booking holds any GPU of the group, nor any part of one (a MIG
+instance, a share, a maintenance window): every GPU of the group is free all along. The
+earliest slot for a whole node or a whole NVLink set reads these gaps instead of sweeping
+every booking in its range.
+
+Only Postgres writes them (migration 0014): a statement trigger on bookings recomputes the
+gaps around what the statement changed, from the bookings themselves, while it holds the
+node's advisory lock, so the writers of one node's gaps take turns and each sees the one
+before; a trigger on devices rebuilds the groups a GPU enters or leaves. A writer never
+waits for that lock (bookers hold the ledger's own locks, in their own order): one that
+finds it taken marks the node stale instead, the next holder rebuilds the node whole, and a
+periodic job mends the stale nodes no one writes to. Until then readers sweep a stale
+node's bookings as for any other node. A group without any gap row has never been booked:
+it is free all along. Gaps that ended over a day ago are dropped as the group's gaps are
+rewritten.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+# Gaps that differ from the free time recomputed from the bookings and today's devices
+# (both sides from a day ago on, as older gaps are dropped), on nodes not marked stale: 0
+# when the triggers kept up.
+GAP_DRIFT_SQL = """
+WITH truth AS (
+  SELECT x.node_id, x.domain, lower(f) AS lo, upper(f) AS hi FROM (
+    SELECT d.node_id, grp.domain,
+           tstzmultirange(tstzrange('-infinity', 'infinity')) - range_agg(b.during) AS free
+      FROM reservations_booking b JOIN fleet_device d ON d.id = b.gpu_id
+     CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
+     WHERE grp.domain = '' OR d.nvlink_domain <> ''
+     GROUP BY d.node_id, grp.domain) x, unnest(x.free) f
+   WHERE upper(f) >= now() - interval '1 day'
+     AND x.node_id NOT IN (SELECT node_id FROM reservations_stalegaps)),
+kept AS (
+  SELECT node_id, domain, lo, hi FROM reservations_groupgap
+   WHERE hi >= now() - interval '1 day'
+     AND node_id NOT IN (SELECT node_id FROM reservations_stalegaps))
+SELECT (SELECT count(*) FROM (SELECT * FROM truth EXCEPT ALL SELECT * FROM kept) missing)
+     + (SELECT count(*) FROM (SELECT * FROM kept EXCEPT ALL SELECT * FROM truth) extra)"""
+
+
+class GroupGap(models.Model):
+    node_id = models.CharField(max_length=32)
+    domain = models.CharField(max_length=32, blank=True,
+                              help_text="The NVLink domain; empty for the whole node.")
+    lo = models.DateTimeField(help_text="Free from (may be -infinity).")
+    hi = models.DateTimeField(help_text="Free until (infinity for a node's last booking).")
+    # The gap as a point (end, length) in seconds, for the GiST index that finds the gaps
+    # long enough for a request and not over before its earliest start.
+    end_s = models.FloatField()
+    length_s = models.FloatField()
+
+    # Two GiST indexes (migration 0014): the group's gaps touching a stretch of time, and
+    # the gaps' shape points.
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/{self.domain or '*'} free [{self.lo}, {self.hi})"
+
+
+class StaleGaps(models.Model):
+    """A node whose gaps a writer could not rewrite (another held the node's lock): its gap
+    rows are not to be trusted until they are rebuilt."""
+
+    node_id = models.CharField(max_length=32, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: gaps stale"
+
+
+def gaps_mend() -> int:
+    """Rebuild the stale nodes that no writer holds now; how many are still stale."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reservations_groupgap_mend()")
+        return int(cursor.fetchone()[0])

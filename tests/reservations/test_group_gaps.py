@@ -1,0 +1,248 @@
+"""The free time of whole GPU groups, kept by Postgres beside the bookings.
+
+Every kind of booking write (insert, a window moved or cut short, delete, many rows in one
+statement, MIG instances, a GPU moved to another NVLink domain) leaves the gaps equal to
+the free time recomputed from the bookings; the earliest slot read from them is the one the
+sweep over every booking finds; and of two writers of one node that hold no lock of their
+own, the second marks the node stale rather than writing over the first (without the
+trigger's lock the gaps go wrong).
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+from compute.db import database_now
+from fleet.models import Device, Node
+from reservations.earliest import earliest_starts
+from reservations.gaps import GAP_DRIFT_SQL, gaps_mend
+from reservations.ledger import Allocation, Booking, Reservation
+from reservations.models import GroupGap, StaleGaps
+from reservations.placement import Request
+from tests.factories import make_node
+
+H = timedelta(hours=1)
+TWO = ["3g.40gb", "3g.40gb"]
+
+
+def drift() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(GAP_DRIFT_SQL)
+        return int(cursor.fetchone()[0])
+
+
+def node_gaps() -> list[tuple[datetime | None, datetime | None]]:
+    """The whole nodes' gaps, earliest first, an infinite end as None (psycopg loads no
+    infinite timestamps)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CASE WHEN isfinite(lo) THEN lo END, "
+                       "CASE WHEN isfinite(hi) THEN hi END FROM reservations_groupgap "
+                       "WHERE domain = '' ORDER BY lo")
+        return list(cursor.fetchall())
+
+
+def hour(t0: datetime, start: float, end: float) -> DateTimeTZRange:
+    return DateTimeTZRange(t0 + start * H, t0 + end * H, "[)")
+
+
+def book(node: Node, devices: list[Device], during: DateTimeTZRange) -> Allocation | None:
+    """One allocation over these devices, or None where the ledger refuses it."""
+    rsv = Reservation.objects.create(
+        tenant_id=node.pool.tenant_id, pool=node.pool, gpu_count=len(devices), state="placed",
+        duration_ms=int((during.upper - during.lower) / timedelta(milliseconds=1)),
+        during=during)
+    try:
+        with transaction.atomic():
+            allocation = Allocation.objects.create(reservation=rsv, node=node)
+            Booking.objects.bulk_create(Booking(allocation=allocation, device=device,
+                                                during=during) for device in devices)
+            return allocation
+    except IntegrityError:
+        return None
+
+
+@pytest.fixture
+def t0() -> datetime:
+    return (database_now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+
+
+def test_gaps_follow_every_kind_of_booking_write(pool, t0):
+    """180 random writes on two nodes (one with MIG instances), each checked against the
+    free time recomputed from scratch."""
+    rng = random.Random(11)
+    nodes = [make_node(pool["id"], mig={0: TWO, 1: TWO}), make_node(pool["id"])]
+    kinds: dict[str, int] = {}
+    for _ in range(180):
+        node = rng.choice(nodes)
+        gpus = list(Device.objects.filter(node=node, device_class="gpu").order_by("index"))
+        parts = list(Device.objects.filter(node=node, device_class="mig"))
+        mine = list(Booking.objects.filter(device__node=node))
+        roll = rng.random()
+        start = rng.randrange(-30, 60) / 2
+        during = hour(t0, start, start + rng.randrange(1, 16) / 2)
+        if roll < 0.35:
+            kind = "whole"
+            book(node, rng.sample(gpus, rng.choice((1, 2, 4, 8))), during)
+        elif roll < 0.5 and parts:
+            kind = "part"
+            book(node, [rng.choice(parts)], during)
+        elif roll < 0.65 and mine:
+            kind = "moved"
+            row = rng.choice(mine)
+            shift = rng.randrange(-4, 5) / 2 * H
+            try:
+                with transaction.atomic():
+                    Booking.objects.filter(pk=row.pk).update(during=DateTimeTZRange(
+                        row.during.lower + shift, row.during.upper + shift
+                        + rng.randrange(-2, 3) / 2 * H, "[)"))
+            except IntegrityError:
+                kind = "moved-refused"
+        elif roll < 0.75 and mine:
+            kind = "ended"  # as a release ends an allocation now: every row of it at once
+            allocation = rng.choice(mine).allocation_id
+            cut = t0 + rng.randrange(-30, 40) / 2 * H
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE reservations_booking SET during = tstzrange(lower(during), %s) "
+                    "WHERE allocation_id = %s AND lower(during) < %s AND upper(during) > %s",
+                    [cut, allocation, cut, cut])
+        elif roll < 0.9 and mine:
+            kind = "deleted"
+            Booking.objects.filter(pk__in=[b.pk for b in rng.sample(mine, min(3, len(mine)))]
+                                   ).delete()
+        else:
+            kind = "domain"  # the node's topology was read again: a GPU changed domain
+            gpu = rng.choice(gpus)
+            Device.objects.filter(pk=gpu.pk).update(
+                nvlink_domain="nv0" if gpu.nvlink_domain != "nv0" else "nv1")
+        kinds[kind] = kinds.get(kind, 0) + 1
+        assert drift() == 0, (kind, len(kinds))
+    assert min(kinds.get(k, 0) for k in ("whole", "part", "moved", "ended", "deleted",
+                                         "domain")) > 3, kinds
+    assert GroupGap.objects.filter(domain="").exists()
+    assert GroupGap.objects.exclude(domain="").exists()
+
+
+def test_a_group_that_is_booked_then_freed_keeps_no_gap_rows(pool, t0):
+    node = make_node(pool["id"])
+    assert not GroupGap.objects.exists()  # never booked: free all along, no rows
+    allocation = book(node, list(Device.objects.filter(node=node, index__in=[0, 1])),
+                      hour(t0, 0, 2))
+    assert allocation is not None
+    groups = set(GroupGap.objects.values_list("domain", flat=True))
+    assert groups == {"", "nv0"}  # the node, and the NVLink domain of GPUs 0 and 1
+    assert node_gaps() == [(None, t0), (t0 + 2 * H, None)]
+    Booking.objects.filter(allocation=allocation).delete()
+    assert drift() == 0
+    assert not GroupGap.objects.exists()
+
+
+def test_whole_groups_answer_as_the_sweep_over_every_booking_does(pool, t0):
+    """Random calendars on six nodes (an unhealthy GPU, MIG instances booked, a GPU in
+    maintenance), then 150 random requests: the gaps give every node the same first start
+    as the sweep."""
+    rng = random.Random(5)
+    nodes = [make_node(pool["id"]) for _ in range(4)]
+    nodes.append(make_node(pool["id"], mig={2: TWO}))
+    nodes.append(make_node(pool["id"]))
+    Device.objects.filter(node=nodes[5], index=6).update(health="unhealthy")
+    for node in nodes:
+        gpus = list(Device.objects.filter(node=node, device_class="gpu").order_by("index"))
+        parts = list(Device.objects.filter(node=node, device_class="mig"))
+        for _ in range(25):
+            start = rng.randrange(0, 96) / 2
+            during = hour(t0, start, start + rng.randrange(1, 12) / 2)
+            if parts and rng.random() < 0.2:
+                book(node, [rng.choice(parts)], during)
+            else:
+                first = rng.randrange(0, 8, 4)
+                size = rng.choice((1, 2, 4))
+                book(node, gpus[first:first + size] if size == 4 else
+                     rng.sample(gpus[first:first + 4], size), during)
+    whole_found = 0
+    pool_row = nodes[0].pool
+    for _ in range(150):
+        count, topology = rng.choice(((8, "any"), (4, "nvlink-all"), (2, "nvlink-all"),
+                                      (3, "any"), (7, "any")))
+        request = Request(count=count, topology=topology, device_class="gpu")
+        duration = rng.randrange(1, 13) / 2 * H
+        after = t0 + rng.randrange(-4, 60) / 2 * H
+        latest = after + rng.choice((6, 24, 96)) * H
+        fast = earliest_starts(pool_row, request, duration, after=after, latest_start=latest)
+        slow = earliest_starts(pool_row, request, duration, after=after, latest_start=latest,
+                               whole_groups=False)
+        assert fast == slow, (count, topology, duration, after)
+        whole_found += bool(fast) and count in (8, 4) and fast[0][0] > after
+    assert whole_found > 10  # read from the gaps, and not merely "at once"
+
+
+def _url() -> str:
+    base = settings.DATABASES["default"]
+    if base["HOST"].startswith("/"):
+        return f"postgresql://{base['USER']}@/{base['NAME']}?host={base['HOST']}"
+    return (f"postgresql://{base['USER']}:{base['PASSWORD']}@{base['HOST']}:"
+            f"{base['PORT'] or 5432}/{base['NAME']}")
+
+
+INSERT = ("INSERT INTO reservations_booking (allocation_id, device_id, during) "
+          "VALUES (%s, %s, %s)")
+
+
+def _two_writers(node: Node, t0: datetime) -> None:
+    """Writer A books GPU 0 for [t0, t0+1h) and, before A commits, writer B books GPU 1 for
+    [t0+1h, t0+2h) on the same node; neither holds the node's row (as a release or an
+    extend does not while it writes bookings). B does not wait for A."""
+    gpus = list(Device.objects.filter(node=node).order_by("index").values_list("id", flat=True))
+    allocations = [book(node, [], hour(t0, 0, 1)), book(node, [], hour(t0, 1, 2))]
+    assert None not in allocations
+    url = _url()
+    with psycopg.connect(url) as a, psycopg.connect(url) as b:
+        for writer, allocation, gpu, during in ((a, allocations[0], gpus[0], hour(t0, 0, 1)),
+                                                (b, allocations[1], gpus[1], hour(t0, 1, 2))):
+            writer.execute(INSERT, [getattr(allocation, "id", None), gpu, during])
+        a.commit()
+        b.commit()
+
+
+def whole_node_starts(node: Node, t0: datetime) -> list[tuple[datetime, str]]:
+    request = Request(count=8, topology="any", device_class="gpu")
+    return earliest_starts(node.pool, request, H, after=t0, latest_start=t0 + 24 * H)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_that_finds_the_node_taken_marks_it_stale_and_without_the_lock_gaps_go_wrong(
+        pool, t0):
+    node = make_node(pool["id"])
+    _two_writers(node, t0)
+    # B found A holding the node's gaps: it marked the node instead of writing over them.
+    assert StaleGaps.objects.filter(node_id=node.id).exists()
+    assert drift() == 0  # on every node not marked
+    assert whole_node_starts(node, t0) == [(t0 + 2 * H, node.id)]  # swept, so still right
+    assert gaps_mend() == 0
+    assert not StaleGaps.objects.exists()
+    assert drift() == 0  # now on every node
+    assert node_gaps() == [(None, t0), (t0 + 2 * H, None)]  # both bookings, back to back
+    assert whole_node_starts(node, t0) == [(t0 + 2 * H, node.id)]  # read from the gaps
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_functiondef('reservations_groupgap_refresh'::regproc)")
+        original = cursor.fetchone()[0]
+        lock = "WHERE pg_try_advisory_xact_lock(hashtextextended('groupgap:' || node, 0))"
+        assert lock in original
+        try:
+            cursor.execute(original.replace(lock, ""))  # every writer rewrites the gaps
+            Booking.objects.all().delete()
+            GroupGap.objects.all().delete()
+            other = make_node(pool["id"])
+            _two_writers(other, t0)
+            assert not StaleGaps.objects.exists()
+            assert drift() > 0  # B's gaps were written over A's booking
+            assert whole_node_starts(other, t0)[0] != (t0 + 2 * H, other.id)
+        finally:
+            cursor.execute(original)
