@@ -34,16 +34,26 @@ CONSOLE_LIMIT = 4 << 20  # bytes of console log read back at most
 def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
     """`kvm` when a guest really runs under KVM, `tcg` when only emulation works, `none`
     without QEMU (or qemu-img, which makes the VMs' disks). On some virtual machines
-    /dev/kvm exists but a nested guest hangs or QEMU aborts: the probe boots the firmware
-    under KVM, with the machine and CPU model VMs get, and waits for its first output."""
+    /dev/kvm exists but a nested guest hangs or QEMU aborts, and on some the firmware runs
+    under KVM while a Linux kernel hangs as it enters long mode: the probe boots the host's
+    own kernel (without a root, so it panics and QEMU exits) under KVM, with the machine
+    and CPU model VMs get, and waits for its banner; without a kernel in /boot it boots the
+    firmware alone and waits for its first output."""
     if shutil.which(QEMU) is None or shutil.which("qemu-img") is None:
         return "none"
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
+    kernels = sorted(Path("/boot").glob("vmlinuz-*"))
+    if kernels:
+        guest = ["-m", "256", "-kernel", str(kernels[-1]), "-append",
+                 "console=ttyS0 panic=-1", "-serial", "stdio"]
+        alive = b"Linux version"
+    else:
+        guest = ["-m", "64", "-chardev", "stdio,id=bios", "-device",
+                 "isa-debugcon,iobase=0x402,chardev=bios"]
+        alive = b"SeaBIOS"
     probe = [QEMU, "-accel", "kvm", *MACHINE["kvm"], "-nodefaults", "-display", "none",
-             "-no-reboot",
-             "-m", "64", "-chardev", "stdio,id=bios", "-device",
-             "isa-debugcon,iobase=0x402,chardev=bios"]
+             "-no-reboot", *guest]
     try:
         process = subprocess.Popen(probe, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    stdin=subprocess.DEVNULL)
@@ -54,7 +64,7 @@ def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
     except subprocess.TimeoutExpired:
         process.kill()
         output, _ = process.communicate()
-    return "kvm" if b"SeaBIOS" in output else "tcg"
+    return "kvm" if alive in output else "tcg"
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,6 @@ from __future__ import annotations
 SCHEDULES: dict[str, dict[str, object]] = {
     "audit checkpoints": {"func": "audit.tasks.checkpoint_all_task", "schedule_type": "H"},
     "gpu samples pruned": {"func": "fleet.tasks.samples_prune_task", "schedule_type": "H"},
-    "group gaps mended": {"func": "reservations.tasks.gaps_mend_task", "schedule_type": "I",
-                          "minutes": 1},
 }
 
 

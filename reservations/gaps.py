@@ -6,16 +6,16 @@ instance, a share, a maintenance window): every GPU of the group is free all alo
 earliest slot for a whole node or a whole NVLink set reads these gaps instead of sweeping
 every booking in its range.
 
-Only Postgres writes them (migration 0014): a statement trigger on bookings recomputes the
-gaps around what the statement changed, from the bookings themselves, while it holds the
-node's advisory lock, so the writers of one node's gaps take turns and each sees the one
-before; a trigger on devices rebuilds the groups a GPU enters or leaves. A writer never
-waits for that lock (bookers hold the ledger's own locks, in their own order): one that
-finds it taken marks the node stale instead, the next holder rebuilds the node whole, and a
-periodic job mends the stale nodes no one writes to. Until then readers sweep a stale
-node's bookings as for any other node. A group without any gap row has never been booked:
-it is free all along. Gaps that ended over a day ago are dropped as the group's gaps are
-rewritten.
+Only Postgres writes them (migration 0014). Every statement that writes bookings ends in
+a trigger that marks, in the booker's own transaction, the time it changed in each group as
+stale (a GPU moved to another node or NVLink domain marks both groups whole); a booker
+does nothing more, so booking costs one small insert. Menders (a work item per marked
+node, queued by the workers' sweep) recompute the marked spans from the bookings and drop
+the marks, one mender per node at a time on an advisory lock that bookers never take.
+Readers trust the gaps of unmarked nodes only, and sweep a marked node's bookings as for
+any other node: a mark and the booking it stands for commit together. A group without any
+gap row has never been booked: it is free all along. Gaps that ended over a day ago are
+dropped as the group's gaps are rewritten.
 """
 
 from __future__ import annotations
@@ -63,19 +63,30 @@ class GroupGap(models.Model):
 
 
 class StaleGaps(models.Model):
-    """A node whose gaps a writer could not rewrite (another held the node's lock): its gap
-    rows are not to be trusted until they are rebuilt."""
+    """Time a booking write changed in a group (`domain` empty for the whole node) whose gaps
+    are not recomputed yet: the node's gap rows are not to be trusted until a mender has."""
 
     node_id = models.CharField(max_length=32, db_index=True)
+    domain = models.CharField(max_length=32, blank=True)
+    lo = models.DateTimeField()
+    hi = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.node_id}: gaps stale"
+        return f"{self.node_id}/{self.domain or '*'}: gaps stale over [{self.lo}, {self.hi})"
 
 
-def gaps_mend() -> int:
-    """Rebuild the stale nodes that no writer holds now; how many are still stale."""
-    from django.db import connection
+def stale_nodes(limit: int = 500) -> list[str]:
+    """Nodes with gaps to mend."""
+    return list(StaleGaps.objects.values_list("node_id", flat=True).distinct()
+                .order_by("node_id")[:limit])
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reservations_groupgap_mend()")
+
+def gaps_mend(node_ids: list[str] | None = None) -> int:
+    """Recompute the stale gaps of these nodes (default: every node marked), waiting for
+    any other mender of the same node; how many marks were mended."""
+    from django.db import connection, transaction
+
+    nodes = stale_nodes(limit=100_000) if node_ids is None else node_ids
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT reservations_groupgap_mend(%s::varchar[])", [nodes])
         return int(cursor.fetchone()[0])

@@ -1,7 +1,8 @@
 """The ledger's level-triggered reconcilers on the work queue.
 
 `sweep()` turns timers into work items: reservations whose window starts or ends, bindings
-past their timeout, pools with pending requests, series whose horizon moved. Each item's
+past their timeout, pools with pending requests, series whose horizon moved, nodes whose
+free time bookings made stale. Each item's
 handler reads the current state and takes one step, so running it twice, or after a lost
 message, is harmless.
 """
@@ -15,6 +16,7 @@ from compute.queue.work import enqueue, handler
 from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
 from reservations import reports  # noqa: F401  (registers the reports' handler)
+from reservations.gaps import gaps_mend, stale_nodes
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.binding import binding_fail, binding_timeout, reservation_bind
 from reservations.services.book import pending_place
@@ -26,7 +28,7 @@ from reservations.services.idle import reservation_idle_check, watched_on
 from reservations.services.release import reservation_expire
 from reservations.services.series import series_due, series_extend
 from reservations.states import HOLDING
-from reservations.work import POOL, RESERVATION, SERIES, pool_replan
+from reservations.work import GAPS, POOL, RESERVATION, SERIES, pool_replan
 
 
 @handler(RESERVATION)
@@ -88,6 +90,13 @@ def reconcile_series(series_id: str) -> None:
     series_extend(series_id=series_id)
 
 
+@handler(GAPS)
+def reconcile_gaps(node_id: str) -> None:
+    """Recompute the node's free time where its bookings changed (derived rows: no event,
+    no audit row)."""
+    gaps_mend([node_id])
+
+
 def sweep(limit: int = 500) -> int:
     """Enqueue what timers made due; cheap enough to run every half second."""
     now = database_now()
@@ -106,5 +115,8 @@ def sweep(limit: int = 500) -> int:
         count += 1
     for series_id in series_due(now)[:limit]:
         enqueue(SERIES, series_id)
+        count += 1
+    for node_id in stale_nodes(limit):
+        enqueue(GAPS, node_id)
         count += 1
     return count

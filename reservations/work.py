@@ -8,6 +8,7 @@ from compute.queue.work import enqueue
 RESERVATION = "reservation"
 POOL = "pool"
 SERIES = "series"
+GAPS = "gaps"  # a node whose whole groups' free time is stale (reservations.gaps)
 
 
 def pool_replan(pool_id: str) -> None:

@@ -1,9 +1,10 @@
 # Free time of whole GPU groups (a node's GPUs, or one NVLink domain's), derived from the
 # bookings by Postgres itself (see reservations.gaps). Every statement that writes bookings
-# ends in a trigger that recomputes the gaps around the time it changed; a GPU that moves
-# between groups has both groups rebuilt. Writers of one node's gaps take turns on an
-# advisory lock they never wait for (a writer that finds it taken marks the node stale), and
-# in READ COMMITTED each statement after it sees what the lock's holders committed.
+# ends in a trigger that marks the time it changed in each group stale, in the booker's own
+# transaction; a GPU that moves between groups marks both whole. Menders (the workers) then
+# recompute the marked spans from the bookings, one per node at a time on an advisory lock
+# that bookers never take; in READ COMMITTED each statement after it sees what the lock's
+# previous holders committed.
 from django.db import migrations, models
 
 GAPS_SQL = """
@@ -12,43 +13,29 @@ CREATE INDEX reservations_groupgap_touching ON reservations_groupgap
 CREATE INDEX reservations_groupgap_shape ON reservations_groupgap
   USING gist (point(end_s, length_s));
 
--- Recompute the gaps of each group (nodes[i], domains[i]) over spans[i] and the gaps that
--- touch it; over all of time for a group that has none (it was never booked). A group left
--- free all along keeps no row. A node's gaps are rewritten by one transaction at a time,
--- the one holding its lock; a writer that cannot take the lock at once marks the node stale
--- instead of waiting (so no booker waits here, whatever locks it holds), and the next
--- holder that sees the mark rebuilds the node whole. Readers do not trust a stale node.
-CREATE FUNCTION reservations_groupgap_refresh(nodes varchar[], domains varchar[],
-                                              spans tstzrange[]) RETURNS void
+-- Recompute the gaps of these nodes' groups over what their stale marks say changed (and
+-- the gaps that touch it; over all of time for a group that has no gaps: it was never
+-- booked), then drop those marks. A group left free all along keeps no row. Only this
+-- function rewrites gaps, one caller per node at a time: it waits for the node's lock and
+-- holds nothing else of the ledger's, while bookers never take that lock. How many marks
+-- it mended.
+CREATE FUNCTION reservations_groupgap_mend(nodes varchar[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-  mine varchar[];
-  rebuilt varchar[];
+  mended integer;
 BEGIN
-  SELECT coalesce(array_agg(node ORDER BY node), '{}') INTO mine
-    FROM (SELECT DISTINCT node FROM unnest(nodes) node) touched
-   WHERE pg_try_advisory_xact_lock(hashtextextended('groupgap:' || node, 0));
-  INSERT INTO reservations_stalegaps (node_id)
-  SELECT DISTINCT node FROM unnest(nodes) node WHERE node <> ALL(mine);
-  -- From here on each statement sees what the lock's previous holders committed.
-  WITH seen AS (DELETE FROM reservations_stalegaps WHERE node_id = ANY(mine)
-                RETURNING node_id)
-  SELECT coalesce(array_agg(DISTINCT node_id), '{}') INTO rebuilt FROM seen;
-  WITH changed AS (
-    SELECT c.node, c.domain, range_merge(range_agg(c.span)) AS span FROM (
-      SELECT * FROM unnest(nodes, domains, spans) c(node, domain, span)
-       WHERE c.node = ANY(mine) AND c.node <> ALL(rebuilt)
-      UNION ALL  -- every group of a stale node, over all of time
-      SELECT node_id, grp.domain, tstzrange('-infinity', 'infinity')
-        FROM fleet_device d CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
-       WHERE d.node_id = ANY(rebuilt) AND d.parent_id IS NULL AND d.device_class = 'gpu'
-         AND (grp.domain = '' OR d.nvlink_domain <> '')
-      UNION ALL
-      SELECT node_id, domain, tstzrange('-infinity', 'infinity') FROM reservations_groupgap
-       WHERE node_id = ANY(rebuilt)) c
-     GROUP BY c.node, c.domain),
+  PERFORM pg_advisory_xact_lock(hashtextextended('groupgap:' || node, 0))
+     FROM (SELECT DISTINCT node FROM unnest(nodes) node ORDER BY node) locked;
+  -- A statement of its own: it sees what the lock's previous holders committed.
+  WITH seen AS (
+    DELETE FROM reservations_stalegaps WHERE node_id = ANY(nodes)
+    RETURNING node_id, domain, tstzrange(lo, hi) AS span),
+  changed AS (
+    SELECT seen.node_id AS node, seen.domain, range_merge(range_agg(seen.span)) AS span,
+           count(*) AS marks
+      FROM seen GROUP BY seen.node_id, seen.domain),
   region AS (
-    SELECT c.node, c.domain,
+    SELECT c.node, c.domain, c.marks,
            CASE WHEN EXISTS (SELECT 1 FROM reservations_groupgap g
                               WHERE g.node_id = c.node AND g.domain = c.domain)
                 THEN tstzrange(least(lower(c.span), t.lo), greatest(upper(c.span), t.hi))
@@ -68,37 +55,22 @@ BEGIN
       LEFT JOIN fleet_device d ON d.node_id = r.node AND d.parent_id IS NULL
             AND d.device_class = 'gpu' AND (r.domain = '' OR d.nvlink_domain = r.domain)
       LEFT JOIN reservations_booking b ON b.gpu_id = d.id AND b.during && r.w
-     GROUP BY r.node, r.domain, r.w)
-  INSERT INTO reservations_groupgap (node_id, domain, lo, hi, end_s, length_s)
-  SELECT held.node, held.domain, lower(f), upper(f),
-         least(extract(epoch FROM upper(f))::float8, 1e15),
-         least(extract(epoch FROM upper(f))::float8 - extract(epoch FROM lower(f))::float8,
-               1e15)
-    FROM held, unnest(tstzmultirange(held.w) - coalesce(held.busy, '{}')) f
-   WHERE upper(f) >= now() - interval '1 day'
-     AND f <> tstzrange('-infinity', 'infinity');
+     GROUP BY r.node, r.domain, r.w),
+  written AS (
+    INSERT INTO reservations_groupgap (node_id, domain, lo, hi, end_s, length_s)
+    SELECT held.node, held.domain, lower(f), upper(f),
+           least(extract(epoch FROM upper(f))::float8, 1e15),
+           least(extract(epoch FROM upper(f))::float8 - extract(epoch FROM lower(f))::float8,
+                 1e15)
+      FROM held, unnest(tstzmultirange(held.w) - coalesce(held.busy, '{}')) f
+     WHERE upper(f) >= now() - interval '1 day'
+       AND f <> tstzrange('-infinity', 'infinity'))
+  SELECT coalesce(sum(marks), 0) INTO mended FROM region;
+  RETURN mended;
 END $$;
 
--- Rebuild the stale nodes no one else holds (a periodic job); how many are left stale.
-CREATE FUNCTION reservations_groupgap_mend() RETURNS integer LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM reservations_groupgap_refresh(array_agg(node_id), array_agg(''::varchar),
-                                        array_agg(tstzrange('-infinity', 'infinity')))
-     FROM (SELECT DISTINCT node_id FROM reservations_stalegaps) stale HAVING count(*) > 0;
-  RETURN (SELECT count(DISTINCT node_id) FROM reservations_stalegaps);
-END $$;
-
--- The groups of these GPUs (their node, and their NVLink domain), each over its span.
-CREATE FUNCTION reservations_groupgap_touch(gpus varchar[], spans tstzrange[]) RETURNS void
-LANGUAGE sql AS $$
-  SELECT reservations_groupgap_refresh(array_agg(d.node_id), array_agg(grp.domain),
-                                       array_agg(c.span))
-    FROM unnest(gpus, spans) c(gpu, span) JOIN fleet_device d ON d.id = c.gpu
-   CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
-   WHERE grp.domain = '' OR d.nvlink_domain <> ''
-  HAVING count(*) > 0
-$$;
-
+-- After every statement that writes bookings: the groups of their GPUs (the node, and the
+-- GPU's NVLink domain), over both extents of every booking whose GPU or window changed.
 CREATE FUNCTION reservations_booking_gaps() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   gpus varchar[];
@@ -108,17 +80,18 @@ BEGIN
     SELECT array_agg(gpu_id), array_agg(during) INTO gpus, spans FROM booked_now;
   ELSIF TG_OP = 'DELETE' THEN
     SELECT array_agg(gpu_id), array_agg(during) INTO gpus, spans FROM booked_before;
-  ELSE  -- both extents of every booking whose GPU or window changed
-    SELECT array_agg(x.gpu_id), array_agg(x.during) INTO gpus, spans FROM (
-      SELECT side.gpu_id, side.during
-        FROM booked_before o JOIN booked_now n ON n.id = o.id
-       CROSS JOIN LATERAL (VALUES (o.gpu_id, o.during), (n.gpu_id, n.during))
-             side(gpu_id, during)
-       WHERE (o.gpu_id, o.during) IS DISTINCT FROM (n.gpu_id, n.during)) x;
+  ELSE
+    SELECT array_agg(side.gpu_id), array_agg(side.during) INTO gpus, spans
+      FROM booked_before o JOIN booked_now n ON n.id = o.id
+     CROSS JOIN LATERAL (VALUES (o.gpu_id, o.during), (n.gpu_id, n.during))
+           side(gpu_id, during)
+     WHERE (o.gpu_id, o.during) IS DISTINCT FROM (n.gpu_id, n.during);
   END IF;
-  IF gpus IS NOT NULL THEN
-    PERFORM reservations_groupgap_touch(gpus, spans);
-  END IF;
+  INSERT INTO reservations_stalegaps (node_id, domain, lo, hi)
+  SELECT DISTINCT d.node_id, grp.domain, lower(c.span), upper(c.span)
+    FROM unnest(gpus, spans) c(gpu, span) JOIN fleet_device d ON d.id = c.gpu
+   CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
+   WHERE grp.domain = '' OR d.nvlink_domain <> '';
   RETURN NULL;
 END $$;
 CREATE TRIGGER reservations_booking_gaps_insert AFTER INSERT ON reservations_booking
@@ -136,10 +109,10 @@ CREATE TRIGGER reservations_booking_gaps_delete AFTER DELETE ON reservations_boo
 -- bookings (they protect it), so it changes no group's free time.
 CREATE FUNCTION reservations_device_gaps() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM reservations_groupgap_refresh(
-    ARRAY[OLD.node_id, OLD.node_id, NEW.node_id, NEW.node_id],
-    ARRAY['', OLD.nvlink_domain, '', NEW.nvlink_domain]::varchar[],
-    array_fill(tstzrange('-infinity', 'infinity'), ARRAY[4]));
+  INSERT INTO reservations_stalegaps (node_id, domain, lo, hi)
+  SELECT DISTINCT grp.node, grp.domain, '-infinity'::timestamptz, 'infinity'::timestamptz
+    FROM (VALUES (OLD.node_id, ''), (OLD.node_id, OLD.nvlink_domain), (NEW.node_id, ''),
+                 (NEW.node_id, NEW.nvlink_domain)) grp(node, domain);
   RETURN NULL;
 END $$;
 CREATE TRIGGER reservations_device_gaps AFTER UPDATE ON fleet_device FOR EACH ROW
@@ -148,12 +121,12 @@ CREATE TRIGGER reservations_device_gaps AFTER UPDATE ON fleet_device FOR EACH RO
   EXECUTE FUNCTION reservations_device_gaps();
 
 -- The gaps of every group booked so far.
-SELECT reservations_groupgap_refresh(array_agg(node), array_agg(domain),
-                                     array_agg(tstzrange('-infinity', 'infinity')))
-  FROM (SELECT DISTINCT d.node_id AS node, grp.domain
-          FROM reservations_booking b JOIN fleet_device d ON d.id = b.gpu_id
-         CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
-         WHERE grp.domain = '' OR d.nvlink_domain <> '') booked
+INSERT INTO reservations_stalegaps (node_id, domain, lo, hi)
+SELECT DISTINCT d.node_id, grp.domain, '-infinity'::timestamptz, 'infinity'::timestamptz
+  FROM reservations_booking b JOIN fleet_device d ON d.id = b.gpu_id
+ CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
+ WHERE grp.domain = '' OR d.nvlink_domain <> '';
+SELECT reservations_groupgap_mend(array_agg(DISTINCT node_id)) FROM reservations_stalegaps
 HAVING count(*) > 0;
 """
 
@@ -164,9 +137,7 @@ DROP TRIGGER reservations_booking_gaps_insert ON reservations_booking;
 DROP TRIGGER reservations_booking_gaps_update ON reservations_booking;
 DROP TRIGGER reservations_booking_gaps_delete ON reservations_booking;
 DROP FUNCTION reservations_booking_gaps();
-DROP FUNCTION reservations_groupgap_touch(varchar[], tstzrange[]);
-DROP FUNCTION reservations_groupgap_mend();
-DROP FUNCTION reservations_groupgap_refresh(varchar[], varchar[], tstzrange[]);
+DROP FUNCTION reservations_groupgap_mend(varchar[]);
 """
 
 
@@ -196,6 +167,9 @@ class Migration(migrations.Migration):
                 ("id", models.BigAutoField(auto_created=True, primary_key=True,
                                            serialize=False, verbose_name="ID")),
                 ("node_id", models.CharField(db_index=True, max_length=32)),
+                ("domain", models.CharField(blank=True, max_length=32)),
+                ("lo", models.DateTimeField()),
+                ("hi", models.DateTimeField()),
             ],
         ),
         migrations.RunSQL(GAPS_SQL, DROP_GAPS_SQL),

@@ -1,16 +1,17 @@
 """The free time of whole GPU groups, kept by Postgres beside the bookings.
 
 Every kind of booking write (insert, a window moved or cut short, delete, many rows in one
-statement, MIG instances, a GPU moved to another NVLink domain) leaves the gaps equal to
-the free time recomputed from the bookings; the earliest slot read from them is the one the
-sweep over every booking finds; and of two writers of one node that hold no lock of their
-own, the second marks the node stale rather than writing over the first (without the
-trigger's lock the gaps go wrong).
+statement, MIG instances, a GPU moved to another NVLink domain) marks what it changed, and
+mending the marks leaves the gaps equal to the free time recomputed from the bookings; the
+earliest slot read from them (or, for a node with marks, swept) is the one the sweep over
+every booking finds; a booker never waits for a mender; and two menders of one node take
+turns on their lock, without which they write the gaps twice.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from datetime import datetime, timedelta
 
 import psycopg
@@ -27,6 +28,7 @@ from reservations.ledger import Allocation, Booking, Reservation
 from reservations.models import GroupGap, StaleGaps
 from reservations.placement import Request
 from tests.factories import make_node
+from tests.support.waiting import wait_until
 
 H = timedelta(hours=1)
 TWO = ["3g.40gb", "3g.40gb"]
@@ -123,6 +125,9 @@ def test_gaps_follow_every_kind_of_booking_write(pool, t0):
             Device.objects.filter(pk=gpu.pk).update(
                 nvlink_domain="nv0" if gpu.nvlink_domain != "nv0" else "nv1")
         kinds[kind] = kinds.get(kind, 0) + 1
+        assert drift() == 0, (kind, len(kinds))  # the node written to is marked
+        gaps_mend()
+        assert not StaleGaps.objects.exists()
         assert drift() == 0, (kind, len(kinds))
     assert min(kinds.get(k, 0) for k in ("whole", "part", "moved", "ended", "deleted",
                                          "domain")) > 3, kinds
@@ -136,18 +141,23 @@ def test_a_group_that_is_booked_then_freed_keeps_no_gap_rows(pool, t0):
     allocation = book(node, list(Device.objects.filter(node=node, index__in=[0, 1])),
                       hour(t0, 0, 2))
     assert allocation is not None
+    assert not GroupGap.objects.exists()  # marked, not yet mended
+    assert set(StaleGaps.objects.values_list("node_id", "domain")) == {(node.id, ""),
+                                                                      (node.id, "nv0")}
+    assert gaps_mend() == 2
     groups = set(GroupGap.objects.values_list("domain", flat=True))
     assert groups == {"", "nv0"}  # the node, and the NVLink domain of GPUs 0 and 1
     assert node_gaps() == [(None, t0), (t0 + 2 * H, None)]
     Booking.objects.filter(allocation=allocation).delete()
+    gaps_mend()
     assert drift() == 0
     assert not GroupGap.objects.exists()
 
 
 def test_whole_groups_answer_as_the_sweep_over_every_booking_does(pool, t0):
-    """Random calendars on six nodes (an unhealthy GPU, MIG instances booked, a GPU in
-    maintenance), then 150 random requests: the gaps give every node the same first start
-    as the sweep."""
+    """Random calendars on six nodes (an unhealthy GPU, MIG instances booked), then 150
+    random requests: the gaps give every node the same first start as the sweep, and so do
+    nodes with fresh bookings not mended yet."""
     rng = random.Random(5)
     nodes = [make_node(pool["id"]) for _ in range(4)]
     nodes.append(make_node(pool["id"], mig={2: TWO}))
@@ -166,9 +176,16 @@ def test_whole_groups_answer_as_the_sweep_over_every_booking_does(pool, t0):
                 size = rng.choice((1, 2, 4))
                 book(node, gpus[first:first + size] if size == 4 else
                      rng.sample(gpus[first:first + 4], size), during)
+    gaps_mend()
     whole_found = 0
     pool_row = nodes[0].pool
-    for _ in range(150):
+    for n in range(150):
+        if n == 100:  # two nodes booked again: marked, so swept until mended
+            assert book(nodes[1], list(Device.objects.filter(node=nodes[1], device_class="gpu")),
+                        hour(t0, 56, 90))
+            assert book(nodes[3], list(Device.objects.filter(node=nodes[3], index__lt=4)),
+                        hour(t0, 58, 100))
+            assert StaleGaps.objects.count() == 5
         count, topology = rng.choice(((8, "any"), (4, "nvlink-all"), (2, "nvlink-all"),
                                       (3, "any"), (7, "any")))
         request = Request(count=count, topology=topology, device_class="gpu")
@@ -191,24 +208,18 @@ def _url() -> str:
             f"{base['PORT'] or 5432}/{base['NAME']}")
 
 
-INSERT = ("INSERT INTO reservations_booking (allocation_id, device_id, during) "
-          "VALUES (%s, %s, %s)")
+def mender(url: str) -> psycopg.Connection:
+    """A connection in the middle of mending every marked node: it holds their locks."""
+    conn = psycopg.connect(url)
+    conn.execute("SELECT reservations_groupgap_mend(array_agg(DISTINCT node_id)) "
+                 "FROM reservations_stalegaps")
+    return conn
 
 
-def _two_writers(node: Node, t0: datetime) -> None:
-    """Writer A books GPU 0 for [t0, t0+1h) and, before A commits, writer B books GPU 1 for
-    [t0+1h, t0+2h) on the same node; neither holds the node's row (as a release or an
-    extend does not while it writes bookings). B does not wait for A."""
-    gpus = list(Device.objects.filter(node=node).order_by("index").values_list("id", flat=True))
-    allocations = [book(node, [], hour(t0, 0, 1)), book(node, [], hour(t0, 1, 2))]
-    assert None not in allocations
-    url = _url()
-    with psycopg.connect(url) as a, psycopg.connect(url) as b:
-        for writer, allocation, gpu, during in ((a, allocations[0], gpus[0], hour(t0, 0, 1)),
-                                                (b, allocations[1], gpus[1], hour(t0, 1, 2))):
-            writer.execute(INSERT, [getattr(allocation, "id", None), gpu, during])
-        a.commit()
-        b.commit()
+def waiting(url: str, pid: int) -> bool:
+    with psycopg.connect(url, autocommit=True) as watch:
+        return watch.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
+                             "WHERE pid = %s", [pid]).fetchone()[0]
 
 
 def whole_node_starts(node: Node, t0: datetime) -> list[tuple[datetime, str]]:
@@ -216,33 +227,60 @@ def whole_node_starts(node: Node, t0: datetime) -> list[tuple[datetime, str]]:
     return earliest_starts(node.pool, request, H, after=t0, latest_start=t0 + 24 * H)
 
 
+def race_two_menders(node: Node, t0: datetime) -> None:
+    """The first mender recomputes a booking of GPU 0 for [t0, t0+1h) and, before it
+    commits, a booker adds GPU 1 for [t0+1h, t0+2h) (done at once: bookers never wait for a
+    mender) and a second mender starts on the same node. The second waits; the first
+    commits, then the second."""
+    gpus = list(Device.objects.filter(node=node).order_by("index"))
+    book(node, gpus[:1], hour(t0, 0, 1))
+    url = _url()
+    with mender(url) as first, psycopg.connect(url) as second:
+        assert book(node, gpus[1:2], hour(t0, 1, 2)) is not None
+        assert StaleGaps.objects.filter(node_id=node.id).exists()
+        pid = second.execute("SELECT pg_backend_pid()").fetchone()[0]
+        done = threading.Event()
+
+        def mend_again() -> None:
+            second.execute("SELECT reservations_groupgap_mend(ARRAY[%s]::varchar[])",
+                           [node.id])
+            done.set()
+
+        racer = threading.Thread(target=mend_again)
+        racer.start()
+        assert wait_until(lambda: waiting(url, pid), 10)
+        assert not done.is_set()
+        first.commit()
+        racer.join(10)
+        assert done.is_set()
+        second.commit()
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_writer_that_finds_the_node_taken_marks_it_stale_and_without_the_lock_gaps_go_wrong(
-        pool, t0):
+def test_bookers_never_wait_for_a_mender_and_menders_take_turns(pool, t0):
     node = make_node(pool["id"])
-    _two_writers(node, t0)
-    # B found A holding the node's gaps: it marked the node instead of writing over them.
-    assert StaleGaps.objects.filter(node_id=node.id).exists()
-    assert drift() == 0  # on every node not marked
-    assert whole_node_starts(node, t0) == [(t0 + 2 * H, node.id)]  # swept, so still right
-    assert gaps_mend() == 0
+    race_two_menders(node, t0)
     assert not StaleGaps.objects.exists()
-    assert drift() == 0  # now on every node
+    assert drift() == 0
     assert node_gaps() == [(None, t0), (t0 + 2 * H, None)]  # both bookings, back to back
-    assert whole_node_starts(node, t0) == [(t0 + 2 * H, node.id)]  # read from the gaps
+    assert whole_node_starts(node, t0) == [(t0 + 2 * H, node.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_their_lock_two_menders_leave_the_gaps_wrong(pool, t0):
+    """The second mender then waits only for the marks the first deletes, and writes from
+    a snapshot without the first's gaps."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_get_functiondef('reservations_groupgap_refresh'::regproc)")
+        cursor.execute("SELECT pg_get_functiondef('reservations_groupgap_mend'::regproc)")
         original = cursor.fetchone()[0]
-        lock = "WHERE pg_try_advisory_xact_lock(hashtextextended('groupgap:' || node, 0))"
-        assert lock in original
+        lock = original[original.index("PERFORM pg_advisory_xact_lock"):]
+        lock = lock[:lock.index("locked;") + len("locked;")]
         try:
-            cursor.execute(original.replace(lock, ""))  # every writer rewrites the gaps
-            Booking.objects.all().delete()
-            GroupGap.objects.all().delete()
-            other = make_node(pool["id"])
-            _two_writers(other, t0)
+            cursor.execute(original.replace(lock, ""))
+            node = make_node(pool["id"])
+            race_two_menders(node, t0)
             assert not StaleGaps.objects.exists()
-            assert drift() > 0  # B's gaps were written over A's booking
-            assert whole_node_starts(other, t0)[0] != (t0 + 2 * H, other.id)
+            assert drift() > 0
+            assert node_gaps() != [(None, t0), (t0 + 2 * H, None)]
         finally:
             cursor.execute(original)

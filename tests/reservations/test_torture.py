@@ -31,11 +31,13 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
     found = torture.findings(world)
     assert found["overlaps"] == 0
     assert found["partOverlaps"] == 0
-    # The free time of whole groups kept up with every booking, on the nodes not marked
-    # stale; once mended, on every node.
+    # The free time of whole groups, mended while the bookers raced, is right on every
+    # node not marked stale; once the last marks are mended, on every node.
+    assert report.mended > 100
     assert found["gapDrift"] == 0
-    assert gaps_mend() == 0
+    gaps_mend()
     assert torture.findings(world)["gapDrift"] == 0
+    assert torture.findings(world)["staleGapNodes"] == 0
     # Whole GPUs, MIG instances and shares were all placed, on the same physical GPUs.
     assert min(found["placedByClass"].get(kind, 0) for kind in ("gpu", "mig", "gpu-share")) \
         > 20, found["placedByClass"]
