@@ -1,16 +1,19 @@
 from django.contrib import admin
+from django.db.models.expressions import RawSQL
 
 from audit.admin import ReadOnlyAdmin, ReadOnlyInline
 from compute.admin import audited_action
 from reservations.models import (
     Allocation,
     Booking,
+    GroupGap,
     MaintenanceWindow,
     Offering,
     Quota,
     Reservation,
     ReservationSeries,
     Sandbox,
+    StaleGaps,
     UsageRecord,
 )
 from reservations.services.release import reservation_release
@@ -91,3 +94,37 @@ class UsageRecordAdmin(LedgerReadOnly):
     list_display = ("subject", "tenant", "meter", "quantity", "window_start", "window_end")
     list_filter = ("meter", "tenant")
     search_fields = ("id", "subject")
+
+
+class FreeTimeAdmin(ReadOnlyAdmin):
+    """Derived rows whose bounds may be infinite, which Python's datetime cannot hold: they
+    are listed as text, and have no page of their own."""
+
+    list_display = ("node_id", "domain", "starts", "ends")
+    search_fields = ("node_id",)
+    list_display_links = None
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).defer("lo", "hi").annotate(
+            lo_text=RawSQL("lo::text", ()), hi_text=RawSQL("hi::text", ()))
+
+    def has_view_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+        return obj is None and super().has_view_permission(request)
+
+    @admin.display(description="from", ordering="lo")
+    def starts(self, row) -> str:  # type: ignore[no-untyped-def]
+        return str(row.lo_text)
+
+    @admin.display(description="until", ordering="hi")
+    def ends(self, row) -> str:  # type: ignore[no-untyped-def]
+        return str(row.hi_text)
+
+
+@admin.register(GroupGap)
+class GroupGapAdmin(FreeTimeAdmin):
+    pass
+
+
+@admin.register(StaleGaps)
+class StaleGapsAdmin(FreeTimeAdmin):
+    pass

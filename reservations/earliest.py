@@ -117,14 +117,16 @@ whole AS MATERIALIZED (
      AND node_id NOT IN (SELECT node_id FROM stale)),
 long AS MATERIALIZED (  -- gaps of at least `duration` that do not end before after+duration
   SELECT node_id, domain, greatest(lo, %(after)s) AS at FROM reservations_groupgap
-   WHERE point(end_s, length_s) <@ box(point(%(earliest_end_s)s, %(duration_s)s),
+   WHERE pool_id = %(pool)s
+     AND point(end_s, length_s) <@ box(point(%(earliest_end_s)s, %(duration_s)s),
                                        point(1e16, 1e16))
      AND lo <= %(latest_start)s AND hi >= %(earliest_end)s),
 starts AS (
   SELECT long.node_id, long.at FROM long JOIN whole USING (node_id, domain)
   UNION ALL
   SELECT node_id, %(after)s FROM whole WHERE (node_id, domain) NOT IN (
-    SELECT node_id, domain FROM reservations_groupgap WHERE hi = 'infinity'))
+    SELECT node_id, domain FROM reservations_groupgap
+     WHERE pool_id = %(pool)s AND hi = 'infinity'))
 (SELECT node_id, min(at) FROM starts WHERE at <> ALL(%(tried)s::timestamptz[])
   GROUP BY node_id ORDER BY 2, 1 LIMIT %(limit)s)
 UNION ALL

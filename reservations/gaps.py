@@ -23,8 +23,8 @@ from __future__ import annotations
 from django.db import models
 
 # Gaps that differ from the free time recomputed from the bookings and today's devices
-# (both sides from a day ago on, as older gaps are dropped), on nodes not marked stale: 0
-# when the triggers kept up.
+# (both sides from a day ago on, as older gaps are dropped; a group free all along has no
+# row), on nodes not marked stale: 0 when the menders kept up.
 GAP_DRIFT_SQL = """
 WITH truth AS (
   SELECT x.node_id, x.domain, lower(f) AS lo, upper(f) AS hi FROM (
@@ -34,7 +34,7 @@ WITH truth AS (
      CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
      WHERE grp.domain = '' OR d.nvlink_domain <> ''
      GROUP BY d.node_id, grp.domain) x, unnest(x.free) f
-   WHERE upper(f) >= now() - interval '1 day'
+   WHERE upper(f) >= now() - interval '1 day' AND f <> tstzrange('-infinity', 'infinity')
      AND x.node_id NOT IN (SELECT node_id FROM reservations_stalegaps)),
 kept AS (
   SELECT node_id, domain, lo, hi FROM reservations_groupgap
@@ -45,6 +45,7 @@ SELECT (SELECT count(*) FROM (SELECT * FROM truth EXCEPT ALL SELECT * FROM kept)
 
 
 class GroupGap(models.Model):
+    pool_id = models.CharField(max_length=32)  # the node's (nodes never change pool)
     node_id = models.CharField(max_length=32)
     domain = models.CharField(max_length=32, blank=True,
                               help_text="The NVLink domain; empty for the whole node.")
@@ -55,8 +56,8 @@ class GroupGap(models.Model):
     end_s = models.FloatField()
     length_s = models.FloatField()
 
-    # Two GiST indexes (migration 0014): the group's gaps touching a stretch of time, and
-    # the gaps' shape points.
+    # Indexes (migration 0014): a group's gaps touching a stretch of time (GiST), a pool's
+    # gaps by shape (GiST), and a pool's groups' last gaps, to infinity.
 
     def __str__(self) -> str:
         return f"{self.node_id}/{self.domain or '*'} free [{self.lo}, {self.hi})"

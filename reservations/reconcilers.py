@@ -2,9 +2,8 @@
 
 `sweep()` turns timers into work items: reservations whose window starts or ends, bindings
 past their timeout, pools with pending requests, series whose horizon moved, nodes whose
-free time bookings made stale. Each item's
-handler reads the current state and takes one step, so running it twice, or after a lost
-message, is harmless.
+free time bookings marked stale. Each item's handler reads the current state and takes one
+step, so running it twice, or after a lost message, is harmless.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ GAPS_SQL = """
 CREATE INDEX reservations_groupgap_touching ON reservations_groupgap
   USING gist (node_id, domain, tstzrange(lo, hi, '[]'));
 CREATE INDEX reservations_groupgap_shape ON reservations_groupgap
-  USING gist (point(end_s, length_s));
+  USING gist (pool_id, point(end_s, length_s));
+CREATE INDEX reservations_groupgap_tails ON reservations_groupgap (pool_id, node_id, domain)
+  WHERE hi = 'infinity';
 
 -- Recompute the gaps of these nodes' groups over what their stale marks say changed (and
 -- the gaps that touch it; over all of time for a group that has no gaps: it was never
@@ -50,15 +52,15 @@ BEGIN
        AND (tstzrange(g.lo, g.hi, '[]') && tstzrange(lower(r.w), upper(r.w), '()')
             OR g.hi < now() - interval '1 day')),
   held AS (
-    SELECT r.node, r.domain, r.w, range_agg(b.during) AS busy
-      FROM region r
+    SELECT r.node, r.domain, r.w, n.pool_id, range_agg(b.during) AS busy
+      FROM region r JOIN fleet_node n ON n.id = r.node
       LEFT JOIN fleet_device d ON d.node_id = r.node AND d.parent_id IS NULL
             AND d.device_class = 'gpu' AND (r.domain = '' OR d.nvlink_domain = r.domain)
       LEFT JOIN reservations_booking b ON b.gpu_id = d.id AND b.during && r.w
-     GROUP BY r.node, r.domain, r.w),
+     GROUP BY r.node, r.domain, r.w, n.pool_id),
   written AS (
-    INSERT INTO reservations_groupgap (node_id, domain, lo, hi, end_s, length_s)
-    SELECT held.node, held.domain, lower(f), upper(f),
+    INSERT INTO reservations_groupgap (pool_id, node_id, domain, lo, hi, end_s, length_s)
+    SELECT held.pool_id, held.node, held.domain, lower(f), upper(f),
            least(extract(epoch FROM upper(f))::float8, 1e15),
            least(extract(epoch FROM upper(f))::float8 - extract(epoch FROM lower(f))::float8,
                  1e15)
@@ -91,7 +93,7 @@ BEGIN
   SELECT DISTINCT d.node_id, grp.domain, lower(c.span), upper(c.span)
     FROM unnest(gpus, spans) c(gpu, span) JOIN fleet_device d ON d.id = c.gpu
    CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
-   WHERE grp.domain = '' OR d.nvlink_domain <> '';
+   WHERE (grp.domain = '' OR d.nvlink_domain <> '') AND NOT isempty(c.span);
   RETURN NULL;
 END $$;
 CREATE TRIGGER reservations_booking_gaps_insert AFTER INSERT ON reservations_booking
@@ -151,6 +153,7 @@ class Migration(migrations.Migration):
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True,
                                            serialize=False, verbose_name="ID")),
+                ("pool_id", models.CharField(max_length=32)),
                 ("node_id", models.CharField(max_length=32)),
                 ("domain", models.CharField(blank=True, help_text="The NVLink domain; empty "
                                             "for the whole node.", max_length=32)),

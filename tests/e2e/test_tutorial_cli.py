@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,34 @@ def test_query_and_json_output_on_the_remaining_groups(stack):
     assert offerings  # the tutorial test offered the dev pool to acme
     assert all(o["id"].startswith("off_") and "quota" in o for o in offerings)
     assert stack.ok("tokens", "list", "--query", "items.0.id").startswith("tok_")
+
+
+def test_the_workers_recompute_the_free_time_bookings_mark(stack):
+    """Each booking marks its node's free time stale; dev's workers recompute it, and the
+    earliest whole-node slot after both nodes' bookings is read from what they wrote."""
+    import psycopg
+
+    pool = stack.env["POOL"]
+    booked = [json.loads(stack.ok("reserve", "--pool", pool, "--gpus", "8", "--for", "2h",
+                                  "--start", "+10d", "-o", "json")) for _ in range(2)]
+    try:
+        assert {rsv["nodeId"] for rsv in booked} == {n["id"] for n in stack.json(
+            "nodes", "list")["items"] if n["role"] == "node"}  # both machines, not the provisioner
+        with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
+            assert wait_until(lambda: conn.execute(
+                "SELECT count(*) FROM reservations_stalegaps").fetchone()[0] == 0, 30)
+            tails = dict(conn.execute(
+                "SELECT node_id, lo FROM reservations_groupgap WHERE domain = '' "
+                "AND hi = 'infinity'").fetchall())
+        ends = {rsv["nodeId"]: datetime.fromisoformat(rsv["end"].replace("Z", "+00:00"))
+                for rsv in booked}
+        assert tails.keys() == ends.keys()  # each node free from the end of its booking
+        assert all(abs(tails[node] - end) < timedelta(milliseconds=1)
+                   for node, end in ends.items())
+        found = json.loads(stack.ok("capacity", "--earliest", "--pool", pool, "--gpus", "8",
+                                    "--for", "1h", "--after", "+10d", "-o", "json"))
+        first = min(booked, key=lambda rsv: rsv["end"])
+        assert (found["nodeId"], found["window"]["start"]) == (first["nodeId"], first["end"])
+    finally:
+        for rsv in booked:
+            stack.ok("release", rsv["id"], "--cancel")

@@ -303,6 +303,10 @@ def findings(world: World) -> dict[str, Any]:
             "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
             " END"),
         "partOverlaps": scalar(PART_OVERLAPS_SQL),
+        "overlapping": overlapping_rows(),
+        "exclusionConstraints": scalar(
+            "SELECT array_agg(conname::text ORDER BY conname) FROM pg_constraint "
+            "WHERE conrelid = 'reservations_booking'::regclass AND contype = 'x'"),
         "gapDrift": scalar(GAP_DRIFT_SQL),
         "staleGapNodes": scalar("SELECT count(DISTINCT node_id) FROM reservations_stalegaps"),
         "placedByClass": dict(Reservation.objects.filter(placed_at__isnull=False)
@@ -316,6 +320,23 @@ def findings(world: World) -> dict[str, Any]:
             "'reservation.placed' AND EXISTS (SELECT 1 FROM compute_event p WHERE "
             "p.subject = e.subject AND p.type = 'reservation.pending')"),
     }
+
+
+def overlapping_rows() -> list[str]:
+    """Every pair of bookings that overlap on one device, or on a GPU and its part, with
+    what holds them: what a failed check prints."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT format('%s %s %s %s/%s vs %s %s %s %s/%s', a.id, a.device_id, a.during, "
+            "a.allocation_id, a.maintenance_id, b.id, b.device_id, b.during, b.allocation_id, "
+            "b.maintenance_id) FROM reservations_booking a JOIN reservations_booking b "
+            "ON a.id < b.id AND a.during && b.during JOIN fleet_device da ON da.id = a.device_id "
+            "JOIN fleet_device db ON db.id = b.device_id "
+            "WHERE a.device_id = b.device_id OR da.id = db.parent_id OR db.id = da.parent_id "
+            "LIMIT 20")
+        return [row[0] for row in cursor.fetchall()]
 
 
 def main() -> None:
