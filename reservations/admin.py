@@ -97,19 +97,17 @@ class UsageRecordAdmin(LedgerReadOnly):
 
 
 class FreeTimeAdmin(ReadOnlyAdmin):
-    """Derived rows whose bounds may be infinite, which Python's datetime cannot hold: they
-    are listed as text, and have no page of their own."""
+    """Derived rows whose bounds may be infinite, which Python's datetime cannot hold: the
+    bounds are read and shown as text."""
 
     list_display = ("node_id", "domain", "starts", "ends")
     search_fields = ("node_id",)
-    list_display_links = None
+    fields = ("node_id", "domain", "starts", "ends")
+    readonly_fields = fields
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]
         return super().get_queryset(request).defer("lo", "hi").annotate(
             lo_text=RawSQL("lo::text", ()), hi_text=RawSQL("hi::text", ()))
-
-    def has_view_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
-        return obj is None and super().has_view_permission(request)
 
     @admin.display(description="from", ordering="lo")
     def starts(self, row) -> str:  # type: ignore[no-untyped-def]

@@ -60,7 +60,7 @@ class GroupGap(models.Model):
     # gaps by shape (GiST), and a pool's groups' last gaps, to infinity.
 
     def __str__(self) -> str:
-        return f"{self.node_id}/{self.domain or '*'} free [{self.lo}, {self.hi})"
+        return f"free time of {self.node_id}/{self.domain or '*'}"  # (bounds may be infinite)
 
 
 class StaleGaps(models.Model):
@@ -73,7 +73,7 @@ class StaleGaps(models.Model):
     hi = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.node_id}/{self.domain or '*'}: gaps stale over [{self.lo}, {self.hi})"
+        return f"stale free time of {self.node_id}/{self.domain or '*'}"
 
 
 def stale_nodes(limit: int = 500) -> list[str]:

@@ -300,3 +300,6 @@ def test_the_admin_lists_gaps_to_infinity(client, pool, t0):
     listed = client.get("/admin/reservations/groupgap/").content.decode()
     assert "-infinity" in listed  # free before the booking
     assert "infinity" in listed.replace("-infinity", "")  # and after it, for good
+    tail = GroupGap.objects.filter(domain="", lo=t0 + H).values_list("pk", flat=True).get()
+    page = client.get(f"/admin/reservations/groupgap/{tail}/change/").content.decode()
+    assert "infinity" in page
