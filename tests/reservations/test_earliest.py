@@ -1,6 +1,8 @@
 """The earliest slot on hand-built calendars: gaps at the edges and between bookings, NVLink
 domains, unhealthy GPUs, cordoned nodes and maintenance windows; and `atEarliest` booking
-it, also when bookers race for the same hours."""
+it, also when bookers race for the same hours. Each calendar is asked twice: with the
+bookings' marks not yet mended (every node swept), and with whole groups' free time
+recomputed as the workers do."""
 
 from __future__ import annotations
 
@@ -13,12 +15,29 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from compute.db import database_now
 from fleet.models import Device, Node
+from reservations.gaps import gaps_mend
 from reservations.ledger import Allocation, Booking, Reservation
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, gpus
 from tests.support.ledger import overlapping_bookings, run_together
 
 H = timedelta(hours=1)
+
+
+@pytest.fixture(params=["swept", "mended"], autouse=True)
+def mended(request, monkeypatch) -> None:
+    """Mended: each search first recomputes the marked free time, as the workers would
+    have by then, so whole nodes and NVLink sets are read from their gaps."""
+    if request.param == "mended":
+        from reservations import earliest as search
+
+        sweep = search.earliest_starts
+
+        def after_mending(*args, **kwargs):
+            gaps_mend()
+            return sweep(*args, **kwargs)
+
+        monkeypatch.setattr(search, "earliest_starts", after_mending)
 
 
 @pytest.fixture
