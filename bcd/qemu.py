@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -54,17 +55,27 @@ def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
         alive = b"SeaBIOS"
     probe = [QEMU, "-accel", "kvm", *MACHINE["kvm"], "-nodefaults", "-display", "none",
              "-no-reboot", *guest]
+    return "kvm" if prints(probe, alive, timeout=timeout) else "tcg"
+
+
+def prints(command: list[str], marker: bytes, *, timeout: float) -> bool:
+    """Whether `command` prints `marker` on its standard output within `timeout` seconds.
+    A hung guest never exits by itself: coreutils' timeout kills it even when the caller is
+    killed mid-probe, and the caller kills the whole group when it gives up."""
+    if shutil.which("timeout"):
+        command = ["timeout", "--signal=KILL", str(math.ceil(timeout) + 1), *command]
     try:
-        process = subprocess.Popen(probe, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError:
-        return "tcg"
+        return False
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-    return "kvm" if alive in output else "tcg"
+    return marker in output
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def stack(tmp_path_factory):
 def built(stack):
     """`daemon artifact` into the stack's downloads folder: the wheel and the executable."""
     downloads = stack.state_dir / "downloads"
-    result = stack.cli("daemon", "artifact", "--out", str(downloads))
+    # PyInstaller takes a minute on an idle machine and several on a busy one.
+    result = stack.cli("daemon", "artifact", "--out", str(downloads), timeout=600)
     assert result.returncode == 0, result.stderr
     return {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
 
