@@ -85,3 +85,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     running = start_stack(tmp_path_factory.mktemp("dev"), "--sim", "2")
     yield running
     stop_stack(running)
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    folder: Path
+    digests: dict[str, str]  # {file name: sha256}, as `daemon artifact` printed them
+
+
+@pytest.fixture(scope="session")
+def agent_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    """`daemon artifact` run once for the session: the agent's wheel and single-file
+    executable (PyInstaller takes a minute on an idle machine, several on a busy one)."""
+    folder = tmp_path_factory.mktemp("artifacts")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE")}
+    result = subprocess.run(["better-compute", "daemon", "artifact", "--out", str(folder)],
+                            env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stderr
+    return Artifacts(folder, {line.split()[0]: line.split()[1]
+                              for line in result.stdout.splitlines()})

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bcd.contract.version import version
-from compute.cli.artifact import build_executable
+from compute.cli.artifact import executable_name
 from compute.cli.deployimage import SAY, build_deploy_ramdisk
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.support.metalos import BOOTED, build_os_image
@@ -140,9 +140,9 @@ def stack(tmp_path_factory, libvirtd):
 
 
 def test_a_deployed_vm_boots_its_written_disk_and_its_agent_joins_as_the_node(
-        stack, vm, tmp_path):
+        stack, vm, agent_artifacts, tmp_path):
     media = tmp_path / "media"
-    bcd = build_executable(tmp_path / "bcd", version())
+    bcd = agent_artifacts.folder / executable_name(version())
     image = build_os_image(media, bcd)
     deploy_url = stack.env["DEPLOY_URL"].replace("127.0.0.1", SLIRP_HOST)
     build_deploy_ramdisk(media, deploy_url)

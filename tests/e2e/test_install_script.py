@@ -29,13 +29,13 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def built(stack):
-    """`daemon artifact` into the stack's downloads folder: the wheel and the executable."""
+def built(stack, agent_artifacts):
+    """`daemon artifact`'s wheel and executable, in the stack's downloads folder."""
     downloads = stack.state_dir / "downloads"
-    # PyInstaller takes a minute on an idle machine and several on a busy one.
-    result = stack.cli("daemon", "artifact", "--out", str(downloads), timeout=600)
-    assert result.returncode == 0, result.stderr
-    return {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
+    downloads.mkdir(exist_ok=True)
+    for name in agent_artifacts.digests:
+        shutil.copy2(agent_artifacts.folder / name, downloads / name)
+    return agent_artifacts.digests
 
 
 @pytest.fixture(scope="module")
