@@ -118,11 +118,4 @@ class FreeTimeAdmin(ReadOnlyAdmin):
         return str(row.hi_text)
 
 
-@admin.register(GroupGap)
-class GroupGapAdmin(FreeTimeAdmin):
-    pass
-
-
-@admin.register(StaleGaps)
-class StaleGapsAdmin(FreeTimeAdmin):
-    pass
+admin.site.register([GroupGap, StaleGaps], FreeTimeAdmin)

@@ -205,18 +205,21 @@ def _sample_quota(world: World, report: Report, stop: threading.Event) -> None:
         connection.close()
 
 
-def _mend_gaps(report: Report, stop: threading.Event) -> None:
-    """Two menders of the nodes' free time, as the workers run, racing the bookers."""
+def _mend_gaps(report: Report, stop: threading.Event, counted: threading.Lock) -> None:
+    """A mender of the nodes' free time, as the workers run, racing the bookers."""
     from django.db import connection
 
     from reservations.gaps import gaps_mend
 
+    mended = 0
     try:
         while not stop.is_set():
-            report.mended += gaps_mend()
+            mended += gaps_mend()
             time.sleep(0.01)
     finally:
         connection.close()
+        with counted:
+            report.mended += mended
 
 
 def run(world: World, *, clients: int = 16, ops: int = 2000, seed: int = 7) -> Report:
@@ -237,9 +240,10 @@ def run(world: World, *, clients: int = 16, ops: int = 2000, seed: int = 7) -> R
         finally:
             connection.close()
 
-    stop = threading.Event()
+    stop, counted = threading.Event(), threading.Lock()
     helpers = [threading.Thread(target=_sample_quota, args=(world, report, stop)),
-               *[threading.Thread(target=_mend_gaps, args=(report, stop)) for _ in range(2)]]
+               *[threading.Thread(target=_mend_gaps, args=(report, stop, counted))
+                 for _ in range(2)]]
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     started = time.monotonic()
     for helper in helpers:
