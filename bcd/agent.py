@@ -25,13 +25,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd import checks
 from bcd.cdi import BadCdiSpec, vendor_spec
-from bcd.config import Config, Tuning, write_private
+from bcd.config import Config, SimFaults, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
 from bcd.contract.vms import Vm
 from bcd.deploys import Deploys, serve_deploys
 from bcd.deviceplugin import GpuSource, run_device_plugin
-from bcd.holds import FALLBACK, Claims, SliceFailed, remove_hold, slice_stop_if_empty, write_hold
+from bcd.holds import (
+    FALLBACK,
+    Claims,
+    SliceFailed,
+    holds_on_disk,
+    remove_hold,
+    slice_stop_if_empty,
+    write_hold,
+)
 from bcd.inventory import inventory_for
 from bcd.join.client import published_gateway
 from bcd.journal import Journal
@@ -48,6 +56,11 @@ REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway i
 class Agent:
     def __init__(self, config: Config, tuning: Tuning | None = None, *,
                  provisioner: bool = False, deploy_listen: str = "") -> None:
+        self.faults = SimFaults.from_env(config.sim)
+        if self.faults.gateway:  # the simulator's proxy stands for the network to the gateway
+            config = replace(config, gateway=self.faults.gateway)
+        if self.faults.clock_skew_seconds:
+            _skew_wall_clock(self.faults.clock_skew_seconds)
         self.config = config
         self.provisioner = provisioner  # runs `bmc.*` commands for its site's machines
         self.deploy_listen = deploy_listen  # where deploy ramdisks ask for their instructions
@@ -90,15 +103,29 @@ class Agent:
         if kind == "vm.console":
             return "succeeded", {"lines": self.vms.console(
                 str(payload.get("sandboxId", "")), min(int(payload.get("lines", 50)), 2000))}
-        seen = self.journal.state("command", command_id)
+        seen = None if self.faults.forget_commands else self.journal.state("command", command_id)
         if seen is not None and seen["phase"] == "done":
             return seen["status"], seen["output"]  # a redelivery: report, do not rerun
         if seen is not None:
             return "unknown", {"error": "the agent stopped while running it; not run again"}
         self.journal.begin("command", command_id, commandKind=kind)
+        self._log_execution(command_id, kind)
         status, output = await self._execute(kind, payload)
         self.journal.done("command", command_id, status=status, output=output)
         return status, output
+
+    def _log_execution(self, command_id: str, kind: str) -> None:
+        """Append the command to the execution log, a file apart from the journal that
+        nothing here reads back: the record of what ran, for whoever audits the node (the
+        fleet simulator counts commands run twice from it)."""
+        fd = os.open(self.paths.state_dir / "executions.log",
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps({"command": command_id, "kind": kind,
+                                      "epoch": self.journal.epoch}) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     async def _execute(self, kind: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         diagnostics: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
@@ -206,9 +233,12 @@ class Agent:
         return vendor.source if vendor is not None else FALLBACK
 
     def held(self) -> dict[str, Hold]:
-        """What the journal says this node holds (written by this agent, so well-formed)."""
-        return {allocation: Hold.from_wire(hold)
-                for allocation, hold in self.journal.held().items()}
+        """What the journal says this node holds (written by this agent, so well-formed),
+        and the holds whose files are on disk though the journal forgot them (it was lost):
+        held all the same, so a spec that no longer names them removes them."""
+        journaled = {allocation: Hold.from_wire(hold)
+                     for allocation, hold in self.journal.held().items()}
+        return {**holds_on_disk(self.paths), **journaled}
 
     def status(self) -> dict[str, Any]:
         state = self.session.state if self.session else None
@@ -280,6 +310,8 @@ class Agent:
     def follow_published_gateway(self) -> None:
         """The gateway may have moved: take the address the control plane publishes now. Its
         certificate must still chain to the pinned CA, so a wrong address only fails."""
+        if self.faults.gateway:
+            return  # the simulator pinned the address
         published = published_gateway(self.config)
         if published and published != self.config.gateway:
             logger.warning("the control plane publishes the gateway %s; moving from %s",
@@ -404,6 +436,13 @@ class Agent:
         while True:
             sd_notify("WATCHDOG=1")
             await asyncio.sleep(interval)
+
+
+def _skew_wall_clock(seconds: float) -> None:
+    """A simulated machine whose clock is off: its wall clock (what heartbeats and reports
+    carry) reads `seconds` ahead or behind; monotonic time, as on a real machine, is not."""
+    real = time.time
+    time.time = lambda: real() + seconds  # type: ignore[assignment]
 
 
 def read_status(socket_path: Path) -> dict[str, Any]:

@@ -35,6 +35,27 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class SimFaults:
+    """What the fleet simulator sets on a simulated agent (ignored on a real machine):
+    `BCD_SIM_GATEWAY` pins the session's address (its own fault-injecting proxy; the
+    published address is not followed), `BCD_SIM_CLOCK_SKEW_SECONDS` moves the agent's wall
+    clock, and `BCD_SIM_FORGET_COMMANDS=1` stops it looking a command up in its journal (a
+    broken agent, so the simulator can show that it catches commands run twice)."""
+
+    gateway: str = ""
+    clock_skew_seconds: float = 0.0
+    forget_commands: bool = False
+
+    @classmethod
+    def from_env(cls, sim: bool) -> SimFaults:
+        if not sim:
+            return cls()
+        return cls(os.environ.get("BCD_SIM_GATEWAY", ""),
+                   float(os.environ.get("BCD_SIM_CLOCK_SKEW_SECONDS", "0")),
+                   os.environ.get("BCD_SIM_FORGET_COMMANDS") == "1")
+
+
+@dataclass(frozen=True)
 class Paths:
     root: Path
 

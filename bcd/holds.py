@@ -20,7 +20,7 @@ from typing import Any
 
 from bcd.cdi import BadCdiSpec, check_spec, merged, vendor_spec
 from bcd.config import Paths, write_private
-from bcd.contract.holds import CDI_KIND, Hold
+from bcd.contract.holds import CDI_KIND, ENV_DIR, BadHold, Hold
 
 CDI_VERSION = "0.6.0"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
@@ -116,6 +116,23 @@ def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str,
         "NVIDIA_VISIBLE_DEVICES": ",".join(hold.gpus),
     }.items()))
     return {**hold.binding(), "cdiSource": source}
+
+
+def holds_on_disk(paths: Paths) -> dict[str, Hold]:
+    """The holds whose env files are on the node, read back from them: what the node
+    holds whatever its journal says (a lost journal forgets holds whose files stay)."""
+    found = {}
+    for env_file in sorted((paths.root / ENV_DIR.lstrip("/")).glob("alloc_*.env")):
+        values = dict(line.partition("=")[::2] for line in env_file.read_text().splitlines())
+        try:
+            found[env_file.stem] = Hold.from_wire({
+                "allocationId": env_file.stem,
+                "reservationId": values.get("BCD_RESERVATION_ID", ""),
+                "gpus": [g for g in values.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if g],
+                "shares": [s for s in values.get("BCD_GPU_SHARES", "").split(",") if s]})
+        except BadHold:
+            continue  # not a file this agent wrote
+    return found
 
 
 def remove_hold(hold: Hold, paths: Paths) -> bool:

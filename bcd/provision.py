@@ -106,8 +106,11 @@ def _system(payload: dict[str, Any], username: str, password: str) -> Iterator[A
 
     address = parse_bmc(str(payload.get("address", "")))
     with _verify_setting(payload.get("verify") or {}) as verify:
+        # A busy BMC answers 5xx for a moment: three tries, 2 s apart (sushy's default of ten
+        # 3 s apart holds a power action half a minute on a BMC that is gone).
         client = sushy.Sushy(address.service_root, username=username, password=password,
-                             verify=verify)
+                             verify=verify, server_side_retries=3, server_side_retries_delay=2,
+                             connect_timeout=10)
         yield client.get_system(address.system_path)
 
 

@@ -8,6 +8,8 @@ step, so running it twice, or after a lost message, is harmless.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import Q
 
 from compute.db import database_now
@@ -17,7 +19,12 @@ from fleet.work import DEVICE, TELEMETRY
 from reservations import reports  # noqa: F401  (registers the reports' handler)
 from reservations.gaps import gaps_mend, stale_nodes
 from reservations.ledger import Reservation, ReservationState
-from reservations.services.binding import binding_fail, binding_timeout, reservation_bind
+from reservations.services.binding import (
+    TIMEOUT_REASON,
+    binding_fail,
+    binding_timeout,
+    reservation_bind,
+)
 from reservations.services.book import pending_place
 from reservations.services.device_failure import (
     reservation_flag_device,
@@ -41,9 +48,21 @@ def reconcile_reservation(reservation_id: str) -> None:
         reservation_expire(reservation_id=rsv.id)
     elif rsv.state == ReservationState.BINDING and rsv.binding_started_at and \
             rsv.binding_started_at < now - binding_timeout():
-        binding_fail(reservation_id=rsv.id, reason="no AllocationBound within the timeout")
+        binding_fail(reservation_id=rsv.id, reason=TIMEOUT_REASON)
     elif rsv.state == ReservationState.PLACED and rsv.during.lower <= now:
+        # What ended on the node is released first, so that its spec never holds the GPUs
+        # of a reservation whose window ended and of the one that starts after it (the
+        # node refuses such a spec's new hold as an overlap).
+        for ended in _ended_on_node(rsv, now):
+            reservation_expire(reservation_id=ended)
         reservation_bind(reservation_id=rsv.id)
+
+
+def _ended_on_node(rsv: Reservation, now: datetime) -> list[str]:
+    node = rsv.allocations.filter(ended_at__isnull=True).values("node_id")
+    return list(Reservation.objects.filter(
+        state__in=HOLDING, during__endswith__lte=now, allocations__ended_at__isnull=True,
+        allocations__node_id__in=node).values_list("id", flat=True))
 
 
 @handler(DEVICE)

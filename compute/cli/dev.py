@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -126,7 +127,8 @@ class Stack:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = (self.log_dir / f"{name}.log").open("ab")
-        child = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(argv, env={**env, "BETTER_COMPUTE_PROCESS": name},
+                                 stdout=output, stderr=subprocess.STDOUT)
         if self.log_dir is not None:
             output.close()  # the child has its own descriptor
         self.children.append(child)
@@ -148,6 +150,19 @@ class Stack:
             where = f" (its output: {self.log_dir / f'{name}.log'})" if self.log_dir else ""
             click.echo(f"{name} exited ({child.returncode}); restarting it{where}", err=True)
             self.start(argv, env, name=name)
+
+    def kill(self, name: str, *, env: dict[str, str] | None = None) -> int | None:
+        """SIGKILL the running child called `name` (the next `watch` restarts it, with `env`
+        when given). Returns its pid, or None when none of that name runs."""
+        for child in self.children:
+            argv, _env, label = self.specs[child.pid]
+            if label == name and child.poll() is None:
+                child.kill()
+                child.wait()
+                if env is not None:
+                    self.specs[child.pid] = (argv, env, label)
+                return child.pid
+        return None
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -316,6 +331,73 @@ JOIN_ONE_MORE = """\
   bcd --root ./machine-1 node > ./machine-1.log 2>&1 &"""
 
 
+@dataclass
+class ControlPlane:
+    """What `start_control_plane` started: the environment its processes share, the ids
+    `bc_dev_setup` made, the API's URL and an admin client, and the gateway's ports."""
+
+    env: dict[str, str]
+    ids: dict[str, Any]
+    url: str
+    api: Client
+    gateway_port: int
+    join_port: int
+    downloads: Path
+
+
+def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str, port: int,
+                        state_dir: Path, sim_variant: str = "gpu",
+                        env_extra: dict[str, str] | None = None) -> ControlPlane:
+    """Migrate, bootstrap the root tenant, its admin token, a site and a pool, and start the
+    API (as `serve` runs it), the gateway, two queue workers and the django-q2 cluster as
+    children of `stack`. `env_extra` goes to every one of them."""
+    stack.log_dir = state_dir / "logs"
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    gateway_port, join_port = _gateway_ports(state_dir, host)
+    downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
+                     or state_dir / "downloads")
+    write_artifacts(downloads)  # the agent's wheel; executables that were built stay
+    env = {**os.environ, **(env_extra or {}),
+           "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
+           "DJANGO_SETTINGS_MODULE": "compute.settings",
+           "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
+           "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
+           "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}
+    click.echo("migrating …", err=True)
+    _django(["migrate", "--no-input"], env)
+    token_file = state_dir / "admin-token"
+    setup_args = ["bc_dev_setup", "--token-file", str(token_file)]
+    if sim_variant == "cpu":
+        setup_args.append("--cpu-pool")
+    if sim_variant == "mig":  # MIG instances, and shares of the other GPUs
+        setup_args += ["--slice-gpus", "4"]
+    setup_args += ["--gateway-role-password-file", str(_gateway_password(state_dir))]
+    ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
+    _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
+             "--host", host, "--host", "localhost"], env)
+    gateway_env = _gateway_env(env, state_dir)
+    # The API as `serve` runs it; a short drain keeps Ctrl-C quick.
+    api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
+                                          graceful_timeout=5), env, name="api")
+    _wait_for_port(host, port, api_process, "API server")
+    url = f"http://{host}:{port}/api/compute"
+    gateway = stack.start(
+        [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
+         "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
+         "--cert-dir", str(state_dir / "gateway")], gateway_env, name="gateway")
+    _wait_for_port(host, join_port, gateway, "gateway")
+    for n in (1, 2):
+        stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env,
+                    name=f"worker-{n}")
+    stack.start([sys.executable, "-m", "django", "qcluster"],
+                {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, name="qcluster")
+    click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
+               "liveness) and the django-q2 cluster (hourly audit checkpoints)")
+    api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
+    return ControlPlane(env=env, ids=ids, url=url, api=api, gateway_port=gateway_port,
+                        join_port=join_port, downloads=downloads)
+
+
 @click.command("dev")
 @click.option("--memory", is_flag=True, help="Use a throw-away database, deleted on exit.")
 @click.option("--port", type=int, default=3000, show_default=True)
@@ -341,49 +423,11 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     try:
         server.start()
         state_dir = state_dir or pg.state_root() / "dev"
-        stack.log_dir = state_dir / "logs"
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        gateway_port, join_port = _gateway_ports(state_dir, host)
-        downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
-                         or state_dir / "downloads")
-        write_artifacts(downloads)  # the agent's wheel; executables that were built stay
-        artifacts = served_artifacts(downloads)
-        env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
-               "DJANGO_SETTINGS_MODULE": "compute.settings",
-               "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
-               "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
-               "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}
-        click.echo("migrating …", err=True)
-        _django(["migrate", "--no-input"], env)
-        token_file = state_dir / "admin-token"
-        setup_args = ["bc_dev_setup", "--token-file", str(token_file)]
-        if sim_variant == "cpu":
-            setup_args.append("--cpu-pool")
-        if sim_variant == "mig":  # MIG instances, and shares of the other GPUs
-            setup_args += ["--slice-gpus", "4"]
-        setup_args += ["--gateway-role-password-file", str(_gateway_password(state_dir))]
-        ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
-        _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
-                 "--host", host, "--host", "localhost"], env)
-        gateway_env = _gateway_env(env, state_dir)
-        # The API as `serve` runs it; a short drain keeps Ctrl-C quick.
-        api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
-                                              graceful_timeout=5), env, name="api")
-        _wait_for_port(host, port, api_process, "API server")
-        url = f"http://{host}:{port}/api/compute"
-        gateway = stack.start(
-            [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
-             "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
-             "--cert-dir", str(state_dir / "gateway")], gateway_env, name="gateway")
-        _wait_for_port(host, join_port, gateway, "gateway")
-        for n in (1, 2):
-            stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env,
-                        name=f"worker-{n}")
-        stack.start([sys.executable, "-m", "django", "qcluster"],
-                    {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, name="qcluster")
-        click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
-                   "liveness) and the django-q2 cluster (hourly audit checkpoints)")
-        api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
+        plane = start_control_plane(stack, server, host=host, port=port, state_dir=state_dir,
+                                    sim_variant=sim_variant)
+        env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
+        gateway_port, join_port = plane.gateway_port, plane.join_port
+        downloads, artifacts = plane.downloads, served_artifacts(plane.downloads)
         guest = _default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
                                downloads, f"http://{host}:{port}")
         started: list[tuple[str, int]] = []
@@ -401,7 +445,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         else:
             start_provisioner()
         _provisioner_wait(stack, api, *started[0])
-        exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": token_file.read_text(),
+        exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": api.config.token,
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"],
                    "DEPLOY_URL": f"http://{deploy_listen}/v1/deploy"}

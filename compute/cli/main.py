@@ -17,6 +17,7 @@ from compute.cli.install_script import daemon
 from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
 from compute.cli.resources import GROUPS
 from compute.cli.serve import serve
+from compute.cli.sim.command import sim
 
 _process_value = click.Option.process_value
 
@@ -48,6 +49,7 @@ for command in [*GROUPS, *LEDGER_COMMANDS, images, audit, daemon]:
     cli.add_command(command)
 cli.add_command(dev)
 cli.add_command(serve)
+cli.add_command(sim)
 
 
 @cli.command("api")

@@ -30,6 +30,8 @@ from reservations.services.book import emit_placed, try_place
 from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
 
+TIMEOUT_REASON = "no AllocationBound within the timeout"
+
 
 class BindingRefused(Exception):
     """A report that does not prove what it claims; the reason goes to the audit trail."""

@@ -242,3 +242,17 @@ def test_a_new_session_gets_the_last_specs_reports_again(root):
     instance.session = RecordingSession()
     instance._welcomed(instance.session.state)
     assert instance.session.reports == released
+
+
+def test_holds_a_lost_journal_forgot_are_removed_by_the_next_spec_that_drops_them(root):
+    first, second = gpus_of(root, 2)
+    agent(root, []).apply_spec(1, {"allocations": [hold(A["a"], [first]),
+                                                   hold(A["b"], [second])]})
+    (Paths(root).state_dir / "journal.jsonl").unlink()  # lost with the disk, files stay
+    restarted = agent(root, [])
+    assert set(restarted.held()) == {A["a"], A["b"]}  # read back from the hold files
+    reports = restarted.apply_spec(1, {"allocations": [hold(A["b"], [second])]})
+    assert sorted(kind for kind, _, _ in reports) == ["bound", "released"]
+    assert not (root / f"run/bcd/allocations/{A['a']}.env").exists()
+    assert not (root / f"etc/cdi/bcd-{A['a']}.json").exists()
+    assert (root / f"run/bcd/allocations/{A['b']}.env").exists()

@@ -198,3 +198,30 @@ def test_no_report_within_the_timeout_counts_as_a_failure(root, pool, bound):
     assert again["state"] == "placed"
     assert again["nodeId"] != node.id
     assert again["failureReason"] == "no AllocationBound within the timeout"
+
+
+def test_a_reservation_that_starts_where_an_ended_one_still_holds_binds_alone(root, pool):
+    """Its node's spec never holds both: the ended one is released before the bind (the
+    node would refuse the new hold as an overlap, and the reservation be placed again)."""
+    from django.db import connection
+
+    from reservations.reconcilers import reconcile_reservation
+
+    node = make_node(pool["id"])
+    ended = reserve(root, pool, 8).result
+    reservation_bind(reservation_id=ended["id"])
+    with connection.cursor() as cursor:  # its window ended a second ago; nobody expired it
+        for table, column in (("reservations_reservation", "id"),
+                              ("reservations_booking", "allocation_id")):
+            cursor.execute(
+                f"UPDATE {table} SET during = tstzrange(now() - interval '2 hours', "  # noqa: S608
+                f"now() - interval '1 second') WHERE {column} IN (SELECT %s UNION SELECT id "
+                "FROM reservations_allocation WHERE reservation_id = %s)",
+                [ended["id"], ended["id"]])
+    starting = reserve(root, pool, 8).result
+    assert starting["state"] == "placed" and starting["nodeId"] == node.id
+    reconcile_reservation(starting["id"])
+    spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+    assert [hold["reservationId"] for hold in spec["allocations"]] == [starting["id"]]
+    assert root("reservations.get", reservationId=ended["id"])["state"] == "released"
+    assert root("reservations.get", reservationId=starting["id"])["state"] == "binding"

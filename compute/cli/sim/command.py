@@ -1,0 +1,69 @@
+"""`better-compute sim run`: one seed of the fleet simulator, printed as it goes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from compute.cli.sim.run import Options, Report, run
+
+WITHOUT = ("exclude", "journal")
+
+
+@click.group("sim")
+def sim() -> None:
+    """The fleet simulator: the real control plane and agents under a seed's faults."""
+
+
+@sim.command("run")
+@click.option("--seed", type=int, required=True, help="Derives the workload and every fault.")
+@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--minutes", type=click.FloatRange(0.5, 600), default=10, show_default=True,
+              help="Simulated minutes.")
+@click.option("--time-scale", type=click.FloatRange(1, 10), default=10, show_default=True,
+              help="Simulated seconds per real second (heartbeats, leases and timeouts "
+              "shrink with it; at most 10, as heartbeats are whole seconds).")
+@click.option("--without", type=click.Choice(WITHOUT), multiple=True,
+              help="Break a guarantee on purpose (drop the EXCLUDE constraints, or agents "
+              "that ignore their journal) to show that I1 or I2 then fails.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the run's processes' logs and the machines' files here.")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: tuple[str, ...],
+            state_dir: Path | None, output: str) -> None:
+    """Run one seed; exit 1 when an invariant fails."""
+    quiet = output == "json"
+    with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
+        report = run(Options(seed=seed, nodes=nodes, minutes=minutes, time_scale=time_scale,
+                             without=frozenset(without), state_dir=state_dir),
+                     echo=(lambda _line: None) if quiet else click.echo)
+    if quiet:
+        click.echo(json.dumps(report_dict(report)))
+    else:
+        show(report, rerun=f"better-compute sim run --seed {seed} --nodes {nodes} "
+                           f"--minutes {minutes:g} --time-scale {time_scale:g}"
+                           + "".join(f" --without {w}" for w in without))
+    if not report.passed:
+        raise SystemExit(1)
+
+
+def report_dict(report: Report) -> dict[str, object]:
+    return {"seed": report.seed, **report.options, "passed": report.passed,
+            "seconds": report.seconds, "faults": report.faults, "outcomes": report.outcomes,
+            "invariants": report.invariants}
+
+
+def show(report: Report, rerun: str) -> None:
+    for name, result in report.invariants.items():
+        click.echo(f"{name:>4} {'PASS' if result['ok'] else 'FAIL'}  {result['summary']}")
+        for problem in result["problems"]:
+            click.echo(f"        {problem}")
+    done = ", ".join(f"{k}: {v}" for k, v in sorted(report.outcomes.items()))
+    click.echo(f"operations: {done}")
+    click.echo(f"seed {report.seed} {'passed' if report.passed else 'FAILED'} in "
+               f"{report.seconds:.0f} s real; the same faults again: {rerun}")

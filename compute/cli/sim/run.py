@@ -1,0 +1,336 @@
+"""One simulator run: the real control plane (embedded Postgres, the API as `serve` runs it,
+the gateway, the workers) and real bcd agents, each behind a fault-injecting proxy, driven
+by a seed's workload and faults; then the invariants.
+
+Heartbeats, the node lease and the binding timeout are divided by the time scale, so ten
+simulated minutes take one real minute at `--time-scale 10`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bcd.config import Paths, joined_config
+from compute import pg
+from compute.cli.client import CliError
+from compute.cli.dev import Stack, _join_simulated, free_port, start_control_plane
+from compute.cli.sim.observe import (
+    FLEET_ORIGINS_EXCLUDE,
+    commands_run_twice,
+    iam_decisions,
+    ledger_checks,
+    node_holds,
+)
+from compute.cli.sim.proxy import Network
+from compute.cli.sim.schedule import Fault, Plan, plan
+from compute.cli.sim.workload import Workload
+
+HOST = "127.0.0.1"
+CHECK_EVERY = 5.0  # real seconds between I1 checks while faults run
+CONVERGE_WITHIN = 90.0  # real seconds after the last fault for I3 to hold
+DELIVERY_WAIT = 30.0  # real seconds a command may take to reach a machine cut off a while
+EXCLUDE_CONSTRAINTS = ("reservations_booking_device_no_overlap",
+                       "reservations_booking_gpu_no_overlap")
+
+
+@dataclass
+class Options:
+    seed: int
+    nodes: int = 4
+    minutes: float = 10.0
+    time_scale: float = 10.0
+    without: frozenset[str] = frozenset()  # "exclude" and/or "journal": the proofs
+    state_dir: Path | None = None
+
+
+@dataclass
+class Report:
+    seed: int
+    options: dict[str, Any]
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    invariants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(result["ok"] for result in self.invariants.values())
+
+
+class Run:
+    def __init__(self, options: Options, echo: Callable[[str], None]) -> None:
+        self.options, self.echo = options, echo
+        self.plan: Plan = plan(options.seed, options.nodes, options.minutes)
+        self.scale = options.time_scale
+        self.lock = threading.RLock()  # the stack's children are changed by fault threads
+        self.roots: list[Path] = []
+        self.agent_env: dict[str, dict[str, str]] = {}
+        self.report = Report(seed=options.seed, options={
+            "nodes": options.nodes, "minutes": options.minutes,
+            "timeScale": options.time_scale, "without": sorted(options.without)})
+        self.i1_problems: list[str] = []
+
+    # --- the stack ---------------------------------------------------------------------
+
+    def start(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.server = pg.throwaway().start()
+        self.stack = Stack(restart_delay=0.3, log_dir=state_dir / "logs")
+        scaled = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": str(max(1, round(10 / self.scale))),
+                  "BETTER_COMPUTE_NODE_LEASE_SECONDS": str(max(3, round(40 / self.scale))),
+                  "BETTER_COMPUTE_BINDING_TIMEOUT_SECONDS": str(max(10, round(300 / self.scale))),
+                  "BETTER_COMPUTE_IAM_BACKEND": "compute.iam.logged.LoggedIAM",
+                  "BETTER_COMPUTE_IAM_DECISION_LOG": str(state_dir / "iam-decisions.log")}
+        self.plane = start_control_plane(self.stack, self.server, host=HOST, port=free_port(),
+                                         state_dir=state_dir, env_extra=scaled)
+        self.env = self.plane.env
+        if "exclude" in self.options.without:
+            with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:
+                for name in EXCLUDE_CONSTRAINTS:  # constant names
+                    conn.execute(f"ALTER TABLE reservations_booking DROP CONSTRAINT {name}")
+        self.network = Network()
+        self.workload = Workload(self.plane.api, self.plane.ids["poolId"], self.scale, self.env)
+        self.join(self.options.nodes)
+
+    def join(self, count: int) -> None:
+        """Join `count` more simulated machines, each behind a link of its own, and start
+        them; wait until each is adopted and connected."""
+        first = len(self.roots) + 1
+        roots = [self.state_dir / "sim" / f"node-{n:02d}" for n in range(first, first + count)]
+        for attempt in range(30):  # a join during a gateway or API restart is refused: retry
+            try:
+                _join_simulated(self.plane.api, [r for r in roots
+                                                 if joined_config(Paths(r)) is None],
+                                variant="gpu", pool_id=self.plane.ids["poolId"],
+                                server=self.plane.url, env=self.env)
+                break
+            except CliError as error:
+                if attempt == 29:
+                    raise
+                self.echo(f"  a join was refused ({str(error).splitlines()[-1][:120]}); "
+                          "retrying")
+                time.sleep(2.0)
+        for root in roots:
+            link = self.network.link(root.name, (HOST, self.plane.gateway_port))
+            env = {k: v for k, v in self.env.items() if k != "BCD_JOIN_TOKEN"}
+            env["BCD_SIM_GATEWAY"] = f"{HOST}:{link.port}"
+            if "journal" in self.options.without:
+                env["BCD_SIM_FORGET_COMMANDS"] = "1"
+            self.agent_env[root.name] = env
+            with self.lock:
+                self.stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                                 env, name=f"sim-{root.name}")
+        self.roots += roots
+        ids = [self._node_id(root) for root in roots]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self._watch()
+            listed = self.workload.call("nodes.list", {"poolId": self.plane.ids["poolId"],
+                                                       "limit": 1000})
+            nodes = {n["id"]: n for n in (listed or {}).get("items", [])}
+            if all(nodes.get(i, {}).get("provisionState") == "adopted"
+                   and nodes[i]["connectivity"] == "connected" for i in ids):
+                with self.workload.lock:
+                    self.workload.nodes += ids
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"simulated machines {ids} were not adopted within 60 s")
+
+    def _node_id(self, root: Path) -> str:
+        config = joined_config(Paths(root))
+        if config is None:
+            raise RuntimeError(f"{root} did not join")
+        return config.node_id
+
+    def _watch(self) -> None:
+        with self.lock:
+            self.stack.watch()
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.workload.close()
+        self.stack.stop()
+        self.network.close()
+        self.server.stop()
+
+    # --- the run -----------------------------------------------------------------------
+
+    def drive(self) -> None:
+        """Every operation, join and fault at its (scaled) time, each on a thread of the
+        pool; I1 is checked every few seconds while they run."""
+        timeline: list[tuple[float, Callable[[], None]]] = []
+        timeline += [(op.at, lambda op=op: self.workload.apply(op)) for op in self.plan.operations]
+        timeline += [(at, lambda: self.join(1)) for at in self.plan.joins]
+        for fault in self.plan.faults:
+            timeline.append((fault.at, lambda f=fault: self.inject(f)))
+            if fault.kind == "partition":
+                timeline.append((fault.at + fault.duration,
+                                 lambda f=fault: self.network.set(f.target, "pass")))
+        timeline.sort(key=lambda item: item[0])
+        started = time.monotonic()
+        next_check = started + CHECK_EVERY
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            futures = []
+            for at, action in timeline:
+                while time.monotonic() < started + at / self.scale:
+                    self._watch()
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + CHECK_EVERY
+                        pool.submit(self._check_i1)
+                    time.sleep(0.05)
+                futures.append(pool.submit(self._guarded, action))
+            while time.monotonic() < started + self.plan.seconds / self.scale:
+                self._watch()
+                time.sleep(0.1)
+            while not all(f.done() for f in futures):
+                self._watch()
+                time.sleep(0.1)
+
+    def _guarded(self, action: Callable[[], None]) -> None:
+        """One step of the timeline; what goes wrong in it is reported, and the run goes on
+        (the invariants are what judges the run)."""
+        try:
+            action()
+        except Exception as error:
+            self.echo(f"  a step failed: {type(error).__name__}: {str(error)[:200]}")
+            self.workload.outcomes[f"step failed: {type(error).__name__}"] += 1
+
+    def _check_i1(self) -> None:
+        found = ledger_checks(self.env, {}, [])
+        if found and found["I1"]:
+            self.i1_problems += found["I1"]
+
+    def inject(self, fault: Fault) -> None:
+        at = round(fault.at, 1)
+        outcome = self._inject(fault)
+        self.echo(f"  t={at:7.1f}s  {fault.describe()}: {outcome}")
+        self.report.faults.append({"at": at, "fault": fault.describe(), "outcome": outcome})
+
+    def _inject(self, fault: Fault) -> str:
+        agent = f"sim-{fault.target}"
+        if fault.kind == "kill-agent" or fault.kind in ("kill-gateway", "kill-api",
+                                                         "kill-worker"):
+            name = agent if fault.kind == "kill-agent" else fault.target
+            with self.lock:
+                return "killed" if self.stack.kill(name) else "not running"
+        if fault.kind in ("kill-agent-before-act", "kill-agent-after-act"):
+            return self._kill_mid_command(fault)
+        if fault.kind == "journal-loss":
+            with self.lock:
+                self.stack.kill(agent)
+                (Paths(self.state_dir / "sim" / fault.target).state_dir
+                 / "journal.jsonl").unlink(missing_ok=True)
+            return "killed, journal deleted"
+        if fault.kind == "partition":
+            self.network.set(fault.target, fault.mode, delay=2.0)
+            return f"{fault.mode} until t={fault.at + fault.duration:.0f}s"
+        if fault.kind == "postgres-restart":
+            self.server.halt()
+            time.sleep(1.0)
+            self.server.start()
+            return "stopped and started"
+        if fault.kind == "clock-skew":
+            env = {**self.agent_env[fault.target],
+                   "BCD_SIM_CLOCK_SKEW_SECONDS": str(fault.skew)}
+            self.agent_env[fault.target] = env
+            with self.lock:
+                self.stack.kill(agent, env=env)
+            return "restarted with a skewed clock"
+        raise ValueError(f"unknown fault {fault.kind}")
+
+    def _kill_mid_command(self, fault: Fault) -> str:
+        """Queue a pausing `sim.mark` and kill the agent inside the pause: after it journaled
+        the command and before it acted, or after it acted and before it reported."""
+        root = self.state_dir / "sim" / fault.target
+        before = fault.kind.endswith("before-act")
+        command = self.workload.mark(self._node_id(root),
+                                     **{"pauseBefore" if before else "pauseAfter": 3.0})
+        if command is None:
+            return "no command queued (database away)"
+        journal = Paths(root).state_dir / "journal.jsonl"
+        log = Paths(root).state_dir / "executions.log"
+        deadline = time.monotonic() + DELIVERY_WAIT
+        while time.monotonic() < deadline:
+            seen = log if not before else journal
+            if seen.exists() and command in seen.read_text():
+                time.sleep(0.2)
+                with self.lock:
+                    self.stack.kill(f"sim-{fault.target}")
+                return f"killed mid {command}"
+            time.sleep(0.05)
+        return f"{command} not delivered in {DELIVERY_WAIT:.0f} s (node away); not killed"
+
+    def judge(self) -> None:
+        """After the faults: heal the network, then wait for I3; record every invariant."""
+        self.network.heal()
+        started = time.monotonic()
+        joined = [self._node_id(root) for root in self.roots]
+        found: dict[str, list[str]] | None = None
+        while time.monotonic() < started + CONVERGE_WITHIN:
+            self._watch()
+            found = ledger_checks(self.env, node_holds(self.roots), joined)
+            if found is not None and not found["I3"]:
+                break
+            time.sleep(1.0)
+        converged = time.monotonic() - started
+        found = found or {"I1": ["the ledger could not be read"], "I3": ["unread"],
+                          "I4": ["unread"], "I5": ["unread"], "looked": {}}
+        twice, executions = commands_run_twice(self.roots)
+        decisions = iam_decisions(self.state_dir / "iam-decisions.log")
+        fleet = {origin: n for origin, n in decisions.items()
+                 if origin not in FLEET_ORIGINS_EXCLUDE}
+        inv = self.report.invariants
+        inv["I1"] = _result(self.i1_problems + found["I1"], "no device booked twice, host "
+                            "counters equal the claims (checked every 5 s and at the end)")
+        inv["I2"] = _result(twice, f"no command run twice ({executions} executions logged)")
+        looked = found.get("looked", {})
+        inv["I3"] = _result(found["I3"], (
+            f"converged {converged:.1f} s after the last fault" if not found["I3"] else
+            f"not converged in {CONVERGE_WITHIN:.0f} s") + f" ({looked.get('active', 0)} active "
+            f"reservations, {looked.get('holds', 0)} holds on the machines)")
+        inv["I4"] = _result(found["I4"], "nothing released, cancelled or re-placed for "
+                            "liveness alone")
+        inv["I5"] = _result(found["I5"], f"all {len(joined)} machines kept, none retired")
+        inv["IAM"] = _result([f"{n} IAM decision(s) by {origin}" for origin, n in fleet.items()],
+                             f"0 IAM decisions on the fleet path "
+                             f"({decisions.get('api', 0)} by the API for tenants)")
+        self.report.outcomes = dict(self.workload.outcomes)
+
+
+def _result(problems: list[str], summary: str) -> dict[str, Any]:
+    seen = list(dict.fromkeys(problems))  # a problem found by several checks, once
+    return {"ok": not seen, "summary": summary, "problems": seen[:20]}
+
+
+def run(options: Options, echo: Callable[[str], None] = print) -> Report:
+    """One whole run; the state folder is removed afterwards unless one was given."""
+    state_dir = options.state_dir or Path(tempfile.mkdtemp(prefix=f"bc-sim-{options.seed}-"))
+    sim = Run(options, echo)
+    began = time.monotonic()
+    echo(f"seed {options.seed}: {options.nodes} nodes, {options.minutes:g} simulated minutes "
+         f"at x{options.time_scale:g}, {len(sim.plan.faults)} faults, "
+         f"{len(sim.plan.operations)} operations"
+         + (f", without {' and '.join(sorted(options.without))}" if options.without else ""))
+    try:
+        sim.start(state_dir)
+        sim.drive()
+        sim.judge()
+    finally:
+        sim.stop()
+        if options.state_dir is None:
+            shutil.rmtree(state_dir, ignore_errors=True)
+    sim.report.seconds = round(time.monotonic() - began, 1)
+    return sim.report
+

@@ -1,0 +1,101 @@
+"""The simulator's plan: a workload and a fault schedule, derived from the seed alone.
+
+Times are simulated seconds from the start; the run divides them by its time scale. The
+same seed, node count and length always give the same plan, so a failing seed reruns with
+the same faults at the same moments (what each operation picks among the reservations
+alive at that moment may differ, as timing does).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Every fault a run can inject. Each plan holds each kind at least once when it is long
+# enough, so a short run still covers them all.
+FAULTS = ("kill-agent", "kill-agent-before-act", "kill-agent-after-act", "journal-loss",
+          "kill-gateway", "kill-worker", "kill-api", "partition", "postgres-restart",
+          "clock-skew")
+PARTITIONS = ("drop", "freeze", "delay", "reset")
+OPERATIONS = ("reserve", "reserve", "reserve", "reserve-later", "release", "extend",
+              "command", "cordon")
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str
+    target: str = ""
+    duration: float = 0.0  # a partition's, in simulated seconds
+    mode: str = ""  # a partition's: drop, freeze, delay or reset
+    skew: float = 0.0  # a clock skew's, in seconds
+
+    def describe(self) -> str:
+        extra = {"partition": f" {self.mode} for {self.duration:.0f}s",
+                 "clock-skew": f" {self.skew:+.0f}s"}.get(self.kind, "")
+        return f"{self.kind} {self.target}{extra}".rstrip()
+
+
+@dataclass(frozen=True)
+class Operation:
+    at: float
+    kind: str
+    burst: int = 1  # how many at once (concurrent clients)
+    gpus: int = 1
+    duration: float = 0.0  # simulated seconds
+    start_in: float = 0.0
+    pick: int = 0  # which of the live reservations or nodes it acts on
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    nodes: int
+    seconds: float
+    operations: tuple[Operation, ...]
+    faults: tuple[Fault, ...]
+    joins: tuple[float, ...]  # when a new machine joins
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "nodes": self.nodes, "seconds": self.seconds,
+                "faults": [asdict(f) for f in self.faults], "joins": list(self.joins),
+                "operations": len(self.operations)}
+
+
+def plan(seed: int, nodes: int, minutes: float) -> Plan:
+    rng = random.Random(seed)  # noqa: S311 (a reproducible plan, not a secret)
+    seconds = minutes * 60
+    operations = []
+    at = 0.0
+    while True:
+        at += rng.expovariate(1 / 3)  # an operation every 3 simulated seconds on average
+        if at >= seconds * 0.9:
+            break
+        kind = rng.choice(OPERATIONS)
+        operations.append(Operation(
+            at=at, kind=kind, burst=rng.choice((1, 1, 2, 4)) if kind.startswith("reserve")
+            else 1, gpus=rng.choice((1, 1, 2, 4, 8)), duration=rng.uniform(120, 900),
+            start_in=rng.uniform(20, 240), pick=rng.randrange(1 << 30)))
+    count = max(len(FAULTS), round(minutes * 2))
+    kinds = list(FAULTS) + [rng.choice(FAULTS) for _ in range(count - len(FAULTS))]
+    rng.shuffle(kinds)
+    times = sorted(rng.uniform(seconds * 0.1, seconds * 0.75) for _ in kinds)
+    faults = tuple(_fault(rng, kind, at, nodes) for kind, at in zip(kinds, times, strict=True))
+    joins = tuple(sorted(rng.uniform(seconds * 0.2, seconds * 0.6)
+                         for _ in range(max(1, nodes // 4))))
+    return Plan(seed=seed, nodes=nodes, seconds=seconds, operations=tuple(operations),
+                faults=faults, joins=joins)
+
+
+def _fault(rng: random.Random, kind: str, at: float, nodes: int) -> Fault:
+    node = f"node-{rng.randint(1, nodes):02d}"
+    if kind == "partition":
+        return Fault(at, kind, node, duration=rng.uniform(20, 90), mode=rng.choice(PARTITIONS))
+    if kind == "clock-skew":
+        return Fault(at, kind, node, skew=rng.choice((-1, 1)) * rng.uniform(30, 600))
+    if kind == "kill-worker":
+        return Fault(at, kind, f"worker-{rng.randint(1, 2)}")
+    if kind in ("kill-gateway", "kill-api", "postgres-restart"):
+        return Fault(at, kind, kind.removeprefix("kill-").removesuffix("-restart"))
+    return Fault(at, kind, node)

@@ -1,0 +1,31 @@
+"""The embedded IAM, with every decision appended to a file and labelled with the process
+that asked for it (`BETTER_COMPUTE_PROCESS`: api, gateway, worker-1 …).
+
+Set `BETTER_COMPUTE_IAM_BACKEND=compute.iam.logged.LoggedIAM` and
+`BETTER_COMPUTE_IAM_DECISION_LOG=<file>` to count IAM decisions by origin across every
+process of a deployment; the fleet simulator checks that the fleet path (gateway, workers)
+makes none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from compute.api.registry import Resource
+from compute.iam import Decision
+from compute.iam.embedded import EmbeddedIAM
+
+
+class LoggedIAM(EmbeddedIAM):
+    def decide(self, principal: Any, action: str, resource: Resource,
+               context: dict[str, Any]) -> Decision:
+        decision = super().decide(principal, action, resource, context)
+        path = os.environ.get("BETTER_COMPUTE_IAM_DECISION_LOG")
+        if path:
+            line = json.dumps({"origin": os.environ.get("BETTER_COMPUTE_PROCESS", "unknown"),
+                               "action": action, "allowed": decision.allowed})
+            with open(path, "a", encoding="utf-8") as log:  # one short line: one write
+                log.write(line + "\n")
+        return decision

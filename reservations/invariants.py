@@ -1,0 +1,132 @@
+"""The fleet's invariants, read from the ledger and from what the nodes say they hold.
+
+I1: no device is booked twice, and each node's host counters equal the sum of its claims.
+I3: every active reservation's node holds exactly its GPUs, and no node holds anything the
+ledger does not. I4: nothing was released, cancelled or placed again because of liveness
+alone (only the actions in `SYSTEM_MAY` are taken without a caller). I5: no machine was
+retired or removed without an operator. Each check returns what it found wrong (empty: the
+invariant holds), so a failure names its rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from audit.models import AuditEvent
+from fleet.models import Node, NodeRole, ProvisionState
+from reservations.constraints import OVERLAPS_SQL
+from reservations.hostshare import expected_counters
+from reservations.ledger import Allocation, ReservationState
+from reservations.services.binding import TIMEOUT_REASON
+
+# What the control plane does of its own accord on a healthy fleet: place, bind, end at the
+# booked end, extend a series, and note that a node went silent (which changes no hold).
+SYSTEM_MAY = frozenset({"reservation.place", "reservation.bind", "reservation.expire",
+                        "series.extend", "node.unreachable", "audit.checkpoint"})
+
+BINDING_FAIL = "reservation.binding_fail"
+BINDING_TIMEOUT_REASON = TIMEOUT_REASON
+
+# Held: {node id: {allocation id: {"reservation": id, "gpus": [uuid, ...]}}}, as read from
+# the nodes' own hold files.
+Held = dict[str, dict[str, dict[str, Any]]]
+
+
+def double_bookings() -> list[str]:
+    """I1, first half: pairs of bookings that overlap on one device (or a GPU and a part)."""
+    with connection.cursor() as cursor:
+        cursor.execute(OVERLAPS_SQL)
+        count = int(cursor.fetchone()[0])
+    return [f"{count} pair(s) of bookings overlap on one device"] if count else []
+
+
+def counter_mismatches() -> list[str]:
+    """I1, second half: host counters that differ from the sum of the node's claims."""
+    wrong = []
+    for node in Node.objects.filter(role=NodeRole.NODE).order_by("id"):
+        expected = expected_counters(node.id)
+        found = (node.vcpus_allocated, node.memory_gib_allocated)
+        if found != expected:
+            wrong.append(f"{node.id}: counters {found}, claims add up to {expected}")
+    return wrong
+
+
+def unconverged(held: Held) -> list[str]:
+    """I3: active reservations whose node does not hold exactly their GPUs, reservations
+    still binding, and holds the ledger does not know."""
+    live = (Allocation.objects.filter(ended_at__isnull=True,
+                                      reservation__state__in=[ReservationState.ACTIVE,
+                                                              ReservationState.BINDING])
+            .select_related("reservation").prefetch_related("bookings__device"))
+    wanted = {a.id: a for a in live}
+    wrong = []
+    for allocation in wanted.values():
+        rsv = allocation.reservation
+        on_node = held.get(allocation.node_id, {}).get(allocation.id)
+        if rsv.state == ReservationState.BINDING:
+            wrong.append(f"{rsv.id} is still binding on {allocation.node_id}")
+            continue
+        gpus = sorted(b.device.uuid for b in allocation.bookings.all())
+        if on_node is None:
+            wrong.append(f"{rsv.id} is active but {allocation.node_id} holds nothing for it")
+        elif sorted(on_node.get("gpus", [])) != gpus or on_node.get("reservation") != rsv.id:
+            wrong.append(f"{rsv.id} books {gpus} on {allocation.node_id}, which holds "
+                         f"{sorted(on_node.get('gpus', []))} for {on_node.get('reservation')}")
+    for node_id, holds in sorted(held.items()):
+        for allocation_id, hold in sorted(holds.items()):
+            if allocation_id not in wanted:
+                wrong.append(f"{node_id} holds {allocation_id} ({hold.get('reservation')}), "
+                             "which the ledger does not hold there")
+    return wrong
+
+
+def liveness_actions() -> list[str]:
+    """I4: what the control plane did of its own accord beyond `SYSTEM_MAY` (a binding
+    failed for lack of an answer, a reservation placed again, reclaimed, replaced). A
+    binding that its node refused is not liveness: `holds_refused` reports those."""
+    rows = (AuditEvent.objects.filter(actor_id="system").exclude(action__in=SYSTEM_MAY)
+            .exclude(action=BINDING_FAIL, reason__in=_refusals())
+            .order_by("seq").values_list("action", "target", "reason")[:50])
+    return [f"{action} {target}: {reason}" for action, target, reason in rows]
+
+
+def holds_refused() -> list[str]:
+    """Part of I3: holds the ledger booked and the node refused (its own look found the
+    GPUs taken or missing): the ledger and the node disagreed."""
+    rows = (AuditEvent.objects.filter(actor_id="system", action=BINDING_FAIL,
+                                      reason__in=_refusals())
+            .order_by("seq").values_list("target", "reason", "data")[:50])
+    return [f"{target}: its node {data.get('nodeId')} refused the hold ({reason})"
+            for target, reason, data in rows]
+
+
+def _refusals() -> list[str]:
+    return list(AuditEvent.objects.filter(actor_id="system", action=BINDING_FAIL)
+                .exclude(reason=BINDING_TIMEOUT_REASON).values_list("reason", flat=True)
+                .distinct())
+
+
+def machines_lost(joined: list[str]) -> list[str]:
+    """I5: machines that joined and are now gone, or retired with nobody asking."""
+    present = dict(Node.objects.filter(id__in=joined).values_list("id", "provision_state"))
+    wrong = [f"{node_id} joined and is gone" for node_id in joined if node_id not in present]
+    retired = [node_id for node_id, state in present.items()
+               if state == ProvisionState.RETIRED]
+    by_hand = set(AuditEvent.objects.filter(target__in=retired, action="node.retire")
+                  .exclude(actor_id="system").values_list("target", flat=True))
+    wrong += [f"{node_id} was retired with no operator asking" for node_id in retired
+              if node_id not in by_hand]
+    return wrong
+
+
+def check(held: Held, joined: list[str]) -> dict[str, Any]:
+    """Every check, and how much each looked at."""
+    active = Allocation.objects.filter(ended_at__isnull=True,
+                                       reservation__state=ReservationState.ACTIVE).count()
+    return {"I1": double_bookings() + counter_mismatches(),
+            "I3": unconverged(held) + holds_refused(),
+            "I4": liveness_actions(), "I5": machines_lost(joined),
+            "looked": {"active": active, "holds": sum(len(h) for h in held.values()),
+                       "nodes": Node.objects.filter(role=NodeRole.NODE).count()}}
