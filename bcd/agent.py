@@ -49,7 +49,6 @@ from bcd.session import AgentSession, Credentials
 from bcd.vms import VmKeeper
 
 logger = logging.getLogger("bcd")
-BACKOFF_MAX = 30.0
 REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway is looked up
 
 
@@ -305,7 +304,7 @@ class Agent:
             if unwelcomed and unwelcomed % REDISCOVER_AFTER == 0:
                 await asyncio.to_thread(self.follow_published_gateway)
             await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 (jitter)
-            delay = min(BACKOFF_MAX, delay * 2)
+            delay = min(self.tuning.backoff_max_seconds, delay * 2)
 
     def follow_published_gateway(self) -> None:
         """The gateway may have moved: take the address the control plane publishes now. Its
@@ -442,7 +441,7 @@ def _skew_wall_clock(seconds: float) -> None:
     """A simulated machine whose clock is off: its wall clock (what heartbeats and reports
     carry) reads `seconds` ahead or behind; monotonic time, as on a real machine, is not."""
     real = time.time
-    time.time = lambda: real() + seconds  # type: ignore[assignment]
+    time.time = lambda: real() + seconds
 
 
 def read_status(socket_path: Path) -> dict[str, Any]:

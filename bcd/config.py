@@ -17,13 +17,15 @@ from types import ModuleType
 class Tuning:
     """Timing knobs, from `BCD_RENEW_MARGIN_HOURS` (renew once this little of the 24 h
     certificate is left), `BCD_RENEW_CHECK_SECONDS` (how often to look) and
-    `BCD_INVENTORY_CHECK_SECONDS` (how often to read inventory and health, sent on change)
-    and `BCD_TELEMETRY_SECONDS` (how often GPU utilization is sent)."""
+    `BCD_INVENTORY_CHECK_SECONDS` (how often to read inventory and health, sent on change),
+    `BCD_TELEMETRY_SECONDS` (how often GPU utilization is sent) and
+    `BCD_BACKOFF_MAX_SECONDS` (the longest wait between two attempts to reach the gateway)."""
 
     renew_margin_hours: float = 8.0
     renew_check_seconds: float = 300.0
     inventory_check_seconds: float = 2.0
     telemetry_seconds: float = 30.0
+    backoff_max_seconds: float = 30.0
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -31,7 +33,8 @@ class Tuning:
                    float(os.environ.get("BCD_RENEW_CHECK_SECONDS", cls.renew_check_seconds)),
                    float(os.environ.get("BCD_INVENTORY_CHECK_SECONDS",
                                         cls.inventory_check_seconds)),
-                   float(os.environ.get("BCD_TELEMETRY_SECONDS", cls.telemetry_seconds)))
+                   float(os.environ.get("BCD_TELEMETRY_SECONDS", cls.telemetry_seconds)),
+                   float(os.environ.get("BCD_BACKOFF_MAX_SECONDS", cls.backoff_max_seconds)))
 
 
 @dataclass(frozen=True)

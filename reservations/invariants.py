@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from audit.models import AuditEvent
 from fleet.models import Node, NodeRole, ProvisionState
@@ -121,8 +121,12 @@ def machines_lost(joined: list[str]) -> list[str]:
     return wrong
 
 
+@transaction.atomic
 def check(held: Held, joined: list[str]) -> dict[str, Any]:
-    """Every check, and how much each looked at."""
+    """Every check, and how much each looked at, all read from one snapshot (a node's
+    counters and its bookings as of the same moment)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
     active = Allocation.objects.filter(ended_at__isnull=True,
                                        reservation__state=ReservationState.ACTIVE).count()
     return {"I1": double_bookings() + counter_mismatches(),

@@ -109,13 +109,15 @@ class Stack:
     """The child processes `dev` started, stopped in reverse order.
 
     Every one is restarted when it dies, as systemd restarts them on real servers: after
-    `restart_delay`, doubled for each quick death in a row (at most 30 s), so a process that
+    `restart_delay`, doubled for each quick death in a row (at most `restart_max`), so one that
     cannot start does not spin.
     """
 
-    def __init__(self, restart_delay: float = 1.0, log_dir: Path | None = None) -> None:
+    def __init__(self, restart_delay: float = 1.0, log_dir: Path | None = None,
+                 restart_max: float = 30.0) -> None:
         self.log_dir = log_dir  # each process's output goes to <log_dir>/<name>.log
         self.restart_delay = restart_delay  # like systemd's RestartSec
+        self.restart_max = restart_max
         self.children: list[subprocess.Popen[bytes]] = []
         self.specs: dict[int, tuple[list[str], dict[str, str], str]] = {}
         self.started: dict[int, float] = {}
@@ -143,7 +145,7 @@ class Stack:
             argv, env, name = self.specs[child.pid]
             died = self.died.setdefault(child.pid, time.monotonic())
             quick = self.quick_deaths.get(name, 0) if died - self.started[child.pid] < 60 else 0
-            if time.monotonic() - died < min(30.0, self.restart_delay * 2 ** quick):
+            if time.monotonic() - died < min(self.restart_max, self.restart_delay * 2 ** quick):
                 continue
             self.children.remove(child)
             self.quick_deaths[name] = quick + 1

@@ -219,7 +219,7 @@ def test_a_reservation_that_starts_where_an_ended_one_still_holds_binds_alone(ro
                 "FROM reservations_allocation WHERE reservation_id = %s)",
                 [ended["id"], ended["id"]])
     starting = reserve(root, pool, 8).result
-    assert starting["state"] == "placed" and starting["nodeId"] == node.id
+    assert (starting["state"], starting["nodeId"]) == ("placed", node.id)
     reconcile_reservation(starting["id"])
     spec = NodeSpec.objects.filter(node=node).latest("generation").spec
     assert [hold["reservationId"] for hold in spec["allocations"]] == [starting["id"]]

@@ -4,6 +4,8 @@ on purpose fails the invariant that guards it (proof that the simulator can fail
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 
 import pytest
@@ -13,11 +15,21 @@ from compute.cli.sim.schedule import FAULTS, plan
 SMALL = ["--nodes", "2", "--minutes", "1.5", "--time-scale", "10"]
 
 
-def simulate(*args: str) -> tuple[int, dict]:
-    done = subprocess.run(["better-compute", "sim", "run", *args, "--output", "json"],
-                          capture_output=True, text=True, timeout=900, check=False)
-    assert done.stdout.strip(), done.stderr[-3000:]
-    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+def simulate(*args: str) -> subprocess.Popen[str]:
+    """A run in a session of its own: if it must be stopped, all its processes go."""
+    return subprocess.Popen(["better-compute", "sim", "run", *args, "--output", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def report_of(run: subprocess.Popen[str]) -> tuple[int, dict]:
+    try:
+        out, err = run.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        raise
+    assert out.strip(), err[-3000:]
+    return run.returncode, json.loads(out.strip().splitlines()[-1])
 
 
 def test_a_seed_alone_gives_the_plan_and_each_plan_holds_every_fault():
@@ -28,9 +40,10 @@ def test_a_seed_alone_gives_the_plan_and_each_plan_holds_every_fault():
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_ci_seed_holds_every_invariant_under_its_faults(seed):
-    code, report = simulate("--seed", str(seed), *SMALL)
+    code, report = report_of(simulate("--seed", str(seed), *SMALL))
     failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
-    assert code == 0 and not failed, (failed, report["faults"])
+    assert not failed, (failed, report["faults"])
+    assert code == 0
     assert {f["fault"].split()[0] for f in report["faults"]} == set(FAULTS)
     assert report["outcomes"].get("reservations.create ok", 0) > 0
     # Each check looked at something: commands ran, the API's decisions were counted.
@@ -40,8 +53,8 @@ def test_a_ci_seed_holds_every_invariant_under_its_faults(seed):
 
 
 def test_without_the_exclude_constraints_and_the_journal_i1_and_i2_fail():
-    code, report = simulate("--seed", "5", *SMALL, "--without", "exclude",
-                            "--without", "journal")
+    code, report = report_of(simulate("--seed", "5", *SMALL, "--without", "exclude",
+                                      "--without", "journal", "--converge-within", "5"))
     assert code == 1
     assert not report["invariants"]["I1"]["ok"], report["invariants"]["I1"]
     assert "overlap on one device" in " ".join(report["invariants"]["I1"]["problems"])

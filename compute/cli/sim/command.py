@@ -30,17 +30,20 @@ def sim() -> None:
 @click.option("--without", type=click.Choice(WITHOUT), multiple=True,
               help="Break a guarantee on purpose (drop the EXCLUDE constraints, or agents "
               "that ignore their journal) to show that I1 or I2 then fails.")
+@click.option("--converge-within", type=click.FloatRange(1, 3600), default=90,
+              show_default=True, help="Real seconds after the last fault for I3 to hold.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the run's processes' logs and the machines' files here.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: tuple[str, ...],
-            state_dir: Path | None, output: str) -> None:
+            converge_within: float, state_dir: Path | None, output: str) -> None:
     """Run one seed; exit 1 when an invariant fails."""
     quiet = output == "json"
     with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
         report = run(Options(seed=seed, nodes=nodes, minutes=minutes, time_scale=time_scale,
-                             without=frozenset(without), state_dir=state_dir),
+                             without=frozenset(without), state_dir=state_dir,
+                             converge_within=converge_within),
                      echo=(lambda _line: None) if quiet else click.echo)
     if quiet:
         click.echo(json.dumps(report_dict(report)))

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,6 @@ from compute.cli.sim.workload import Workload
 
 HOST = "127.0.0.1"
 CHECK_EVERY = 5.0  # real seconds between I1 checks while faults run
-CONVERGE_WITHIN = 90.0  # real seconds after the last fault for I3 to hold
 DELIVERY_WAIT = 30.0  # real seconds a command may take to reach a machine cut off a while
 EXCLUDE_CONSTRAINTS = ("reservations_booking_device_no_overlap",
                        "reservations_booking_gpu_no_overlap")
@@ -53,6 +53,7 @@ class Options:
     time_scale: float = 10.0
     without: frozenset[str] = frozenset()  # "exclude" and/or "journal": the proofs
     state_dir: Path | None = None
+    converge_within: float = 90.0  # real seconds after the last fault for I3 to hold
 
 
 @dataclass
@@ -87,10 +88,12 @@ class Run:
     def start(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.server = pg.throwaway().start()
-        self.stack = Stack(restart_delay=0.3, log_dir=state_dir / "logs")
+        self.stack = Stack(restart_delay=0.3, log_dir=state_dir / "logs",
+                           restart_max=30 / self.scale)
         scaled = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": str(max(1, round(10 / self.scale))),
                   "BETTER_COMPUTE_NODE_LEASE_SECONDS": str(max(3, round(40 / self.scale))),
                   "BETTER_COMPUTE_BINDING_TIMEOUT_SECONDS": str(max(10, round(300 / self.scale))),
+                  "BCD_BACKOFF_MAX_SECONDS": str(30 / self.scale),
                   "BETTER_COMPUTE_IAM_BACKEND": "compute.iam.logged.LoggedIAM",
                   "BETTER_COMPUTE_IAM_DECISION_LOG": str(state_dir / "iam-decisions.log")}
         self.plane = start_control_plane(self.stack, self.server, host=HOST, port=free_port(),
@@ -137,9 +140,12 @@ class Run:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             self._watch()
-            listed = self.workload.call("nodes.list", {"poolId": self.plane.ids["poolId"],
-                                                       "limit": 1000})
-            nodes = {n["id"]: n for n in (listed or {}).get("items", [])}
+            try:
+                listed = self.plane.api.call("nodes.list", {"poolId": self.plane.ids["poolId"],
+                                                            "limit": 1000})["items"]
+            except CliError:  # the API is restarting
+                listed = []
+            nodes = {n["id"]: n for n in listed}
             if all(nodes.get(i, {}).get("provisionState") == "adopted"
                    and nodes[i]["connectivity"] == "connected" for i in ids):
                 with self.workload.lock:
@@ -171,13 +177,13 @@ class Run:
         """Every operation, join and fault at its (scaled) time, each on a thread of the
         pool; I1 is checked every few seconds while they run."""
         timeline: list[tuple[float, Callable[[], None]]] = []
-        timeline += [(op.at, lambda op=op: self.workload.apply(op)) for op in self.plan.operations]
-        timeline += [(at, lambda: self.join(1)) for at in self.plan.joins]
+        timeline += [(op.at, partial(self.workload.apply, op)) for op in self.plan.operations]
+        timeline += [(at, partial(self.join, 1)) for at in self.plan.joins]
         for fault in self.plan.faults:
-            timeline.append((fault.at, lambda f=fault: self.inject(f)))
+            timeline.append((fault.at, partial(self.inject, fault)))
             if fault.kind == "partition":
                 timeline.append((fault.at + fault.duration,
-                                 lambda f=fault: self.network.set(f.target, "pass")))
+                                 partial(self.network.set, fault.target, "pass")))
         timeline.sort(key=lambda item: item[0])
         started = time.monotonic()
         next_check = started + CHECK_EVERY
@@ -277,8 +283,8 @@ class Run:
         self.network.heal()
         started = time.monotonic()
         joined = [self._node_id(root) for root in self.roots]
-        found: dict[str, list[str]] | None = None
-        while time.monotonic() < started + CONVERGE_WITHIN:
+        found: dict[str, Any] | None = None
+        while time.monotonic() < started + self.options.converge_within:
             self._watch()
             found = ledger_checks(self.env, node_holds(self.roots), joined)
             if found is not None and not found["I3"]:
@@ -298,8 +304,9 @@ class Run:
         looked = found.get("looked", {})
         inv["I3"] = _result(found["I3"], (
             f"converged {converged:.1f} s after the last fault" if not found["I3"] else
-            f"not converged in {CONVERGE_WITHIN:.0f} s") + f" ({looked.get('active', 0)} active "
-            f"reservations, {looked.get('holds', 0)} holds on the machines)")
+            f"not converged in {self.options.converge_within:.0f} s")
+            + f" ({looked.get('active', 0)} active reservations"
+            f", {looked.get('holds', 0)} holds on the machines)")
         inv["I4"] = _result(found["I4"], "nothing released, cancelled or re-placed for "
                             "liveness alone")
         inv["I5"] = _result(found["I5"], f"all {len(joined)} machines kept, none retired")

@@ -69,14 +69,21 @@ def plan(seed: int, nodes: int, minutes: float) -> Plan:
     operations = []
     at = 0.0
     while True:
-        at += rng.expovariate(1 / 3)  # an operation every 3 simulated seconds on average
+        at += rng.expovariate(1 / 4)  # an operation every 4 simulated seconds on average
         if at >= seconds * 0.9:
             break
         kind = rng.choice(OPERATIONS)
         operations.append(Operation(
-            at=at, kind=kind, burst=rng.choice((1, 1, 2, 4)) if kind.startswith("reserve")
+            at=at, kind=kind, burst=rng.choice((1, 1, 2, 4, 8)) if kind.startswith("reserve")
             else 1, gpus=rng.choice((1, 1, 2, 4, 8)), duration=rng.uniform(120, 900),
             start_in=rng.uniform(20, 240), pick=rng.randrange(1 << 30)))
+    # A rush: eight one-GPU requests at once, short ones (a job array arriving), thrice a
+    # simulated minute or more; concurrent bookers are what the EXCLUDE constraint referees.
+    at = 0.0
+    while (at := at + rng.uniform(10, 25)) < seconds * 0.9:
+        operations.append(Operation(at=at, kind="reserve", burst=8, gpus=1,
+                                    duration=rng.uniform(60, 120), pick=rng.randrange(1 << 30)))
+    operations.sort(key=lambda op: op.at)
     count = max(len(FAULTS), round(minutes * 2))
     kinds = list(FAULTS) + [rng.choice(FAULTS) for _ in range(count - len(FAULTS))]
     rng.shuffle(kinds)
