@@ -187,7 +187,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
     newcomers = [root for root in roots if joined_config(Paths(root)) is None]
     if newcomers:
-        _join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
+        join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
                         env=env)
     after_join()
 
@@ -216,7 +216,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
                    f"{READY_TIMEOUT:.0f}s")
 
 
-def _join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
+def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
                     server: str, env: dict[str, str], role: str = "node") -> None:
     minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
                                             "maxUses": len(roots), "role": role})
@@ -272,7 +272,7 @@ def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
     id and its session epoch before this start."""
     root = state_dir / "provisioner"
     if joined_config(Paths(root)) is None:
-        _join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
+        join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
                         role="provisioner")
     config = joined_config(Paths(root))
     if config is None:
@@ -298,7 +298,7 @@ def _provisioner_wait(stack: Stack, api: Client, node_id: str, before: int) -> N
     raise CliError(f"the provisioner did not connect within {READY_TIMEOUT:.0f}s")
 
 
-def _default_image(api: Client, pool_ids: list[str], downloads: Path,
+def default_image(api: Client, pool_ids: list[str], downloads: Path,
                    base_url: str) -> dict[str, str]:
     """Build the small sandbox image (a distribution kernel and a busybox initramfs) into
     the downloads folder, add it as `default` to each pool that has no image yet, and
@@ -430,7 +430,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
         gateway_port, join_port = plane.gateway_port, plane.join_port
         downloads, artifacts = plane.downloads, served_artifacts(plane.downloads)
-        guest = _default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
+        guest = default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
                                downloads, f"http://{host}:{port}")
         started: list[tuple[str, int]] = []
         deploy_listen = f"{host}:{free_port()}"
@@ -472,7 +472,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     finally:
         stack.stop()
         if state_dir is not None:
-            _power_off_simulated_vms(state_dir)
+            power_off_simulated_vms(state_dir)
         if env_file is not None:  # it names a server that is gone now
             env_file.unlink(missing_ok=True)
         if started_here:
@@ -480,7 +480,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo("stopped", err=True)
 
 
-def _power_off_simulated_vms(state_dir: Path) -> None:
+def power_off_simulated_vms(state_dir: Path) -> None:
     """The simulated machines go down with `dev`, and so do the VMs they ran (a real
     agent that stops leaves its VMs running; these would outlive their machine)."""
     for pidfile in (state_dir / "sim").glob("*/var/lib/bcd/vms/*/qemu.pid"):

@@ -12,7 +12,7 @@ import pytest
 
 from compute.cli.sim.schedule import FAULTS, plan
 
-SMALL = ["--nodes", "2", "--minutes", "1.5", "--time-scale", "10"]
+SMALL = ["--nodes", "2", "--minutes", "1.2", "--time-scale", "10"]
 
 
 def simulate(*args: str) -> subprocess.Popen[str]:

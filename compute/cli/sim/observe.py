@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bcd.config import Paths, joined_config
+from bcd.holds import holds_on_disk
 
 FLEET_ORIGINS_EXCLUDE = ("api",)  # the tenants' API calls are decided; nothing else may be
 
@@ -21,15 +22,10 @@ def node_holds(roots: list[Path]) -> dict[str, dict[str, dict[str, Any]]]:
     held: dict[str, dict[str, dict[str, Any]]] = {}
     for root in roots:
         config = joined_config(Paths(root))
-        if config is None:
-            continue
-        holds = held.setdefault(config.node_id, {})
-        for env_file in sorted((root / "run/bcd/allocations").glob("*.env")):
-            values = dict(line.partition("=")[::2] for line in env_file.read_text().splitlines()
-                          if "=" in line)
-            holds[env_file.stem] = {"reservation": values.get("BCD_RESERVATION_ID", ""),
-                                    "gpus": [g for g in values.get("NVIDIA_VISIBLE_DEVICES",
-                                                                   "").split(",") if g]}
+        if config is not None:
+            held[config.node_id] = {
+                allocation: {"reservation": hold.reservation_id, "gpus": list(hold.gpus)}
+                for allocation, hold in holds_on_disk(Paths(root)).items()}
     return held
 
 

@@ -26,7 +26,14 @@ import psycopg
 from bcd.config import Paths, joined_config
 from compute import pg
 from compute.cli.client import CliError
-from compute.cli.dev import Stack, _join_simulated, free_port, start_control_plane
+from compute.cli.dev import (
+    Stack,
+    default_image,
+    free_port,
+    join_simulated,
+    power_off_simulated_vms,
+    start_control_plane,
+)
 from compute.cli.sim.observe import (
     FLEET_ORIGINS_EXCLUDE,
     commands_run_twice,
@@ -103,6 +110,8 @@ class Run:
             with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:
                 for name in EXCLUDE_CONSTRAINTS:  # constant names
                     conn.execute(f"ALTER TABLE reservations_booking DROP CONSTRAINT {name}")
+        default_image(self.plane.api, [self.plane.ids["poolId"]], self.plane.downloads,
+                       self.plane.url.removesuffix("/api/compute"))
         self.network = Network()
         self.workload = Workload(self.plane.api, self.plane.ids["poolId"], self.scale, self.env)
         self.join(self.options.nodes)
@@ -114,7 +123,7 @@ class Run:
         roots = [self.state_dir / "sim" / f"node-{n:02d}" for n in range(first, first + count)]
         for attempt in range(30):  # a join during a gateway or API restart is refused: retry
             try:
-                _join_simulated(self.plane.api, [r for r in roots
+                join_simulated(self.plane.api, [r for r in roots
                                                  if joined_config(Paths(r)) is None],
                                 variant="gpu", pool_id=self.plane.ids["poolId"],
                                 server=self.plane.url, env=self.env)
@@ -168,6 +177,7 @@ class Run:
         with contextlib.suppress(Exception):
             self.workload.close()
         self.stack.stop()
+        power_off_simulated_vms(self.state_dir)
         self.network.close()
         self.server.stop()
 

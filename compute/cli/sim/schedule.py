@@ -19,7 +19,8 @@ FAULTS = ("kill-agent", "kill-agent-before-act", "kill-agent-after-act", "journa
           "clock-skew")
 PARTITIONS = ("drop", "freeze", "delay", "reset")
 OPERATIONS = ("reserve", "reserve", "reserve", "reserve-later", "release", "extend",
-              "command", "cordon")
+              "command", "cordon", "reserve", "reserve-later", "release", "extend", "command",
+              "sandbox", "sandbox-release")
 
 
 @dataclass(frozen=True)

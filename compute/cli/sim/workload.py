@@ -1,6 +1,7 @@
-"""The simulator's tenants: reservations now and later, releases, extends, commands and
-cordons, through the public API as any client sends them (with idempotency keys, retried
-when the API is down, so a create is never doubled by a retry)."""
+"""The simulator's tenants: reservations now and later, releases (a placed or pending one
+is cancelled), extends, sandboxes, commands and cordons, through the public API as any
+client sends them (with idempotency keys, retried when the API is down, so a create is
+never doubled by a retry)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Workload:
         self.api, self.pool_id, self.time_scale = api, pool_id, time_scale
         self.lock = threading.Lock()
         self.live: list[str] = []  # reservations created and not ended by us
+        self.sandboxes: list[str] = []
         self.ended: list[str] = []  # what we released
         self.nodes: list[str] = []
         self.cordoned: set[str] = set()
@@ -110,6 +112,18 @@ class Workload:
         elif op.kind == "extend" and (rsv := self._pick(self.live, op)):
             self.call("reservations.extend", {"reservationId": rsv,
                                               "by": int(60 * ms)})
+        elif op.kind == "sandbox":
+            made = self.call("sandboxes.create", {"poolId": self.pool_id, "vcpus": 1,
+                                                  "memoryGiB": 1,
+                                                  "idempotencyKey": secrets.token_hex(12)})
+            if made:
+                with self.lock:
+                    self.sandboxes.append(made["id"])
+        elif op.kind == "sandbox-release" and (box := self._pick(self.sandboxes, op)):
+            with self.lock:
+                if box in self.sandboxes:
+                    self.sandboxes.remove(box)
+            self.call("sandboxes.release", {"sandboxId": box})
         elif op.kind == "command" and (node := self._pick(self.nodes, op)):
             self.mark(node)
         elif op.kind == "cordon" and (node := self._pick(self.nodes, op)):
