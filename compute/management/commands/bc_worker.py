@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 from django.apps import apps
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
@@ -67,9 +68,10 @@ class Command(BaseCommand):
         backoff = 0.5
         try:
             while True:
-                began = time.monotonic()
+                connected = False
                 try:
                     with psycopg.connect(conninfo(), autocommit=True) as listener:
+                        connected = True
                         listener.execute(f"LISTEN {WAKE_CHANNEL}")
                         self._loop(worker, sweepers, listener, loop=loop, interval=interval,
                                    lease=lease, stop=stop)
@@ -81,10 +83,10 @@ class Command(BaseCommand):
                     logger.warning("database unavailable (%s); retrying in %.1f s", error,
                                    backoff)
                     connections.close_all()
-                    if time.monotonic() - began > 60:  # it had been working: start over
+                    if connected:  # it had been working: a new outage, start over
                         backoff = 0.5
                     time.sleep(backoff)
-                    backoff = min(30.0, backoff * 2)
+                    backoff = min(settings.BC_DB_RETRY_MAX_SECONDS, backoff * 2)
         finally:
             with contextlib.suppress(OperationalError, InterfaceError):
                 worker.release()
