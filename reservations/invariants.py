@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit.models import AuditEvent
-from fleet.models import Node, NodeRole, ProvisionState
+from fleet.models import Node, NodeRole, NodeSpec, ProvisionState
 from reservations.constraints import OVERLAPS_SQL
 from reservations.hostshare import expected_counters
 from reservations.ledger import Allocation, ReservationState
@@ -61,12 +61,14 @@ def unconverged(held: Held) -> list[str]:
                                                               ReservationState.BINDING])
             .select_related("reservation").prefetch_related("bookings__device"))
     wanted = {a.id: a for a in live}
+    specs = _latest_specs()
     wrong = []
     for allocation in wanted.values():
         rsv = allocation.reservation
         on_node = held.get(allocation.node_id, {}).get(allocation.id)
         if rsv.state == ReservationState.BINDING:
-            wrong.append(f"{rsv.id} is still binding on {allocation.node_id}")
+            wrong.append(f"{rsv.id} is still binding on {allocation.node_id}"
+                         f"{_in_spec(specs, allocation.node_id, allocation.id)}")
             continue
         gpus = sorted(b.device.uuid for b in allocation.bookings.all())
         if on_node is None:
@@ -78,8 +80,23 @@ def unconverged(held: Held) -> list[str]:
         for allocation_id, hold in sorted(holds.items()):
             if allocation_id not in wanted:
                 wrong.append(f"{node_id} holds {allocation_id} ({hold.get('reservation')}), "
-                             "which the ledger does not hold there")
+                             "which the ledger does not hold there"
+                             f"{_in_spec(specs, node_id, allocation_id)}")
     return wrong
+
+
+def _latest_specs() -> dict[str, tuple[int, set[str]]]:
+    """Each node's newest desired state: its generation and the allocations it names."""
+    latest = (NodeSpec.objects.order_by("node_id", "-generation").distinct("node_id")
+              .values_list("node_id", "generation", "spec"))
+    return {node: (generation, {a.get("allocationId") for a in spec.get("allocations", [])})
+            for node, generation, spec in latest}
+
+
+def _in_spec(specs: dict[str, tuple[int, set[str]]], node_id: str, allocation_id: str) -> str:
+    """Whether the node's newest spec names the allocation (where a divergence began)."""
+    generation, named = specs.get(node_id, (0, set()))
+    return f" (its spec g{generation} {'names' if allocation_id in named else 'omits'} it)"
 
 
 def liveness_actions() -> list[str]:
