@@ -18,7 +18,7 @@ def test_dev_with_eight_simulated_agents_comes_up_and_stops_cleanly(tmp_path):
     stack = start_stack(tmp_path, "--sim", "8")
     try:
         assert "8 simulated node(s) adopted and connected" in "".join(stack.output)
-        data_dir = next(line.split(" in ")[1].split(" ")[0] for line in stack.output
+        data_dir = next(line.split(" in ")[1].split()[0] for line in stack.output
                         if "embedded Postgres runs in" in line)
         state = str(tmp_path / "state")
         assert processes_mentioning(data_dir)
