@@ -115,9 +115,10 @@ class EmbeddedPostgres:
             subprocess.run(["cp", "-a", str(self.data_dir), str(partial)], check=True)
             (partial / "postmaster.pid").unlink(missing_ok=True)
             partial.rename(target)
-        except OSError:  # another process saved the same copy first
+        except (OSError, subprocess.CalledProcessError):  # no room, or saved by another first
             shutil.rmtree(partial, ignore_errors=True)
-        self.start()
+        finally:
+            self.start()
 
     def _ensure_database(self) -> None:
         import psycopg

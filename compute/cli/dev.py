@@ -189,7 +189,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     newcomers = [root for root in roots if joined_config(Paths(root)) is None]
     if newcomers:
         join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
-                        env=env)
+                       env=env)
     after_join()
 
     def sessions() -> dict[str, tuple[int, str, str]]:
@@ -218,7 +218,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 
 
 def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
-                    server: str, env: dict[str, str], role: str = "node") -> None:
+                   server: str, env: dict[str, str], role: str = "node") -> None:
     minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
                                             "maxUses": len(roots), "role": role})
     pins = api.call("pki.show")
@@ -274,7 +274,7 @@ def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
     root = state_dir / "provisioner"
     if joined_config(Paths(root)) is None:
         join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
-                        role="provisioner")
+                       role="provisioner")
     config = joined_config(Paths(root))
     if config is None:
         raise CliError(f"the provisioner did not join: {root} holds no config")
@@ -300,7 +300,7 @@ def _provisioner_wait(stack: Stack, api: Client, node_id: str, before: int) -> N
 
 
 def default_image(api: Client, pool_ids: list[str], downloads: Path,
-                   base_url: str) -> dict[str, str]:
+                  base_url: str) -> dict[str, str]:
     """Build the small sandbox image (a distribution kernel and a busybox initramfs) into
     the downloads folder, add it as `default` to each pool that has no image yet, and
     return the exports naming its files."""
