@@ -222,7 +222,7 @@ class Run:
             action()
         except Exception as error:
             self.echo(f"  a step failed: {type(error).__name__}: {str(error)[:200]}")
-            self.workload.outcomes[f"step failed: {type(error).__name__}"] += 1
+            self.workload.count(f"step failed: {type(error).__name__}")
 
     def _check_i1(self) -> None:
         found = ledger_checks(self.env, {}, [])

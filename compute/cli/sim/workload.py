@@ -46,19 +46,19 @@ class Workload:
         for attempt in range(RETRIES):
             try:
                 answer = self.api.call(method, body)
-                self._count(f"{method} ok")
+                self.count(f"{method} ok")
                 return answer
             except ApiError as error:
                 if error.status < 500 and error.code != "unavailable":
-                    self._count(f"{method} {error.code}")
+                    self.count(f"{method} {error.code}")
                     return None
             except CliError:
                 pass  # the API is down
             time.sleep(min(2.0, 0.25 * (attempt + 1)))
-        self._count(f"{method} gave up")
+        self.count(f"{method} gave up")
         return None
 
-    def _count(self, outcome: str) -> None:
+    def count(self, outcome: str) -> None:
         with self.lock:
             self.outcomes[outcome] += 1
 
@@ -76,7 +76,7 @@ class Workload:
             if "command" in answer:
                 break
             time.sleep(min(2.0, 0.25 * (attempt + 1)))
-        self._count("command queued" if "command" in answer else "command not queued")
+        self.count("command queued" if "command" in answer else "command not queued")
         return answer.get("command")
 
     def apply(self, op: Operation) -> None:
