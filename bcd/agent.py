@@ -77,6 +77,7 @@ class Agent:
         # sent on a session that died before its gateway took it would be lost, and the
         # control plane treats a repeat as a no-op.
         self.spec_reports: list[tuple[str, str, str]] = []
+        self.spec_applied_here = False  # see hello_generation
         self._key: ec.EllipticCurvePrivateKey | None = None
         self._last_inventory = b""
         self._inventory: dict[str, Any] | None = None
@@ -220,8 +221,14 @@ class Agent:
                                                   "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
         self.vms.want(machines)
-        self.spec_reports = reports
+        self.spec_reports, self.spec_applied_here = reports, True
         return reports
+
+    def hello_generation(self) -> int:
+        """The generation a new session says it applied: the journal's once this process
+        applied a spec, else 0, so that the gateway sends the newest spec again and its
+        reports (lost with the process that made them) are made and sent anew."""
+        return self.journal.applied_generation() if self.spec_applied_here else 0
 
     def cdi_source(self) -> str:
         """Where new holds take their device edits from (or why they cannot be made)."""
@@ -290,7 +297,7 @@ class Agent:
                 credentials=self.credentials(), target=self.config.gateway,
                 inventory=self.inventory, run_command=self.run_command,
                 journal_epoch=self.journal.epoch, apply_spec=self.apply_spec,
-                applied_generation=self.journal.applied_generation(),
+                applied_generation=self.hello_generation(),
                 spec_pin=self.config.join_signing_pin)
             started = asyncio.get_running_loop().time()
             try:

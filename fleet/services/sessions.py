@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_denied, audit_record, audited
@@ -52,13 +53,17 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
 
     Commands sent but not answered are delivered again when the agent's journal is the one
     they were sent to (the journal makes the agent run each at most once). When the agent
-    comes back with a new journal epoch, its old journal is gone: those commands are marked
-    `unknown` and never delivered again.
+    comes back with a new journal epoch, its old journal is gone: every command sent before
+    and not answered is marked `unknown` and never delivered again, including one queued
+    again for a session that never took it (it may have run under the lost journal).
     """
     node = Node.objects.select_for_update(of=("self",)).select_related("pool").get(pk=node_id)
     unanswered = NodeCommand.objects.filter(node=node, state=CommandState.SENT)
     lost = 0
     if journal_epoch and node.journal_epoch and journal_epoch != node.journal_epoch:
+        unanswered = NodeCommand.objects.filter(
+            Q(state=CommandState.SENT) | Q(state=CommandState.QUEUED, sent_at__isnull=False),
+            node=node)
         provisioning = list(unanswered.filter(kind__startswith="bmc.").values_list(
             "id", flat=True))
         lost = unanswered.update(state=CommandState.UNKNOWN, finished_at=timezone.now())

@@ -22,7 +22,7 @@ from compute.db import database_now
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.metrics import BIND_SECONDS
-from fleet.models import DeviceClass, Node
+from fleet.models import Device, DeviceClass, Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.ledger import Allocation, Reservation, ReservationState
@@ -58,7 +58,10 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
         return None
     allocation = rsv.allocations.get(ended_at__isnull=True)
     node = Node.objects.select_for_update().get(pk=allocation.node_id)
-    spec = node_spec_change_locked(node, add=hold_of(allocation, rsv).wire())
+    hold = hold_of(allocation, rsv)
+    if _still_held(node, hold):
+        return None  # what held these GPUs before has not been released yet: bind later
+    spec = node_spec_change_locked(node, add=hold.wire())
     transition(rsv, ReservationState.BINDING)
     rsv.binding_started_at = now
     rsv.save(update_fields=["state", "binding_started_at"])
@@ -68,6 +71,32 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
     event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_BINDING, subject=rsv.id,
                payload=data)
     return rsv
+
+
+def _still_held(node: Node, hold: Hold) -> bool:
+    """Whether the node's desired state still names another hold on one of these GPUs (a
+    reservation whose window ended there and that is not released yet). A spec naming both
+    would be refused by the node as an overlap, so the binding waits for the release: the
+    reconciler releases what ended first, and the sweep brings the binding back.
+
+    Holds conflict as the node judges them: on the same GPU, MIG instance or share, or one
+    holding a whole GPU and the other a part of it (two shares of one GPU do not)."""
+    latest = node.specs.order_by("-generation").values_list("spec", flat=True).first()
+    others = [Hold.from_wire(entry) for entry in (latest or {}).get("allocations", [])
+              if entry.get("allocationId") != hold.allocation_id]
+    if not others:
+        return False
+    mine = set(_atoms(hold))
+    theirs = {atom for other in others for atom in _atoms(other)}
+    gpu_of = dict(Device.objects.filter(uuid__in=mine | theirs, parent__isnull=False)
+                  .values_list("uuid", "parent__uuid"))
+    return any(a == b or a == gpu_of.get(b) or b == gpu_of.get(a)
+               for a in mine for b in theirs)
+
+
+def _atoms(hold: Hold) -> tuple[str, ...]:
+    """What a hold takes: its shares when it is time-sliced, else its GPUs or instances."""
+    return hold.shares or hold.gpus
 
 
 def verified_report(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:

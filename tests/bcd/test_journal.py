@@ -76,6 +76,24 @@ def gpus_of(root, count):
     return [g["uuid"] for g in agent(root, []).inventory.report()["gpus"]][:count]
 
 
+def test_an_agent_killed_before_its_reports_left_asks_for_the_spec_again(root):
+    """Spec 1 applied and journaled whole, the process killed before its bound report
+    reached the gateway: the restarted agent says it applied nothing, so the newest spec
+    comes again and the report is made anew (the reservation would stay binding)."""
+    (gpu,) = gpus_of(root, 1)
+    spec = {"allocations": [hold(A["b"], [gpu])]}
+    first = agent(root, [])
+    assert first.hello_generation() == 0
+    assert [kind for kind, _, _ in first.apply_spec(1, spec)] == ["bound"]
+    assert first.hello_generation() == 1
+    restarted = agent(root, [])  # kill -9: the reports in memory are gone
+    assert restarted.journal.applied_generation() == 1
+    assert restarted.hello_generation() == 0
+    assert restarted.spec_reports == []
+    assert [kind for kind, _, _ in restarted.apply_spec(1, spec)] == ["bound"]
+    assert restarted.hello_generation() == 1
+
+
 def test_holds_converge_after_a_crash_and_reports_are_signed(root):
     first, second = gpus_of(root, 2)
     spec = {"allocations": [hold(A["a"], [first, second])]}
@@ -104,6 +122,7 @@ def test_holds_converge_after_a_crash_and_reports_are_signed(root):
     assert restarted.journal.applied_generation() == 1
     released = restarted.apply_spec(2, {"allocations": []})
     assert [kind for kind, _, _ in released] == ["released"]
+    assert restarted.hello_generation() == 2
     assert not (root / f"etc/cdi/bcd-{A['a']}.json").exists()
     assert not (root / f"run/bcd/allocations/{A['a']}.env").exists()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
@@ -132,6 +133,25 @@ def test_unanswered_commands_are_redelivered_to_the_same_journal_only(pool):
     assert Node.objects.get(pk=node.pk).journal_epoch == 222
 
 
+def test_a_command_queued_again_after_a_lost_session_is_never_run_by_a_new_journal(pool):
+    """Sent to journal 111, queued again when a session of the same journal reopened but
+    never taken: the journal that may have run it is gone, so journal 222 never gets it; a
+    command never sent still goes to the new journal."""
+    node = make_node(pool["id"])
+    session_open(node_id=node.id, journal_epoch=111)
+    sent = NodeCommand.objects.create(node=node, kind="diag.disk", state=CommandState.SENT,
+                                      sent_at=timezone.now())
+    fresh = NodeCommand.objects.create(node=node, kind="diag.disk")
+    session_open(node_id=node.id, journal_epoch=111)
+    sent.refresh_from_db()
+    assert sent.state == CommandState.QUEUED
+    with assert_wrote(audit="node.session.open", events=["node.journal.lost"]):
+        session_open(node_id=node.id, journal_epoch=222)
+    sent.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (sent.state, fresh.state) == (CommandState.UNKNOWN, CommandState.QUEUED)
+
+
 def signed_failure(key, node, hold, reason="device-missing"):
     body = canonical({"allocationId": hold["allocationId"], "generation": 2,
                       "nodeId": node.id, "reason": reason}).decode()
@@ -225,3 +245,33 @@ def test_a_reservation_that_starts_where_an_ended_one_still_holds_binds_alone(ro
     assert [hold["reservationId"] for hold in spec["allocations"]] == [starting["id"]]
     assert root("reservations.get", reservationId=ended["id"])["state"] == "released"
     assert root("reservations.get", reservationId=starting["id"])["state"] == "binding"
+
+
+def test_a_binding_waits_while_its_node_still_holds_what_ended_on_those_gpus(root, pool):
+    """The ended one was not released (its expiry skipped a row another transaction had
+    locked): binding now would give the node a spec holding the GPUs twice, which it
+    refuses as an overlap. The binding waits, and goes ahead once the release is in."""
+    from django.db import connection
+
+    from reservations.services.release import reservation_expire
+
+    node = make_node(pool["id"])
+    ended = reserve(root, pool, 8).result
+    reservation_bind(reservation_id=ended["id"])
+    with connection.cursor() as cursor:
+        for table, column in (("reservations_reservation", "id"),
+                              ("reservations_booking", "allocation_id")):
+            cursor.execute(
+                f"UPDATE {table} SET during = tstzrange(now() - interval '2 hours', "  # noqa: S608
+                f"now() - interval '1 second') WHERE {column} IN (SELECT %s UNION SELECT id "
+                "FROM reservations_allocation WHERE reservation_id = %s)",
+                [ended["id"], ended["id"]])
+    starting = reserve(root, pool, 8).result
+    before = NodeSpec.objects.filter(node=node).latest("generation").generation
+    assert reservation_bind(reservation_id=starting["id"]) is None
+    assert NodeSpec.objects.filter(node=node).latest("generation").generation == before
+    assert root("reservations.get", reservationId=starting["id"])["state"] == "placed"
+    reservation_expire(reservation_id=ended["id"])
+    assert reservation_bind(reservation_id=starting["id"]).state == "binding"
+    spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+    assert [hold["reservationId"] for hold in spec["allocations"]] == [starting["id"]]

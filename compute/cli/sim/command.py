@@ -33,7 +33,8 @@ def sim() -> None:
 @click.option("--converge-within", type=click.FloatRange(1, 3600), default=90,
               show_default=True, help="Real seconds after the last fault for I3 to hold.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the run's processes' logs and the machines' files here.")
+              help="Keep the run's processes' logs, the machines' files and a stopped "
+              "copy of the database (`postgres/`) here.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: tuple[str, ...],

@@ -174,12 +174,16 @@ class Run:
         with self.lock:
             self.stack.watch()
 
-    def stop(self) -> None:
+    def stop(self, *, keep_ledger: bool = False) -> None:
+        """Stop everything; with `keep_ledger`, a stopped copy of the database is left in
+        the state folder's `postgres` (start it with `pg_ctl -D` to read what went wrong)."""
         with contextlib.suppress(Exception):
             self.workload.close()
         self.stack.stop()
         power_off_simulated_vms(self.state_dir)
         self.network.close()
+        if keep_ledger:
+            self.server.save_copy(self.state_dir / "postgres")
         self.server.stop()
 
     # --- the run -----------------------------------------------------------------------
@@ -346,7 +350,7 @@ def run(options: Options, echo: Callable[[str], None] = print) -> Report:
         sim.drive()
         sim.judge()
     finally:
-        sim.stop()
+        sim.stop(keep_ledger=options.state_dir is not None)
         if options.state_dir is None:
             shutil.rmtree(state_dir, ignore_errors=True)
     sim.report.seconds = round(time.monotonic() - began, 1)
