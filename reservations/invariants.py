@@ -2,19 +2,26 @@
 
 I1: no device is booked twice, and each node's host counters equal the sum of its claims.
 I3: every active reservation's node holds exactly its GPUs, and no node holds anything the
-ledger does not. I4: nothing was released, cancelled or placed again because of liveness
-alone (only the actions in `SYSTEM_MAY` are taken without a caller). I5: no machine was
-retired or removed without an operator. Each check returns what it found wrong (empty: the
-invariant holds), so a failure names its rows.
+ledger does not; what is on its way (a binding begun, a release the node has not applied
+yet, both younger than the settle time) is not a divergence. I4: nothing was released,
+cancelled or placed again because of liveness alone (only the actions in `SYSTEM_MAY` are
+taken without a caller). I5: no machine was retired or removed without an operator. Each
+check returns what it found wrong (empty: the invariant holds), so a failure names its rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
 
 from audit.models import AuditEvent
+from bcd.config import Paths, joined_config
+from bcd.holds import holds_on_disk
+from compute.db import database_now
 from fleet.models import Node, NodeRole, NodeSpec, ProvisionState
 from reservations.constraints import OVERLAPS_SQL
 from reservations.hostshare import expected_counters
@@ -53,9 +60,22 @@ def counter_mismatches() -> list[str]:
     return wrong
 
 
-def unconverged(held: Held) -> list[str]:
+def held_on(roots: list[Path]) -> Held:
+    """What each machine holds, from its hold files (what a workload on it is given)."""
+    held: Held = {}
+    for root in roots:
+        config = joined_config(Paths(root))
+        if config is not None:
+            held[config.node_id] = {
+                allocation: {"reservation": hold.reservation_id, "gpus": list(hold.gpus)}
+                for allocation, hold in holds_on_disk(Paths(root)).items()}
+    return held
+
+
+def unconverged(held: Held, now: datetime, settle: timedelta) -> list[str]:
     """I3: active reservations whose node does not hold exactly their GPUs, reservations
-    still binding, and holds the ledger does not know."""
+    binding for longer than `settle`, and holds the ledger does not know (or ended more
+    than `settle` ago: the node should have given them back)."""
     live = (Allocation.objects.filter(ended_at__isnull=True,
                                       reservation__state__in=[ReservationState.ACTIVE,
                                                               ReservationState.BINDING])
@@ -67,8 +87,9 @@ def unconverged(held: Held) -> list[str]:
         rsv = allocation.reservation
         on_node = held.get(allocation.node_id, {}).get(allocation.id)
         if rsv.state == ReservationState.BINDING:
-            wrong.append(f"{rsv.id} is still binding on {allocation.node_id}"
-                         f"{_in_spec(specs, allocation.node_id, allocation.id)}")
+            if rsv.binding_started_at is None or rsv.binding_started_at < now - settle:
+                wrong.append(f"{rsv.id} is still binding on {allocation.node_id}"
+                             f"{_in_spec(specs, allocation.node_id, allocation.id)}")
             continue
         gpus = sorted(b.device.uuid for b in allocation.bookings.all())
         if on_node is None:
@@ -76,9 +97,11 @@ def unconverged(held: Held) -> list[str]:
         elif sorted(on_node.get("gpus", [])) != gpus or on_node.get("reservation") != rsv.id:
             wrong.append(f"{rsv.id} books {gpus} on {allocation.node_id}, which holds "
                          f"{sorted(on_node.get('gpus', []))} for {on_node.get('reservation')}")
+    released = set(Allocation.objects.filter(ended_at__gte=now - settle)
+                   .values_list("id", flat=True))
     for node_id, holds in sorted(held.items()):
         for allocation_id, hold in sorted(holds.items()):
-            if allocation_id not in wanted:
+            if allocation_id not in wanted and allocation_id not in released:
                 wrong.append(f"{node_id} holds {allocation_id} ({hold.get('reservation')}), "
                              "which the ledger does not hold there"
                              f"{_in_spec(specs, node_id, allocation_id)}")
@@ -139,15 +162,18 @@ def machines_lost(joined: list[str]) -> list[str]:
 
 
 @transaction.atomic
-def check(held: Held, joined: list[str]) -> dict[str, Any]:
+def check(read_held: Callable[[], Held], joined: list[str], settle: float) -> dict[str, Any]:
     """Every check, and how much each looked at, all read from one snapshot (a node's
-    counters and its bookings as of the same moment)."""
+    counters and its bookings as of the same moment). The nodes' holds are read once the
+    snapshot is taken, so a hold bound before it is on disk when they are read."""
     with connection.cursor() as cursor:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    now = database_now()  # the first query takes the snapshot
+    held = read_held()
     active = Allocation.objects.filter(ended_at__isnull=True,
                                        reservation__state=ReservationState.ACTIVE).count()
     return {"I1": double_bookings() + counter_mismatches(),
-            "I3": unconverged(held) + holds_refused(),
+            "I3": unconverged(held, now, timedelta(seconds=settle)) + holds_refused(),
             "I4": liveness_actions(), "I5": machines_lost(joined),
             "looked": {"active": active, "holds": sum(len(h) for h in held.values()),
                        "nodes": Node.objects.filter(role=NodeRole.NODE).count()}}

@@ -65,6 +65,8 @@ def apply_report(report: ReportInbox) -> None:
         outcome = apply(**fields)
     except sessions.StaleSession:
         logger.info("node %s: %s of an older session dropped", report.node_id, report.kind)
+    except binding.StaleReport as outdated:
+        logger.info("node %s: %s dropped: %s", report.node_id, report.kind, outdated)
     except (binding.BindingRefused, ComputeError, PermissionError, ValueError) as refusal:
         reason = refusal.message if isinstance(refusal, ComputeError) else str(refusal)
         logger.warning("node %s: %s refused: %s", report.node_id, report.kind, reason)

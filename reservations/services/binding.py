@@ -37,6 +37,12 @@ class BindingRefused(Exception):
     """A report that does not prove what it claims; the reason goes to the audit trail."""
 
 
+class StaleReport(Exception):
+    """A report the node signed, true when it was made and outdated since: it binds an
+    allocation that has ended (a node says again what it holds after each spec, and on
+    each new session). Dropped; nothing is refused, so nothing is audited."""
+
+
 def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
     """The hold as the node's spec carries it: ids and GPU or MIG UUIDs only (the node
     derives every path and unit name from the allocation id); a share is held as its GPU,
@@ -125,10 +131,12 @@ def allocation_bound_record(*, node_id: str, body: str, signature: str) -> Reser
 @audited
 def _bind(node_id: str, body: str, signature: str) -> Reservation:
     node, payload = verified_report(node_id, body, signature)
-    allocation = (Allocation.objects.filter(pk=payload.get("allocationId"), node=node,
-                                            ended_at__isnull=True).first())
+    allocation = (Allocation.objects.filter(pk=payload.get("allocationId"), node=node)
+                  .first())
     if allocation is None:
         raise BindingRefused("no live allocation of this node has that id")
+    if allocation.ended_at is not None:
+        raise StaleReport(f"{allocation.id} has ended since its node held it")
     rsv = Reservation.objects.select_for_update().get(pk=allocation.reservation_id)
     hold = hold_of(allocation, rsv)
     if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices \

@@ -14,6 +14,7 @@ from fleet.models import CommandState, Node, NodeCommand, NodeSpec
 from fleet.services.sessions import session_open
 from reservations.services.binding import (
     BindingRefused,
+    StaleReport,
     allocation_bound_record,
     allocation_released_record,
     reservation_bind,
@@ -108,6 +109,9 @@ def test_the_nodes_signed_report_makes_it_active_once(root, bound):
     assert types == ["reservation.placed", "reservation.binding", "reservation.active"]
     released = root("reservations.release", reservationId=rsv["id"])
     assert released["state"] == "released"
+    with pytest.raises(StaleReport), assert_wrote(audit=None):  # said again after the release
+        allocation_bound_record(node_id=node.id, body=body, signature=signature)
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "released"
     body = canonical({"allocationId": hold["allocationId"], "generation": 3,
                       "nodeId": node.id}).decode()
     with assert_wrote(audit="allocation.release", events=["allocation.released"]):
@@ -275,3 +279,32 @@ def test_a_binding_waits_while_its_node_still_holds_what_ended_on_those_gpus(roo
     assert reservation_bind(reservation_id=starting["id"]).state == "binding"
     spec = NodeSpec.objects.filter(node=node).latest("generation").spec
     assert [hold["reservationId"] for hold in spec["allocations"]] == [starting["id"]]
+
+
+def test_i3_tells_what_is_on_its_way_from_what_diverged(root, bound):
+    """A binding or a release younger than the settle time is on its way; older, or an
+    active reservation its node does not hold, is a divergence the simulator reports."""
+    from datetime import timedelta
+
+    from compute.db import database_now
+    from reservations.invariants import unconverged
+
+    key, node, rsv, hold = bound
+    settle, later = timedelta(seconds=10), timedelta(seconds=11)
+    assert unconverged({}, database_now(), settle) == []
+    (late,) = unconverged({}, database_now() + later, settle)
+    assert late.startswith(f"{rsv['id']} is still binding on {node.id}")
+    body, signature = report(key, node, hold)
+    allocation_bound_record(node_id=node.id, body=body, signature=signature)
+    held = {node.id: {hold["allocationId"]: {"reservation": rsv["id"], "gpus": hold["gpus"]}}}
+    assert unconverged(held, database_now(), settle) == []
+    assert unconverged({}, database_now(), settle) == [
+        f"{rsv['id']} is active but {node.id} holds nothing for it"]
+    wrong = {node.id: {hold["allocationId"]: {"reservation": rsv["id"],
+                                              "gpus": hold["gpus"][:1]}}}
+    (other,) = unconverged(wrong, database_now(), settle)
+    assert "which holds" in other
+    root("reservations.release", reservationId=rsv["id"])
+    assert unconverged(held, database_now(), settle) == []  # the node is giving it back
+    (kept,) = unconverged(held, database_now() + later, settle)
+    assert kept.startswith(f"{node.id} holds {hold['allocationId']}")

@@ -10,23 +10,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bcd.config import Paths, joined_config
-from bcd.holds import holds_on_disk
+from bcd.config import Paths
 
 FLEET_ORIGINS_EXCLUDE = ("api",)  # the tenants' API calls are decided; nothing else may be
-
-
-def node_holds(roots: list[Path]) -> dict[str, dict[str, dict[str, Any]]]:
-    """What each machine holds, from its hold files (what a workload on it would be given):
-    {node id: {allocation id: {"reservation": id, "gpus": [uuid, ...]}}}."""
-    held: dict[str, dict[str, dict[str, Any]]] = {}
-    for root in roots:
-        config = joined_config(Paths(root))
-        if config is not None:
-            held[config.node_id] = {
-                allocation: {"reservation": hold.reservation_id, "gpus": list(hold.gpus)}
-                for allocation, hold in holds_on_disk(Paths(root)).items()}
-    return held
 
 
 def commands_run_twice(roots: list[Path]) -> tuple[list[str], int]:
@@ -53,12 +39,13 @@ def iam_decisions(log: Path) -> Counter[str]:
                    if line.strip())
 
 
-def ledger_checks(env: dict[str, str], held: dict[str, Any],
-                  joined: list[str]) -> dict[str, Any] | None:
-    """The ledger's invariants (I1, I3, I4, I5), or None when the database cannot answer
-    (it is restarting)."""
+def ledger_checks(env: dict[str, str], roots: list[Path], joined: list[str],
+                  settle: float = 10.0) -> dict[str, Any] | None:
+    """The ledger's invariants (I1, I3, I4, I5) with the holds of the machines at `roots`,
+    or None when the database cannot answer (it is restarting)."""
     result = subprocess.run([sys.executable, "-m", "django", "bc_invariants"], env=env,
-                            input=json.dumps({"held": held, "joined": joined}),
+                            input=json.dumps({"roots": [str(r) for r in roots],
+                                              "joined": joined, "settleSeconds": settle}),
                             capture_output=True, text=True, check=False, timeout=120)
     if result.returncode != 0:
         return None

@@ -39,7 +39,6 @@ from compute.cli.sim.observe import (
     commands_run_twice,
     iam_decisions,
     ledger_checks,
-    node_holds,
 )
 from compute.cli.sim.proxy import Network
 from compute.cli.sim.schedule import Fault, Plan, plan
@@ -47,6 +46,7 @@ from compute.cli.sim.workload import Workload
 
 HOST = "127.0.0.1"
 CHECK_EVERY = 5.0  # real seconds between I1 checks while faults run
+SETTLE = 10.0  # real seconds a binding or a release may be on its way (not a divergence)
 DELIVERY_WAIT = 30.0  # real seconds a command may take to reach a machine cut off a while
 EXCLUDE_CONSTRAINTS = ("reservations_booking_device_no_overlap",
                        "reservations_booking_gpu_no_overlap")
@@ -229,7 +229,7 @@ class Run:
             self.workload.count(f"step failed: {type(error).__name__}")
 
     def _check_i1(self) -> None:
-        found = ledger_checks(self.env, {}, [])
+        found = ledger_checks(self.env, [], [])
         if found and found["I1"]:
             self.i1_problems += found["I1"]
 
@@ -301,7 +301,7 @@ class Run:
         found: dict[str, Any] | None = None
         while time.monotonic() < started + self.options.converge_within:
             self._watch()
-            found = ledger_checks(self.env, node_holds(self.roots), joined)
+            found = ledger_checks(self.env, self.roots, joined, SETTLE)
             if found is not None and not found["I3"]:
                 break
             time.sleep(1.0)

@@ -2,19 +2,22 @@
 
     python manage.py bc_invariants < nodes.json
 
-Standard input: {"held": {node id: {allocation id: {"reservation": id, "gpus": [...]}}},
-"joined": [node id, ...]}, what the nodes themselves hold and which machines joined. The
-answer is one JSON object: {"I1": [problem, ...], "I3": [...], "I4": [...], "I5": [...]}.
+Standard input: {"roots": [machine root, ...], "joined": [node id, ...], "settleSeconds":
+10}: where the machines keep their hold files (read once the ledger's snapshot is taken),
+which machines joined, and how long a binding or a release may be on its way. The answer
+is one JSON object: {"I1": [problem, ...], "I3": [...], "I4": [...], "I5": [...]}.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from functools import partial
+from pathlib import Path
 
 from django.core.management.base import BaseCommand
 
-from reservations.invariants import check
+from reservations.invariants import check, held_on
 
 
 class Command(BaseCommand):
@@ -22,4 +25,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         given = json.load(sys.stdin)
-        self.stdout.write(json.dumps(check(given.get("held", {}), given.get("joined", []))))
+        roots = [Path(root) for root in given.get("roots", [])]
+        self.stdout.write(json.dumps(check(partial(held_on, roots), given.get("joined", []),
+                                           float(given.get("settleSeconds", 10)))))
