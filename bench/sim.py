@@ -1,20 +1,25 @@
 """The fleet simulator's campaign: many seeds, each a whole run, and a table of results.
 
     python -m bench.sim --seeds 100 --minutes 10 [--nodes 4] [--time-scale 10] [--first 1]
+                        [--keep-failed DIR]
 
 Each seed runs `better-compute sim run --output json` (its own Postgres, control plane and
 agents) one after another. The table shows each seed's faults, operations, invariants and
 how long convergence and the whole run took; the summary counts passes and names the
-command that reruns each failing seed with the same faults.
+command that reruns each failing seed with the same faults. With `--keep-failed DIR`, a
+failing seed's state folder (its processes' logs, the machines' files and a stopped copy of
+its database) is kept in DIR/seed-N.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 from bench.common import table
 
@@ -25,8 +30,12 @@ def one(seed: int, args: argparse.Namespace) -> dict:
     command = ["better-compute", "sim", "run", "--seed", str(seed), "--nodes", str(args.nodes),
                "--minutes", str(args.minutes), "--time-scale", str(args.time_scale),
                "--output", "json"]
+    kept = args.keep_failed / f"seed-{seed}" if args.keep_failed else None
+    state = ["--state-dir", str(kept)] if kept else []
     began = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command + state, capture_output=True, text=True, check=False)
+    if kept and done.returncode == 0:
+        shutil.rmtree(kept, ignore_errors=True)
     lines = done.stdout.strip().splitlines()
     if not lines:
         return {"seed": seed, "passed": False, "seconds": time.monotonic() - began,
@@ -54,6 +63,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--time-scale", type=float, default=10)
+    parser.add_argument("--keep-failed", type=Path, default=None, metavar="DIR")
     args = parser.parse_args()
     reports = []
     for seed in range(args.first, args.first + args.seeds):
