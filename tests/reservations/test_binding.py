@@ -224,24 +224,30 @@ def test_no_report_within_the_timeout_counts_as_a_failure(root, pool, bound):
     assert again["failureReason"] == "no AllocationBound within the timeout"
 
 
-def test_a_reservation_that_starts_where_an_ended_one_still_holds_binds_alone(root, pool):
-    """Its node's spec never holds both: the ended one is released before the bind (the
-    node would refuse the new hold as an overlap, and the reservation be placed again)."""
+def window_ended_a_second_ago(reservation_id):
+    """Move a reservation's window (and its bookings') to have ended a second ago."""
     from django.db import connection
 
-    from reservations.reconcilers import reconcile_reservation
-
-    node = make_node(pool["id"])
-    ended = reserve(root, pool, 8).result
-    reservation_bind(reservation_id=ended["id"])
-    with connection.cursor() as cursor:  # its window ended a second ago; nobody expired it
+    with connection.cursor() as cursor:
         for table, column in (("reservations_reservation", "id"),
                               ("reservations_booking", "allocation_id")):
             cursor.execute(
                 f"UPDATE {table} SET during = tstzrange(now() - interval '2 hours', "  # noqa: S608
                 f"now() - interval '1 second') WHERE {column} IN (SELECT %s UNION SELECT id "
                 "FROM reservations_allocation WHERE reservation_id = %s)",
-                [ended["id"], ended["id"]])
+                [reservation_id, reservation_id])
+
+
+def test_a_reservation_that_starts_where_an_ended_one_still_holds_binds_alone(root, pool):
+    """Its node's spec never holds both: the ended one is released before the bind (the
+    node would refuse the new hold as an overlap, and the reservation be placed again)."""
+
+    from reservations.reconcilers import reconcile_reservation
+
+    node = make_node(pool["id"])
+    ended = reserve(root, pool, 8).result
+    reservation_bind(reservation_id=ended["id"])
+    window_ended_a_second_ago(ended["id"])  # and nobody expired it
     starting = reserve(root, pool, 8).result
     assert (starting["state"], starting["nodeId"]) == ("placed", node.id)
     reconcile_reservation(starting["id"])
@@ -255,21 +261,13 @@ def test_a_binding_waits_while_its_node_still_holds_what_ended_on_those_gpus(roo
     """The ended one was not released (its expiry skipped a row another transaction had
     locked): binding now would give the node a spec holding the GPUs twice, which it
     refuses as an overlap. The binding waits, and goes ahead once the release is in."""
-    from django.db import connection
 
     from reservations.services.release import reservation_expire
 
     node = make_node(pool["id"])
     ended = reserve(root, pool, 8).result
     reservation_bind(reservation_id=ended["id"])
-    with connection.cursor() as cursor:
-        for table, column in (("reservations_reservation", "id"),
-                              ("reservations_booking", "allocation_id")):
-            cursor.execute(
-                f"UPDATE {table} SET during = tstzrange(now() - interval '2 hours', "  # noqa: S608
-                f"now() - interval '1 second') WHERE {column} IN (SELECT %s UNION SELECT id "
-                "FROM reservations_allocation WHERE reservation_id = %s)",
-                [ended["id"], ended["id"]])
+    window_ended_a_second_ago(ended["id"])
     starting = reserve(root, pool, 8).result
     before = NodeSpec.objects.filter(node=node).latest("generation").generation
     assert reservation_bind(reservation_id=starting["id"]) is None
