@@ -18,6 +18,7 @@ from django.utils import timezone
 from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
 from bcd.contract.holds import Hold
+from bcd.holds import Claims
 from compute.db import database_now
 from compute.events.services import event_emit
 from compute.events.types import EventType
@@ -83,26 +84,21 @@ def _still_held(node: Node, hold: Hold) -> bool:
     """Whether the node's desired state still names another hold on one of these GPUs (a
     reservation whose window ended there and that is not released yet). A spec naming both
     would be refused by the node as an overlap, so the binding waits for the release: the
-    reconciler releases what ended first, and the sweep brings the binding back.
-
-    Holds conflict as the node judges them: on the same GPU, MIG instance or share, or one
-    holding a whole GPU and the other a part of it (two shares of one GPU do not)."""
+    reconciler releases what ended first, and the sweep brings the binding back. Judged by
+    the node's own `Claims` (two shares of one GPU may be held at once; a whole GPU and a
+    part of it may not)."""
     latest = node.specs.order_by("-generation").values_list("spec", flat=True).first()
     others = [Hold.from_wire(entry) for entry in (latest or {}).get("allocations", [])
               if entry.get("allocationId") != hold.allocation_id]
     if not others:
         return False
-    mine = set(_atoms(hold))
-    theirs = {atom for other in others for atom in _atoms(other)}
-    gpu_of = dict(Device.objects.filter(uuid__in=mine | theirs, parent__isnull=False)
-                  .values_list("uuid", "parent__uuid"))
-    return any(a == b or a == gpu_of.get(b) or b == gpu_of.get(a)
-               for a in mine for b in theirs)
-
-
-def _atoms(hold: Hold) -> tuple[str, ...]:
-    """What a hold takes: its shares when it is time-sliced, else its GPUs or instances."""
-    return hold.shares or hold.gpus
+    held = {uuid for each in [hold, *others] for uuid in each.gpus}
+    claims = Claims(present=held, parent=dict(
+        Device.objects.filter(uuid__in=held, parent__isnull=False)
+        .values_list("uuid", "parent__uuid")))
+    for other in others:
+        claims.take(other.allocation_id, other)
+    return claims.take(hold.allocation_id, hold) == "overlap"
 
 
 def verified_report(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:

@@ -182,7 +182,8 @@ class Run:
         self.stack.stop()
         power_off_simulated_vms(self.state_dir)
         self.network.close()
-        if keep_ledger:
+        if keep_ledger:  # this run's, never an earlier run's in the same folder
+            shutil.rmtree(self.state_dir / "postgres", ignore_errors=True)
             self.server.save_copy(self.state_dir / "postgres")
         self.server.stop()
 
