@@ -7,6 +7,7 @@ leaf from the row's content; memory stays O(log n) however long the log is.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -16,6 +17,7 @@ from django.utils import timezone
 
 from audit.keys import public_key_b64, sign
 from audit.models import AuditEvent, AuditHead, Checkpoint
+from audit.sequencer import audit_sequence, audit_sequence_all
 from audit.services import audit_record, audited
 from bcd.contract.auditproof import checkpoint_statement, event_leaf, verify_statement
 from bcd.contract.merkle import (
@@ -75,6 +77,7 @@ def checkpoint_seal(*, tenant_id: str, actor_id: str = "system") -> Checkpoint |
     signs, so the next checkpoint covers it; None when nothing but such rows is new.
     """
     advisory_xact_lock(f"audit-checkpoint:{tenant_id}")
+    audit_sequence(tenant_id=tenant_id)
     previous = Checkpoint.objects.filter(tenant_id=tenant_id).order_by("-tree_size").first()
     start = previous.tree_size if previous else 0
     end = (AuditEvent.objects.filter(tenant_id=tenant_id).order_by("-position")
@@ -111,6 +114,7 @@ def checkpoint_seal(*, tenant_id: str, actor_id: str = "system") -> Checkpoint |
 
 def checkpoint_seal_all() -> list[Checkpoint]:
     """Seal every tenant whose log grew (the hourly job)."""
+    audit_sequence_all()
     sealed = []
     for head in AuditHead.objects.order_by("tenant_id"):
         checkpoint = checkpoint_seal(tenant_id=head.tenant_id)
@@ -152,13 +156,17 @@ def audit_verify(*, tenant_id: str, from_position: int = 1,
     its consistency proof must link it to the previous checkpoint. Events outside
     [from, to] are still read, since every root covers the log from its start.
     """
+    with contextlib.suppress(PreconditionFailed):  # an edited log: what follows names it
+        audit_sequence(tenant_id=tenant_id)
     report = Verification(tenant_id=tenant_id)
     public_key = public_key_b64()
     checkpoints = iter(Checkpoint.objects.filter(tenant_id=tenant_id).order_by("tree_size"))
     pending = next(checkpoints, None)
     previous: Checkpoint | None = None
     frontier = Frontier()
-    rows = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("position", "seq")
+    rows = (AuditEvent.objects.filter(tenant_id=tenant_id)
+            .exclude(position__isnull=True, txid__isnull=False)  # still in flight
+            .order_by("position", "seq"))
     if to_position is not None:
         last_needed = max(to_position, *(c.tree_size for c in Checkpoint.objects.filter(
             tenant_id=tenant_id, tree_size__lte=to_position)), 0)
@@ -225,13 +233,14 @@ def _check_checkpoint(checkpoint: Checkpoint, previous: Checkpoint | None,
 
 def audit_prove(*, tenant_id: str, event_id: str) -> dict[str, Any]:
     """An inclusion proof of one event against the tenant's latest checkpoint."""
+    audit_sequence(tenant_id=tenant_id)
     event = AuditEvent.objects.filter(tenant_id=tenant_id, id=event_id).first()
     if event is None:
         raise NotFound(f"audit event {event_id} not found", eventId=event_id)
     checkpoint = (Checkpoint.objects.filter(tenant_id=tenant_id,
-                                            tree_size__gte=event.position or 0)
+                                            tree_size__gte=event.position or 1)
                   .order_by("-tree_size").first())
-    if checkpoint is None:
+    if checkpoint is None or event.position is None:
         raise PreconditionFailed(f"no checkpoint covers {event_id} yet; one is signed every "
                                  "hour (or run audit checkpoint)", eventId=event_id)
     index = event.position - 1

@@ -25,10 +25,11 @@ def _new_checkpoint_id() -> str:
 class AuditEvent(models.Model):
     """What an actor did (or was refused) in a tenant. Rows are never updated or deleted.
 
-    `position` numbers a tenant's events 1, 2, 3… in commit order with no gaps (assigned
-    under the tenant's AuditHead row lock, held until commit). `leaf_hash` is the RFC 6962
-    leaf hash of the event's canonical form (`wire()`), fixed at insert. `tenant_id` is a
-    plain column, not a foreign key: the trail outlives what it describes.
+    `position` numbers a tenant's events 1, 2, 3… with no gaps; it is given once, after the
+    writing transaction (`txid`) commits, in transaction order (audit.sequencer), and with
+    it `leaf_hash`, the RFC 6962 leaf hash of the event's canonical form (`wire()`). Until
+    then both are empty. `tenant_id` is a plain column, not a foreign key: the trail
+    outlives what it describes.
     """
 
     seq = models.BigAutoField(primary_key=True)
@@ -46,10 +47,14 @@ class AuditEvent(models.Model):
     origin = models.CharField(max_length=16, default="api")
     data = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
+    txid = models.BigIntegerField(null=True, editable=False,
+                                  help_text="The writing transaction's id (sequencing order).")
 
     class Meta:
         ordering = ["seq"]
-        indexes = [models.Index(fields=["tenant_id", "seq"], name="audit_event_tenant_seq")]
+        indexes = [models.Index(fields=["tenant_id", "seq"], name="audit_event_tenant_seq"),
+                   models.Index(fields=["tenant_id", "txid"], name="audit_event_unnumbered",
+                                condition=models.Q(position__isnull=True))]
         constraints = [models.UniqueConstraint(fields=["tenant_id", "position"],
                                                name="audit_auditevent_one_per_position")]
 
@@ -68,7 +73,7 @@ class AuditEvent(models.Model):
 
 
 class AuditHead(models.Model):
-    """How many events a tenant's log holds; its row lock orders concurrent writers."""
+    """How many events of a tenant have positions; the sequencer holds its row."""
 
     tenant_id = models.CharField(max_length=32, primary_key=True)
     size = models.BigIntegerField(default=0)

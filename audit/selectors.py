@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from audit.models import AuditEvent, Checkpoint
+from audit.sequencer import audit_sequence
 from compute.errors import NotFound
 
 
@@ -12,7 +13,9 @@ def audit_event_list(*, tenant_id: str, action: str | None = None,
                      allowed: bool | None = None, target: str | None = None,
                      since: int = 0) -> QuerySet[AuditEvent]:
     """The tenant's audit rows after position `since`, oldest first. `action` may end in
-    `*` (`node.*`)."""
+    `*` (`node.*`). Rows whose transactions have settled are numbered first; a row still
+    in flight is listed once it has its position."""
+    audit_sequence(tenant_id=tenant_id)
     rows = AuditEvent.objects.filter(tenant_id=tenant_id, position__gt=since)
     if action:
         rows = (rows.filter(action__startswith=action[:-1]) if action.endswith("*")
@@ -29,6 +32,7 @@ def audit_event_id_for(*, tenant_id: str, ref: str) -> str:
     object (a reservation, a node, a join token…)."""
     if ref.startswith("aud_"):
         return ref
+    audit_sequence(tenant_id=tenant_id)
     found = (AuditEvent.objects.filter(tenant_id=tenant_id, target=ref)
              .order_by("-position").values_list("id", flat=True).first())
     if found is None:

@@ -15,13 +15,12 @@ from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from audit.context import current_stamp
 from audit.models import AuditEvent
-from bcd.contract.auditproof import event_leaf
-from compute.db import retrying
+from compute.db import CURRENT_TXID, retrying
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,23 +47,13 @@ def audited(func: Callable[P, R]) -> Callable[P, R]:
     return retrying(once)
 
 
-def _next_position(tenant_id: str) -> int:
-    """Take the tenant's next position. The head row stays locked until commit, so
-    positions follow commit order and a rolled-back writer leaves no gap."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO audit_audithead (tenant_id, size) VALUES (%s, 1) "
-            "ON CONFLICT (tenant_id) DO UPDATE SET size = audit_audithead.size + 1 "
-            "RETURNING size", [tenant_id])
-        return int(cursor.fetchone()[0])
-
-
 def audit_record(*, tenant_id: str, actor_id: str, action: str, target: str = "",
                  data: dict[str, Any] | None = None, allowed: bool = True,
                  reason: str = "") -> AuditEvent:
     """Append the service's one audit row, stamped with the current request.
 
-    Call it after the service's other locks: it takes the tenant's audit head lock.
+    The row takes no lock: its position is given after the service commits
+    (audit.sequencer), so writers of one tenant never wait for each other here.
     """
     written = _written.get()
     if written is None:
@@ -78,8 +67,7 @@ def audit_record(*, tenant_id: str, actor_id: str, action: str, target: str = ""
         allowed=allowed, reason=reason or stamp.decision_reason,
         decision_id=stamp.decision_id, request_id=stamp.request_id, origin=stamp.origin,
         data=json.loads(json.dumps(data or {}, cls=DjangoJSONEncoder)),
-        created_at=timezone.now(), position=_next_position(tenant_id))
-    event.leaf_hash = event_leaf(event.wire()).hex()
+        created_at=timezone.now(), txid=CURRENT_TXID)
     event.save(force_insert=True)
     return event
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from psycopg.conninfo import make_conninfo
@@ -27,6 +29,7 @@ R = TypeVar("R")
 
 RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock detected
 MAX_ATTEMPTS = 5
+PREPARING = os.environ.get("BETTER_COMPUTE_DB_PREPARE", "1") != "0"
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -96,6 +99,34 @@ def conninfo(db: dict[str, Any] | None = None) -> str:
              "host": db["HOST"], "port": db["PORT"],
              **{k: v for k, v in db["OPTIONS"].items() if isinstance(v, str | int)}}
     return make_conninfo(**{k: v for k, v in parts.items() if v != ""})
+
+
+PREPARE_AFTER = 2  # runs of one statement on a connection before it is prepared
+
+
+def prepared_cursor() -> Any:
+    """A cursor on the default connection whose parameters travel apart from the statement
+    (server-side binding), so psycopg prepares a statement it has run a few times on this
+    connection and Postgres plans it once, not at every call: planning cost the booking
+    path's big statements more than running them. For the hot paths' fixed statements;
+    the rest of Django binds on the client (Django leaves preparing off for poolers that
+    cannot follow it; `BETTER_COMPUTE_DB_PREPARE=0` does the same here)."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None and PREPARING:
+        raw.prepare_threshold = PREPARE_AFTER
+    return connection._prepare_cursor(_PreparingCursor(raw))  # type: ignore[attr-defined]
+
+
+_ServerBinding: Any = ServerBindingCursor  # untyped in Django's stubs
+
+
+class _PreparingCursor(_ServerBinding):
+    """Keeps its statement (with $n placeholders) where Django's query log reads it."""
+
+    def _convert_query(self, query: Any, params: Any = None) -> Any:
+        self._query = super()._convert_query(query, params)
+        return self._query
 
 
 def advisory_xact_lock(name: str) -> None:

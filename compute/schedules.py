@@ -7,6 +7,8 @@ A job is a task function (`*_task`) that calls a reconciler or service; django-q
 from __future__ import annotations
 
 SCHEDULES: dict[str, dict[str, object]] = {
+    "audit positions": {"func": "audit.tasks.sequence_all_task", "schedule_type": "I",
+                        "minutes": 1},
     "audit checkpoints": {"func": "audit.tasks.checkpoint_all_task", "schedule_type": "H"},
     "gpu samples pruned": {"func": "fleet.tasks.samples_prune_task", "schedule_type": "H"},
 }

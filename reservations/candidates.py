@@ -16,6 +16,7 @@ from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Model, Q
 
+from compute.db import prepared_cursor
 from compute.errors import InvalidArgument
 from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
@@ -244,7 +245,7 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, request: Request, *,
         where, values = where_sql(Device, device_filter, "filter")
         filter_sql = f"AND ({where})"
         params.update(values)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql.replace("{device_filter}", filter_sql), params)
         rows = cursor.fetchall()
     groups: dict[str, list[Group]] = defaultdict(list)

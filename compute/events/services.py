@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
-from compute.db import CURRENT_TXID
 from compute.events.models import Event
 from compute.events.types import EventType
 
@@ -18,8 +19,21 @@ def event_emit(*, tenant_id: str, type: EventType, subject: str,
     A NOTIFY in the same transaction wakes the tenant's watchers at commit (and never for a
     rolled-back change).
     """
-    event = Event.objects.create(tenant_id=tenant_id, type=EventType(type), subject=subject,
-                                 payload=payload or {}, txid=CURRENT_TXID)
+    event = Event(tenant_id=tenant_id, type=EventType(type), subject=subject,
+                  payload=payload or {})
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify('bc_events', %s)", [tenant_id])
+        cursor.execute(EMIT_SQL, [event.id, event.type, tenant_id, subject,
+                                  json.dumps(event.payload, cls=DjangoJSONEncoder),
+                                  event.created_at, tenant_id])
+        event.seq, event.txid, _ = cursor.fetchone()
+    event._state.adding = False
     return event
+
+
+# The row and the NOTIFY in one round trip.
+EMIT_SQL = """
+WITH written AS (
+  INSERT INTO compute_event (id, type, tenant_id, subject, payload, created_at, txid)
+  VALUES (%s, %s, %s, %s, %s::jsonb, %s, pg_current_xact_id()::text::bigint)
+  RETURNING seq, txid)
+SELECT seq, txid, pg_notify('bc_events', %s) FROM written"""

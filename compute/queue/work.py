@@ -43,12 +43,12 @@ def enqueue(kind: str, key: str, *, due_at: datetime | None = None) -> None:
     NOTIFY that goes with it wakes idle workers at that commit."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO compute_workitem (kind, key, shard, due_at, version, attempts, "
-            "last_error) VALUES (%s, %s, %s, coalesce(%s, now()), 1, 0, '') "
+            "WITH queued AS (INSERT INTO compute_workitem (kind, key, shard, due_at, version, "
+            "attempts, last_error) VALUES (%s, %s, %s, coalesce(%s, now()), 1, 0, '') "
             "ON CONFLICT (kind, key) DO UPDATE SET version = compute_workitem.version + 1, "
-            "due_at = LEAST(compute_workitem.due_at, EXCLUDED.due_at)",
-            [kind, key, shard_of(kind, key), due_at])
-        cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
+            "due_at = LEAST(compute_workitem.due_at, EXCLUDED.due_at)) "
+            "SELECT pg_notify(%s, '')",  # one round trip: the row and its wake-up
+            [kind, key, shard_of(kind, key), due_at, WAKE_CHANNEL])
 
 
 class Worker:

@@ -91,7 +91,7 @@ def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any
     kwargs["start_in_ms"] = kwargs.pop("start_in", None)
     kwargs["before_in_ms"] = kwargs.pop("before_in", None)
     return present_reservation(reservation_create(tenant=ctx.tenant, actor=ctx.principal,
-                                                  **kwargs))
+                                                  pool=ctx.subject, **kwargs))
 
 
 class ReservationIdIn(Input):

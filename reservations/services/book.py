@@ -11,10 +11,10 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from audit.services import audit_record, audited
-from compute.db import constraint_errors, database_now
+from compute.db import constraint_errors, database_now, prepared_cursor
 from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
 from compute.events.types import EventType
@@ -129,7 +129,7 @@ def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, mem
     allocation = Allocation(reservation=rsv, node_id=node_id, vcpus=vcpus,
                             memory_gib=memory_gib)
     with constraint_errors({**LEDGER_CONSTRAINTS, **NODE_FULL}), \
-            connection.cursor() as cursor:
+            prepared_cursor() as cursor:
         cursor.execute(LOCK_NODE_SQL.replace("{schedulable}", schedulable),
                        {**values, "node": node_id})
         if cursor.fetchone() is None:
@@ -188,14 +188,16 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
                        selector: str = "", kubernetes: bool = False,
                        at_earliest: bool = False, before: datetime | None = None,
                        before_in_ms: int | None = None, device_class: str = GPU,
-                       profile: str = "", idempotency_key: str | None = None) -> Reservation:
+                       profile: str = "", idempotency_key: str | None = None,
+                       pool: Pool | None = None) -> Reservation:
     """Reserve `gpus` GPUs of one pool for `duration_ms`, now or from a later start (or
     `gpus` MIG instances of `profile`, or time-sliced shares, by `device_class`).
 
     Quota is consumed here, whether the reservation is placed now or left pending; a
     request that fits nowhere is stored as pending and placed when capacity frees. With
     `at_earliest`, it is booked in the earliest window from its start (ending by `before`)
-    where it fits, or refused when there is none.
+    where it fits, or refused when there is none. `pool` is `pool_id`'s row when the caller
+    has already found it within the tenant's reach (the API's draft does).
     """
     inputs = {"pool_id": pool_id, "gpus": gpus, "duration_ms": duration_ms,
               "topology": topology, "start": start, "start_in_ms": start_in_ms,
@@ -207,7 +209,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
                                  key=idempotency_key, inputs=inputs)
     if existing:
         return Reservation.objects.get(pk=existing)
-    pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
+    if pool is None or pool.pk != pool_id:
+        pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
     check_pool_request(pool, model=model, kubernetes=kubernetes, topology=topology)
     check_atoms(pool, device_class=device_class, profile=profile, topology=topology)
     parse_selector(selector)

@@ -15,6 +15,8 @@ from django.db import connection
 from audit.checkpoints import audit_prove, audit_verify, checkpoint_seal
 from audit.keys import public_key_b64
 from audit.models import AuditEvent, Checkpoint
+from audit.selectors import audit_event_list
+from audit.sequencer import audit_sequence
 from audit.services import audit_record, audited
 from bcd.contract.auditproof import check_proof, event_leaf
 from tests.support.writes import assert_wrote
@@ -188,9 +190,9 @@ def test_api_verify_and_prove(root, log):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_positions_follow_commit_order_without_gaps_under_concurrency():
+def test_positions_are_gapless_and_in_transaction_order_under_concurrency():
     tenant = "tnt_01jbx0000000000000000000zz"
-    results: list[int] = []
+    written: list[str] = []
     lock = threading.Lock()
 
     def writer(n: int) -> None:
@@ -201,8 +203,9 @@ def test_positions_follow_commit_order_without_gaps_under_concurrency():
                     raise RuntimeError("roll back")
 
             event = write(tenant=tenant, action="test.write", then=slow_then)
+            assert event.position is None  # given after commit, not under a lock
             with lock:
-                results.append(event.position)
+                written.append(event.id)
         except RuntimeError:
             pass
         finally:
@@ -214,15 +217,18 @@ def test_positions_follow_commit_order_without_gaps_under_concurrency():
     for thread in threads:
         thread.join()
     committed = 40 - len([n for n in range(1, 41) if n % 7 == 0])
-    positions = sorted(AuditEvent.objects.filter(tenant_id=tenant).values_list("position",
-                                                                                flat=True))
-    assert positions == list(range(1, committed + 1))
-    assert sorted(results) == positions
+    assert audit_sequence(tenant_id=tenant) == committed
+    assert audit_sequence(tenant_id=tenant) == 0  # final: nothing is numbered twice
+    rows = list(AuditEvent.objects.filter(tenant_id=tenant).order_by("position"))
+    assert [r.position for r in rows] == list(range(1, committed + 1))
+    assert sorted(r.id for r in rows) == sorted(written)
+    assert [r.txid for r in rows] == sorted(r.txid for r in rows)
+    assert all(r.leaf_hash == event_leaf(r.wire()).hex() for r in rows)
     assert audit_verify(tenant_id=tenant).ok
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_writer_waits_for_the_uncommitted_one_before_it():
+def test_a_writer_never_waits_for_an_uncommitted_one_and_is_numbered_after_it():
     tenant = "tnt_01jbx0000000000000000000zy"
     first_wrote, release_first = threading.Event(), threading.Event()
     order: list[str] = []
@@ -241,20 +247,36 @@ def test_a_writer_waits_for_the_uncommitted_one_before_it():
     def second() -> None:
         try:
             first_wrote.wait(5)
-            event = write(tenant=tenant, action="test.second")
-            order.append(f"second got {event.position}")
+            write(tenant=tenant, action="test.second")
+            order.append("second commits")
         finally:
             connection.close()
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)
-    assert order == []  # the second writer is blocked on the first's head lock
+    threads[1].join(5)
+    assert order == ["second commits"]  # no lock of the tenant's log held it back
+    # The first transaction is still open: the second's row cannot be numbered yet, or a
+    # later commit of the first would have to come before a position already given.
+    assert audit_sequence(tenant_id=tenant) == 0
+    assert audit_list_positions(tenant) == []
     release_first.set()
-    for thread in threads:
-        thread.join()
-    assert order == ["first commits", "second got 2"]
+    threads[0].join(5)
+    assert audit_sequence(tenant_id=tenant) == 2
+    assert audit_list_positions(tenant) == [(1, "test.first"), (2, "test.second")]
+
+
+def audit_list_positions(tenant: str) -> list[tuple[int, str]]:
+    return [(r.position, r.action) for r in audit_event_list(tenant_id=tenant)]
+
+
+def test_a_row_whose_position_was_wiped_is_named_by_verify(log):
+    sql("UPDATE audit_auditevent SET position = NULL, leaf_hash = '' "
+        "WHERE tenant_id = %s AND position = 5", [log])
+    report = audit_verify(tenant_id=log)  # the row is numbered again, at the end
+    assert not report.ok
+    assert report.first_bad_position == 5
 
 
 def test_audit_list_filters_and_names_the_ids_prove_takes(root, acme):
