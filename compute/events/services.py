@@ -25,7 +25,7 @@ def event_emit(*, tenant_id: str, type: EventType, subject: str,
         cursor.execute(EMIT_SQL, [event.id, event.type, tenant_id, subject,
                                   json.dumps(event.payload, cls=DjangoJSONEncoder),
                                   event.created_at, tenant_id])
-        event.seq, event.txid, _ = cursor.fetchone()
+        event.seq = cursor.fetchone()[0]
     event._state.adding = False
     return event
 
@@ -35,5 +35,5 @@ EMIT_SQL = """
 WITH written AS (
   INSERT INTO compute_event (id, type, tenant_id, subject, payload, created_at, txid)
   VALUES (%s, %s, %s, %s, %s::jsonb, %s, pg_current_xact_id()::text::bigint)
-  RETURNING seq, txid)
-SELECT seq, txid, pg_notify('bc_events', %s) FROM written"""
+  RETURNING seq)  -- the gateway's role may read no other column
+SELECT seq, pg_notify('bc_events', %s) FROM written"""
