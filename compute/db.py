@@ -8,14 +8,14 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from django.db.backends.postgresql.base import ServerBindingCursor
-from django.db.models import Q
+from django.db.models import Model, Q
 from django.db.models.expressions import RawSQL
 from psycopg.conninfo import make_conninfo
 
@@ -127,6 +127,36 @@ class _PreparingCursor(_ServerBinding):
     def _convert_query(self, query: Any, params: Any = None) -> Any:
         self._query = super()._convert_query(query, params)
         return self._query
+
+
+M = TypeVar("M", bound=Model)
+
+
+@functools.cache
+def select_list(model: type[Model], alias: str) -> str:
+    """`alias."column", …` for every concrete field of `model`, in field order."""
+    return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
+
+
+def from_row(model: type[M], values: Sequence[Any]) -> M:
+    """A model instance from a raw row in `select_list` order, with the fields' own
+    conversions from the database (JSON, for one), as a queryset would make it."""
+    fields = model._meta.concrete_fields
+    converted = [field.from_db_value(value, None, connection)  # type: ignore[attr-defined]
+                 if value is not None and hasattr(field, "from_db_value") else value
+                 for field, value in zip(fields, values, strict=True)]
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)
+
+
+def row_by_key(model: type[M], key: Any) -> M | None:
+    """`model`'s row with primary key `key`, read by one prepared statement (the hot paths
+    ask this on every call; a queryset compiles its SQL anew each time)."""
+    table, pk = model._meta.db_table, model._meta.pk.column  # type: ignore[union-attr]
+    with prepared_cursor() as cursor:
+        cursor.execute(f'SELECT {select_list(model, "t")} FROM "{table}" t '  # noqa: S608
+                       f'WHERE t."{pk}" = %s', [key])  # names from the model, never input
+        row = cursor.fetchone()
+    return None if row is None else from_row(model, row)
 
 
 def advisory_xact_lock(name: str) -> None:

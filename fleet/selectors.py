@@ -8,6 +8,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from compute.db import row_by_key
 from compute.errors import NotFound
 from compute.guards import one_visible
 from compute.tenancy.models import Tenant
@@ -40,7 +41,7 @@ def access_pool_by_id(*, tenant: Tenant, pool_id: str, owned: bool = False,
 
     Read by key, then checked: the owner's pool costs one plain lookup (the booking path
     asks this on every call), an offered one a second."""
-    pool = next(iter(Pool.objects.filter(pk=pool_id).order_by()), None)
+    pool = row_by_key(Pool, pool_id)
     if pool is not None and pool.tenant_id != tenant.id and (
             owned or not pool.offerings.filter(tenant=tenant).exists()):
         pool = None

@@ -6,8 +6,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from compute.api.registry import Resource
+from compute.db import prepared_cursor
 from compute.iam import Decision
-from compute.tenancy.models import ROOT_TENANT_SLUG, Principal, Role, RoleBinding
+from compute.tenancy.models import ROOT_TENANT_SLUG, Principal, Role
 
 _READ = ("*.get", "*.list", "events.watch", "system.whoami", "capacity.*", "pki.show", "usage.*",
          "nodes.events", "audit.verify", "audit.prove", "audit.checkpoints")
@@ -21,6 +22,10 @@ ROLE_ACTIONS: dict[str, tuple[str, ...]] = {
     Role.ADMIN: ("*",),
 }
 
+BINDINGS_SQL = """
+SELECT b.tenant_id, b.role, t.slug FROM compute_rolebinding b
+  JOIN compute_tenant t ON t.id = b.tenant_id WHERE b.principal_id = %s"""
+
 # Actions that only a binding on the root tenant grants, whatever the role elsewhere.
 ROOT_ONLY = ("tenants.create", "sites.create")
 
@@ -30,10 +35,9 @@ class EmbeddedIAM:
                context: dict[str, Any]) -> Decision:
         if principal.disabled_at is not None:
             return Decision(False, "principal is disabled")
-        bindings = {
-            b.tenant_id: (b.role, b.tenant.slug)
-            for b in RoleBinding.objects.filter(principal=principal).select_related("tenant")
-        }
+        with prepared_cursor() as cursor:  # asked on every call: planned once
+            cursor.execute(BINDINGS_SQL, [principal.id])
+            bindings = {tenant_id: (role, slug) for tenant_id, role, slug in cursor.fetchall()}
         root_role = next(
             (role for role, slug in bindings.values() if slug == ROOT_TENANT_SLUG), None)
         if any(fnmatchcase(action, pattern) for pattern in ROOT_ONLY):

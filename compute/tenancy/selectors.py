@@ -6,6 +6,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from compute import secrets
+from compute.db import from_row, prepared_cursor, select_list
 from compute.errors import InvalidArgument, NotFound, Unauthenticated
 from compute.guards import one_visible
 from compute.tenancy.models import (
@@ -21,13 +22,35 @@ from compute.tenancy.models import (
 def principal_for_token(presented: str) -> Principal:
     """Resolve `biam_<id>.<secret>`; every failure is the same 401 to the caller."""
     parts = secrets.split(TOKEN_SCHEME, presented)
-    token = None
-    if parts is not None:
-        token = ApiToken.objects.select_related("principal__tenant").filter(pk=parts[0]).first()
+    token = _token_with_principal(parts[0]) if parts is not None else None
     ok = secrets.matches(parts[1] if parts else "", token.secret_sha256 if token else None)
     if not ok or token is None:
         raise Unauthenticated("invalid API token")
     return _live_principal(token)
+
+
+CALLER_SQL = """
+SELECT {token}, {principal}, {tenant} FROM compute_apitoken k
+  JOIN compute_principal p ON p.id = k.principal_id JOIN compute_tenant n ON n.id = p.tenant_id
+ WHERE k.id = %s"""
+
+
+def _token_with_principal(token_id: str) -> ApiToken | None:
+    """The token with its principal and the principal's tenant, in one prepared statement
+    (every API call asks this first)."""
+    sql = CALLER_SQL.format(token=select_list(ApiToken, "k"),
+                           principal=select_list(Principal, "p"),
+                           tenant=select_list(Tenant, "n"))
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, [token_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    sizes = [len(m._meta.concrete_fields) for m in (ApiToken, Principal)]
+    token = from_row(ApiToken, row[:sizes[0]])
+    token.principal = from_row(Principal, row[sizes[0]:sum(sizes)])
+    token.principal.tenant = from_row(Tenant, row[sum(sizes):])
+    return token
 
 
 def principal_for_token_id(token_id: str) -> Principal:
