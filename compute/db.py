@@ -159,6 +159,15 @@ def row_by_key(model: type[M], key: Any) -> M | None:
     return None if row is None else from_row(model, row)
 
 
+def known_related(instance: Model, name: str, objects: Sequence[Model]) -> None:
+    """Tell `instance` that its related set `name` is exactly `objects` (a row its service
+    has just written, say), as prefetch_related would, so reading it costs no query."""
+    related = getattr(instance, name).all()
+    related._result_cache, related._prefetch_done = list(objects), True
+    cache = instance.__dict__.setdefault("_prefetched_objects_cache", {})
+    cache[name] = related
+
+
 def advisory_xact_lock(name: str) -> None:
     """Serialize with every other transaction that takes the same named lock."""
     with connection.cursor() as cursor:

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_record, audited
-from compute.db import constraint_errors, database_now, prepared_cursor
+from compute.db import constraint_errors, database_now, known_related, prepared_cursor
 from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
 from compute.events.types import EventType
@@ -257,6 +257,7 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: 
     if device_class == GPU:  # under the quota row's lock (taken above), over its window
         check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, skip=rsv.id,
                       during=rsv.during or window(rsv.requested_start or now, duration_ms))
+    known_related(rsv, "allocations", [allocation] if allocation else [])  # a new one's all
     if allocation is None:
         event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
                    payload={"poolId": pool.id, "gpus": gpus, "class": device_class})
