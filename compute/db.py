@@ -17,6 +17,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.models import Model, Q
 from django.db.models.expressions import RawSQL
+from django.db.models.fields import AutoFieldMixin
 from psycopg.conninfo import make_conninfo
 
 from compute.errors import ComputeError
@@ -157,6 +158,39 @@ def row_by_key(model: type[M], key: Any) -> M | None:
                        f'WHERE t."{pk}" = %s', [key])  # names from the model, never input
         row = cursor.fetchone()
     return None if row is None else from_row(model, row)
+
+
+@functools.cache
+def _insert_sql(model: type[Model]) -> tuple[list[Any], str]:
+    fields = [f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    table = model._meta.db_table  # names from the model, never input
+    return fields, f'INSERT INTO "{table}" ({columns}) VALUES ({marks})'  # noqa: S608
+
+
+def insert_row(instance: Model) -> None:
+    """`instance.save(force_insert=True)` through one prepared statement: the same values
+    (each field's own pre-save and database form), no SQL compiled per call. For a model
+    whose primary key the instance already holds."""
+    fields, sql = _insert_sql(type(instance))
+    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, values)
+    instance._state.adding, instance._state.db = False, connection.alias
+
+
+def update_row(instance: Model, fields: Sequence[str]) -> None:
+    """`instance.save(update_fields=fields)` through a prepared statement."""
+    meta = instance._meta
+    changed = [meta.get_field(name) for name in fields]
+    assignments = ", ".join(f'"{f.column}" = %s' for f in changed)  # type: ignore[union-attr]
+    values = [f.get_db_prep_save(f.pre_save(instance, False), connection)  # type: ignore[union-attr]
+              for f in changed]
+    with prepared_cursor() as cursor:
+        cursor.execute(f'UPDATE "{meta.db_table}" SET {assignments} '  # noqa: S608
+                       f'WHERE "{meta.pk.column}" = %s',  # type: ignore[union-attr]
+                       [*values, instance.pk])  # names from the model, never input
 
 
 def known_related(instance: Model, name: str, objects: Sequence[Model]) -> None:

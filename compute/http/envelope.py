@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from audit.context import stamped
-from compute.api.inputs import first_error
+from compute.api.inputs import Input, first_error
 from compute.api.registry import REGISTRY, CallContext, Endpoint
 from compute.db import connection_lost
 from compute.errors import InvalidArgument, NotFound
@@ -102,8 +103,27 @@ def call(principal: Principal, action: str, body: dict[str, Any], request_id: st
 
 
 def validate(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
-    serializer = endpoint.input(data=body)
+    serializer = _input_for(endpoint.input, body)
     if not serializer.is_valid():
         field, message = first_error(serializer.errors)
         raise InvalidArgument(f"{field}: {message}" if field else message, field=field or None)
     return dict(serializer.validated_data)
+
+
+_inputs = threading.local()
+
+
+def _input_for(input_class: type[Input], body: dict[str, Any]) -> Input:
+    """This thread's instance of `input_class`, ready to validate `body`. A serializer
+    deep-copies (rebuilds) every declared field each time one is made, a large part of a
+    booking's cost; its bound fields keep no state between validations, so a thread keeps
+    one instance per input and clears what the last call left on it."""
+    kept: dict[type[Input], Input] = _inputs.__dict__.setdefault("kept", {})
+    serializer = kept.get(input_class)
+    if serializer is None:
+        serializer = kept[input_class] = input_class()
+        _ = serializer.fields  # bound once
+    for leftover in ("_validated_data", "_errors", "_data"):
+        serializer.__dict__.pop(leftover, None)
+    serializer.initial_data = body
+    return serializer

@@ -14,7 +14,14 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_record, audited
-from compute.db import constraint_errors, database_now, known_related, prepared_cursor
+from compute.db import (
+    constraint_errors,
+    database_now,
+    insert_row,
+    known_related,
+    prepared_cursor,
+    update_row,
+)
 from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
 from compute.events.types import EventType
@@ -93,8 +100,8 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         rsv.placement_attempts += 1
         rsv.failure_reason = ""
         transition(rsv, ReservationState.PLACED)
-        rsv.save(update_fields=["during", "placed_at", "state", "placement_attempts",
-                                "failure_reason"])
+        update_row(rsv, ["during", "placed_at", "state", "placement_attempts",
+                         "failure_reason"])
         enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
         return allocation
     return None
@@ -245,11 +252,12 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: 
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
     quota_consume(tenant=tenant, pool=pool, resource=device_class, amount=gpus)
-    rsv = Reservation.objects.create(
+    rsv = Reservation(
         tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
         product=product, selector=selector, kubernetes=kubernetes,
         requested_start=requested_start, duration_ms=duration_ms, series=series,
         device_class=device_class, profile=profile)
+    insert_row(rsv)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
     else:
