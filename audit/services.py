@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from audit.context import current_stamp
 from audit.models import AuditEvent
-from compute.db import CURRENT_TXID, retrying
+from compute.db import TXID_SQL, insert_row, retrying
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,8 +67,8 @@ def audit_record(*, tenant_id: str, actor_id: str, action: str, target: str = ""
         allowed=allowed, reason=reason or stamp.decision_reason,
         decision_id=stamp.decision_id, request_id=stamp.request_id, origin=stamp.origin,
         data=json.loads(json.dumps(data or {}, cls=DjangoJSONEncoder)),
-        created_at=timezone.now(), txid=CURRENT_TXID)
-    event.save(force_insert=True)
+        created_at=timezone.now())
+    insert_row(event, txid=TXID_SQL)
     return event
 
 
