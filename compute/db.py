@@ -213,7 +213,7 @@ def advisory_xact_lock(name: str) -> None:
 
 
 def database_now():
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
 

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
 
+from compute.db import prepared_cursor
 from compute.events.models import Event
 from compute.events.types import EventType
 
@@ -21,7 +21,7 @@ def event_emit(*, tenant_id: str, type: EventType, subject: str,
     """
     event = Event(tenant_id=tenant_id, type=EventType(type), subject=subject,
                   payload=payload or {})
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(EMIT_SQL, [event.id, event.type, tenant_id, subject,
                                   json.dumps(event.payload, cls=DjangoJSONEncoder),
                                   event.created_at, tenant_id])

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from compute.db import prepared_cursor
 from compute.metrics import WORK_DONE
 from compute.queue.models import SHARDS, ShardLease, WorkerPresence, WorkItem
 
@@ -41,7 +42,7 @@ def enqueue(kind: str, key: str, *, due_at: datetime | None = None) -> None:
     """Make (kind, key) due (now, or at `due_at` if that is earlier than a due already set).
     In the caller's transaction, so an item is queued exactly when its change commits; the
     NOTIFY that goes with it wakes idle workers at that commit."""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             "WITH queued AS (INSERT INTO compute_workitem (kind, key, shard, due_at, version, "
             "attempts, last_error) VALUES (%s, %s, %s, coalesce(%s, now()), 1, 0, '') "
