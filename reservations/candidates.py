@@ -95,8 +95,7 @@ def device_filter_q(rsv: Reservation) -> Q:
 
 def placement_request(rsv: Reservation) -> Request:
     return Request(count=rsv.gpu_count, topology=rsv.topology, device_class=rsv.device_class,
-                   host_fraction=host_fraction(rsv.pool, rsv.device_class, rsv.profile),
-                   spread=rsv.id)
+                   host_fraction=host_fraction(rsv.pool, rsv.device_class, rsv.profile))
 
 
 # The nodes worth scoring for `count` GPUs over a window: the fullest nodes with bookings in

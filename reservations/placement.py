@@ -10,15 +10,11 @@ without NVLink is a group of its own). Preferences, in order:
    smaller one fills the fullest partly used domain, leaving whole domains whole;
 3. packing: the node with the fewest free GPUs left afterwards (best fit), so large requests
    still find room;
-4. among nodes still equal, an order of its own for each request (`spread`: a hash of the
-   request's key and the node id; the node id alone without one), so the answer is
-   deterministic, and concurrent bookers of different windows, which find the same nodes
-   empty, do not all queue for the first one's row lock.
+4. the node id, so the answer is deterministic.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,7 +53,6 @@ class Request:
     topology: str = "any"
     device_class: str = "gpu"
     host_fraction: float = 1.0
-    spread: str = ""  # the request's key for breaking ties between equal nodes
 
     @property
     def noun(self) -> str:
@@ -71,7 +66,6 @@ class Score:
     fragment_left: int
     incomplete_set: int
     node_free_after: int
-    tie: int
     node_id: str
 
 
@@ -107,8 +101,7 @@ def choose_on_node(candidate: Candidate, request: Request) -> Choice | None:
     if picked is None:
         return None
     device_ids, touched, fragment_left, incomplete = picked
-    tie = zlib.crc32(f"{request.spread}:{candidate.node_id}".encode()) if request.spread else 0
-    score = Score(touched, fragment_left, incomplete, candidate.free_count - count, tie,
+    score = Score(touched, fragment_left, incomplete, candidate.free_count - count,
                   candidate.node_id)
     return Choice(candidate.node_id, device_ids, vcpus, memory, score)
 
