@@ -184,19 +184,6 @@ def insert_row(instance: Model, **computed: str) -> None:
     instance._state.adding, instance._state.db = False, connection.alias
 
 
-def update_row(instance: Model, fields: Sequence[str]) -> None:
-    """`instance.save(update_fields=fields)` through a prepared statement."""
-    meta = instance._meta
-    changed = [meta.get_field(name) for name in fields]
-    assignments = ", ".join(f'"{f.column}" = %s' for f in changed)  # type: ignore[union-attr]
-    values = [f.get_db_prep_save(f.pre_save(instance, False), connection)  # type: ignore[union-attr]
-              for f in changed]
-    with prepared_cursor() as cursor:
-        cursor.execute(f'UPDATE "{meta.db_table}" SET {assignments} '  # noqa: S608
-                       f'WHERE "{meta.pk.column}" = %s',  # type: ignore[union-attr]
-                       [*values, instance.pk])  # names from the model, never input
-
-
 def known_related(instance: Model, name: str, objects: Sequence[Model]) -> None:
     """Tell `instance` that its related set `name` is exactly `objects` (a row its service
     has just written, say), as prefetch_related would, so reading it costs no query."""

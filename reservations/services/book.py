@@ -20,7 +20,6 @@ from compute.db import (
     insert_row,
     known_related,
     prepared_cursor,
-    update_row,
 )
 from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
@@ -89,19 +88,17 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         try:
             with transaction.atomic():
                 allocation = _book(rsv, choice.node_id, list(choice.device_ids), choice.vcpus,
-                                   choice.memory_gib, during)
+                                   choice.memory_gib, during, placed_at=now)
         except NodeFull:
             excluded.add(choice.node_id)
             continue
         except CapacityConflict:
             continue
-        rsv.during = during
+        rsv.during = during  # as the booking statement wrote them
         rsv.placed_at = now
         rsv.placement_attempts += 1
         rsv.failure_reason = ""
         transition(rsv, ReservationState.PLACED)
-        update_row(rsv, ["during", "placed_at", "state", "placement_attempts",
-                         "failure_reason"])
         enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
         return allocation
     return None
@@ -109,9 +106,9 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
 
 # A booking is two statements: the node's row is locked while it is schedulable (so bookers
 # of one node take turns and each sees the one before), then the allocation and its device
-# bookings are written and the node's counters recomputed with the new allocation counted
-# over its window. The EXCLUDE constraint referees the devices, the node's CHECK
-# constraints its host share.
+# bookings are written, the node's counters recomputed with the new allocation counted
+# over its window, and the reservation marked placed. The EXCLUDE constraint referees the
+# devices, the node's CHECK constraints its host share; a refusal writes none of it.
 LOCK_NODE_SQL = "SELECT id FROM fleet_node WHERE id = %(node)s AND {schedulable} FOR UPDATE"
 BOOKING = """,
 allocation AS (
@@ -123,7 +120,12 @@ booked AS (
   INSERT INTO reservations_booking (allocation_id, device_id, during)
   SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
   RETURNING device_id),
-counted AS ({counters} RETURNING 1)
+counted AS ({counters} RETURNING 1),
+placed AS (
+  UPDATE reservations_reservation
+     SET during = %(during)s, placed_at = %(placed_at)s, state = 'placed',
+         placement_attempts = placement_attempts + 1, failure_reason = ''
+   WHERE id = %(reservation)s RETURNING 1)
 SELECT count(*) FROM booked"""
 BOOK_SQL = MEETING_SPANS + BOOKING.replace("{counters}", RAISED_COUNTERS_SQL)
 NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
@@ -131,7 +133,7 @@ NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
 
 
 def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, memory_gib: int,
-          during: Any) -> Allocation:
+          during: Any, *, placed_at: datetime) -> Allocation:
     schedulable, values = schedulable_sql()
     allocation = Allocation(reservation=rsv, node_id=node_id, vcpus=vcpus,
                             memory_gib=memory_gib)
@@ -144,7 +146,7 @@ def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, mem
         cursor.execute(BOOK_SQL, {
             **counter_params(node_id, vcpus=vcpus, memory_gib=memory_gib, during=during),
             "allocation": allocation.id, "created": allocation.created_at,
-            "reservation": rsv.id, "devices": sorted(device_ids)})
+            "reservation": rsv.id, "devices": sorted(device_ids), "placed_at": placed_at})
     allocation._state.adding = False  # written above
     return allocation
 

@@ -30,9 +30,9 @@ def test_reservations_create_through_the_api(root, pool):
     for _ in range(8):
         make_node(pool["id"])
     reserve(root, pool, 2)  # warm: the token's first use, plans
-    # token, pool, IAM, now(), reservation, placement, node lock, booking, placed, work item
-    # (with its NOTIFY), event (with its NOTIFY), audit row (no head lock)
-    pinned(lambda: reserve(root, pool, 2).result, 12)
+    # token, pool, IAM, now(), reservation, placement, node lock, booking (which also marks
+    # it placed), work item (with its NOTIFY), event (with its NOTIFY), audit row (no lock)
+    pinned(lambda: reserve(root, pool, 2).result, 11)
 
 
 def test_reservations_release_through_the_api(root, pool):
