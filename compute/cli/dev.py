@@ -420,7 +420,8 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
     stack.start([sys.executable, "-m", "django", "qcluster"],
                 {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, name="qcluster")
     click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
-               "liveness) and the django-q2 cluster (hourly audit checkpoints)")
+               "liveness) and the django-q2 cluster (audit positions each minute, checkpoints "
+               "each hour)")
     api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
     return ControlPlane(env=env, ids=ids, url=url, api=api, gateway_port=gateway_port,
                         join_port=join_port, downloads=downloads)
