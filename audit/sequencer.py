@@ -14,11 +14,11 @@ settled before they read; a minute's job numbers the rest.
 
 from __future__ import annotations
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from audit.models import AuditEvent
 from bcd.contract.auditproof import event_leaf
-from compute.db import constraint_errors, settled
+from compute.db import constraint_name, settled
 from compute.errors import PreconditionFailed
 
 ONE_PER_POSITION = "audit_auditevent_one_per_position"
@@ -47,11 +47,17 @@ def audit_sequence(*, tenant_id: str) -> int:
         for offset, row in enumerate(rows, start=1):
             row.position = size + offset
             row.leaf_hash = event_leaf(row.wire()).hex()
-        with constraint_errors({ONE_PER_POSITION: lambda: PreconditionFailed(
-                f"audit position {size + 1} or after is already taken: the log was edited; "
-                "run audit verify", tenantId=tenant_id)}), connection.cursor() as cursor:
-            cursor.execute(NUMBERED_SQL, [[r.seq for r in rows], [r.position for r in rows],
-                                          [r.leaf_hash for r in rows]])
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute(NUMBERED_SQL, [[r.seq for r in rows],
+                                              [r.position for r in rows],
+                                              [r.leaf_hash for r in rows]])
+            except IntegrityError as error:  # not a ledger conflict: not counted as one
+                if constraint_name(error) != ONE_PER_POSITION:
+                    raise
+                raise PreconditionFailed(
+                    f"audit position {size + 1} or after is already taken: the log was "
+                    "edited; run audit verify", tenantId=tenant_id) from error
             cursor.execute("UPDATE audit_audithead SET size = %s WHERE tenant_id = %s",
                            [size + len(rows), tenant_id])
     return len(rows)
