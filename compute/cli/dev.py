@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -393,20 +394,21 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
         _django(["migrate", "--no-input"], env)
         if server.throwaway and "DATABASE_URL" not in os.environ:
             _save_migrated_copy(server)
+    # The API as `serve` runs it (a short drain keeps Ctrl-C quick); its workers start
+    # while the set-up below runs.
+    api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
+                                          graceful_timeout=5), env, name="api")
     token_file = state_dir / "admin-token"
-    setup_args = ["bc_dev_setup", "--token-file", str(token_file)]
+    setup_args = ["bc_dev_setup", "--token-file", str(token_file),
+                  "--gateway-role-password-file", str(_gateway_password(state_dir)),
+                  "--gateway-credentials", str(state_dir / "gateway"),
+                  "--gateway-host", host, "--gateway-host", "localhost"]
     if sim_variant == "cpu":
         setup_args.append("--cpu-pool")
     if sim_variant == "mig":  # MIG instances, and shares of the other GPUs
         setup_args += ["--slice-gpus", "4"]
-    setup_args += ["--gateway-role-password-file", str(_gateway_password(state_dir))]
     ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
-    _django(["bc_gateway_credentials", "--out", str(state_dir / "gateway"),
-             "--host", host, "--host", "localhost"], env)
     gateway_env = _gateway_env(env, state_dir)
-    # The API as `serve` runs it; a short drain keeps Ctrl-C quick.
-    api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
-                                          graceful_timeout=5), env, name="api")
     _wait_for_port(host, port, api_process, "API server")
     url = f"http://{host}:{port}/api/compute"
     gateway = stack.start(
@@ -458,8 +460,12 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
         gateway_port, join_port = plane.gateway_port, plane.join_port
         downloads, artifacts = plane.downloads, served_artifacts(plane.downloads)
-        guest = default_image(api, [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
-                               downloads, f"http://{host}:{port}")
+        # The sandbox image is built (and added) while the machines join and connect.
+        images = ThreadPoolExecutor(max_workers=1)
+        guest_built = images.submit(default_image, Client(api.config),
+                                    [ids[k] for k in ("poolId", "cpuPoolId") if k in ids],
+                                    downloads, f"http://{host}:{port}")
+        images.shutdown(wait=False)
         started: list[tuple[str, int]] = []
         deploy_listen = f"{host}:{free_port()}"
 
@@ -475,6 +481,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         else:
             start_provisioner()
         _provisioner_wait(stack, api, *started[0])
+        guest = guest_built.result()
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": api.config.token,
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
                    "SITE": ids["siteId"], "DATABASE_URL": env["DATABASE_URL"],

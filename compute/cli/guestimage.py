@@ -111,7 +111,7 @@ def initramfs(init: str, modules: tuple[str, ...], *, release: str,
             entries.append((f"lib/{name}", 0o100644, _module_bytes(modules_dir / relative)))
             order.append(name)
     entries.append(("lib/modules.order", 0o100644, "\n".join(order).encode() + b"\n"))
-    return gzip.compress(_cpio(entries), mtime=0)
+    return gzip.compress(_cpio(entries), compresslevel=6, mtime=0)  # 9 costs 4x, saves 0.5%
 
 
 def build(out_dir: Path) -> dict[str, Path]:

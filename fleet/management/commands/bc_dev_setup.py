@@ -1,4 +1,5 @@
-"""Prepare a development control plane: root tenant, admin token, a default site and pool.
+"""Prepare a development control plane: root tenant, admin token, a default site and pool
+(and, when asked, the gateway's database role and TLS credentials).
 
 Prints one JSON object with the ids; the token goes to a new 0600 file.
 """
@@ -34,12 +35,21 @@ class Command(BaseCommand):
                             help="time-sliced shares per GPU (not in MIG mode) of the pool")
         parser.add_argument("--gateway-role-password-file", type=Path, default=None,
                             help="also make the gateway's database role (bc_gateway_role)")
+        parser.add_argument("--gateway-credentials", type=Path, default=None, metavar="DIR",
+                            help="also write the gateway's TLS credentials there "
+                            "(bc_gateway_credentials)")
+        parser.add_argument("--gateway-host", action="append", default=[],
+                            help="a name or address the gateway serves (repeatable)")
 
     def handle(self, *args: object, token_file: Path, cpu_pool: bool, slice_gpus: int,
-               gateway_role_password_file: Path | None, **options: object) -> None:
+               gateway_role_password_file: Path | None, gateway_credentials: Path | None,
+               gateway_host: list[str], **options: object) -> None:
         install_schedules()
         if gateway_role_password_file is not None:
             call_command("bc_gateway_role", password_file=gateway_role_password_file,
+                         stdout=self.stderr)
+        if gateway_credentials is not None:
+            call_command("bc_gateway_credentials", out=gateway_credentials, host=gateway_host,
                          stdout=self.stderr)
         minted = root_bootstrap(admin_name="dev-admin")
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
