@@ -1,24 +1,34 @@
 """Gateway cost per node session: N simulated sessions heartbeating every 10 s.
 
 Starts a real gateway process, opens N mTLS sessions (one per node, each with its own key
-and certificate), lets them heartbeat for a while, and prints the gateway's CPU seconds per
-1,000 heartbeats and its peak memory per session.
+and certificate) from a few client processes running the agent's session code, lets them
+heartbeat for a while, and prints the gateway's CPU seconds per 1,000 heartbeats, its share
+of one core and its memory per session (peak, and steady at the end).
 
-    python -m bench.gateway [--sessions 1000] [--seconds 40]
+The same sessions then go to two bare gRPC servers of the same service that do nothing per
+session (bench.session_floor): one on the same mTLS credentials, one without TLS. What the
+gateway costs above the first is its own; the first above the second is TLS's; the second is
+gRPC's HTTP/2 connection and stream.
+
+    python -m bench.gateway [--sessions 1000] [--seconds 40] [--clients 4] [--no-floor]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
+import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.common import bench_environment
+from bench.common import bench_environment, table
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -35,7 +45,7 @@ def memory_kib(pid: int, key: str) -> int:
     return 0
 
 
-def make_nodes(count: int) -> list[tuple[object, bytes, bytes]]:
+def make_nodes(count: int) -> list[tuple[Any, bytes, bytes]]:
     """Nodes with keys and certificates, created straight in the database."""
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -71,74 +81,133 @@ def make_nodes(count: int) -> list[tuple[object, bytes, bytes]]:
     return nodes
 
 
-async def run_sessions(target: str, nodes: list, seconds: float, pid: int) -> dict[str, float]:
-    from bcd.inventory.fake import SimulatedInventory
-    from bcd.session import AgentSession, Credentials
+def node_files(nodes: list[tuple[Any, bytes, bytes]], shares: int, folder: Path) -> list[Path]:
+    """The nodes as JSON files for the client processes, one share each."""
+    from cryptography.hazmat.primitives import serialization
 
-    async def no_commands(command_id: str, kind: str, payload: dict) -> tuple[str, dict]:
-        return "failed", {}
+    files = []
+    for share in range(shares):
+        rows = [[key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()).decode(), cert.decode(),
+                 ca.decode()] for key, cert, ca in nodes[share::shares]]
+        path = folder / f"nodes-{share}.json"
+        path.write_text(json.dumps(rows))
+        files.append(path)
+    return files
 
-    sessions = [AgentSession(credentials=Credentials(key, cert, ca), target=target,
-                             inventory=SimulatedInventory(f"bench-{i}"), run_command=no_commands)
-                for i, (key, cert, ca) in enumerate(nodes)]
-    baseline = memory_kib(pid, "VmRSS")
-    tasks = []
-    for session in sessions:
-        tasks.append(asyncio.create_task(session.run()))
-        await asyncio.sleep(0.005)  # a gentle ramp, like a fleet coming back
-    deadline = time.monotonic() + 120
-    while sum(s.state.connected for s in sessions) < len(sessions):
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.5)
-    connected = sum(s.state.connected for s in sessions)
-    await asyncio.sleep(2)
-    cpu_before, started = cpu_seconds(pid), time.monotonic()
-    await asyncio.sleep(seconds)
-    cpu = cpu_seconds(pid) - cpu_before
-    elapsed = time.monotonic() - started
-    beats = connected * elapsed / 10
-    peak = memory_kib(pid, "VmHWM")
-    for task in tasks:
-        task.cancel()
-    return {"connected": connected, "cpu": cpu, "heartbeats": beats, "elapsed": elapsed,
-            "baselineKiB": baseline, "peakKiB": peak}
+
+def measure(server_argv: list[str], env: dict[str, str], target: str, files: list[Path],
+            seconds: float, label: str, plain: bool = False, rate: float = 100
+            ) -> dict[str, float]:
+    """Start a server, connect every node from the client processes, then read the
+    server's CPU over `seconds` and its memory."""
+    server = subprocess.Popen(server_argv, env=env)
+    try:
+        time.sleep(3)
+        baseline = memory_kib(server.pid, "VmRSS")
+        clients = [subprocess.Popen(
+            [sys.executable, "-m", "bench.session_clients", "--nodes", str(path), "--target",
+             target, "--ramp", str(len(files) / rate), *(["--plain"] if plain else [])],
+            stdout=subprocess.PIPE, text=True)
+            for path in files]
+        try:
+            counts = [0] * len(clients)
+            total = sum(len(json.loads(path.read_text())) for path in files)
+            connected = follow(clients, counts, total, label)
+            time.sleep(2)
+            cpu_before, started = cpu_seconds(server.pid), time.monotonic()
+            time.sleep(seconds)
+            cpu = cpu_seconds(server.pid) - cpu_before
+            elapsed = time.monotonic() - started
+            return {"connected": connected, "cpu": cpu, "heartbeats": connected * elapsed / 10,
+                    "elapsed": elapsed, "baselineKiB": baseline,
+                    "peakKiB": memory_kib(server.pid, "VmHWM"),
+                    "rssKiB": memory_kib(server.pid, "VmRSS")}
+        finally:
+            for client in clients:
+                client.terminate()
+            for client in clients:
+                client.wait(30)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def follow(clients: list[subprocess.Popen[str]], counts: list[int], total: int,
+           label: str) -> int:
+    """Read the clients' `connected N` lines until every session is up (or two minutes pass
+    without progress); show progress; return how many are connected."""
+    lines: queue.Queue[tuple[int, str]] = queue.Queue()
+    for index, client in enumerate(clients):
+        threading.Thread(target=lambda i=index, c=client: [lines.put((i, line))
+                                                           for line in c.stdout],
+                         daemon=True).start()
+    last_progress, shown = time.monotonic(), 0.0
+    while sum(counts) < total and time.monotonic() - last_progress < 120:
+        with contextlib.suppress(queue.Empty):
+            index, line = lines.get(timeout=1)
+            if line.startswith("connected "):
+                counts[index] = int(line.split()[1])
+                last_progress = time.monotonic()
+        if time.monotonic() - shown > 5:
+            print(f"  {label}: {sum(counts)} / {total} sessions connected", flush=True)
+            shown = time.monotonic()
+    return sum(counts)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument("--clients", type=int, default=4, help="client processes")
+    parser.add_argument("--connect-rate", type=float, default=100,
+                        help="new sessions per second, from all clients together")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="measure only the gateway, not the bare gRPC servers")
     args = parser.parse_args()
-    with bench_environment() as (url, children):
+    with bench_environment() as (url, _children):
         print(f"creating {args.sessions} nodes with certificates …", flush=True)
         nodes = make_nodes(args.sessions)
         from django.core.management import call_command
 
-        cert_dir = tempfile.mkdtemp(prefix="bc-gw-")
-        call_command("bc_gateway_credentials", out=Path(cert_dir), host=["127.0.0.1"],
+        folder = Path(tempfile.mkdtemp(prefix="bc-gw-"))
+        call_command("bc_gateway_credentials", out=folder / "certs", host=["127.0.0.1"],
                      stdout=open(os.devnull, "w"))  # noqa: SIM115
-        port = 18443
-        gateway = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--listen", f"127.0.0.1:{port}",
-             "--join-listen", f"127.0.0.1:{port + 1}", "--cert-dir", cert_dir],
-            env={**os.environ, "DATABASE_URL": url, "BETTER_COMPUTE_LOG_LEVEL": "WARNING"})
-        children.append(gateway)
-        time.sleep(3)
-        print(f"opening {args.sessions} sessions, then measuring for {args.seconds:.0f} s …",
-              flush=True)
-        result = asyncio.run(run_sessions(f"127.0.0.1:{port}", nodes, args.seconds,
-                                          gateway.pid))
-        per_1000 = result["cpu"] / (result["heartbeats"] / 1000) if result["heartbeats"] else 0
-        per_session = (result["peakKiB"] - result["baselineKiB"]) / max(1, result["connected"])
+        files = node_files(nodes, args.clients, folder)
+        env = {**os.environ, "DATABASE_URL": url, "BETTER_COMPUTE_LOG_LEVEL": "WARNING"}
+        port, certs = 18443, str(folder / "certs")
+        runs = {"gateway": [sys.executable, "-m", "gateway", "--listen", f"127.0.0.1:{port}",
+                            "--join-listen", f"127.0.0.1:{port + 1}", "--cert-dir", certs]}
+        if not args.no_floor:
+            floor = [sys.executable, "-m", "bench.session_floor", "--listen",
+                     f"127.0.0.1:{port}", "--cert-dir", certs]
+            runs["gRPC + mTLS, nothing per session"] = floor
+            runs["gRPC without TLS, nothing per session"] = [*floor, "--plain"]
+        results = {}
+        for label, argv in runs.items():
+            print(f"{label}: opening {args.sessions} sessions from {args.clients} processes, "
+                  f"then measuring for {args.seconds:.0f} s …", flush=True)
+            results[label] = measure(argv, env, f"127.0.0.1:{port}", files, args.seconds,
+                                     label, plain="without TLS" in label,
+                                     rate=args.connect_rate)
         print()
-        print(f"sessions connected:                {result['connected']:.0f} / {args.sessions}")
-        print(f"heartbeats in {result['elapsed']:.0f} s:              {result['heartbeats']:.0f}")
-        print(f"gateway CPU per 1,000 heartbeats:  {per_1000:.3f} s "
-              f"({result['cpu']:.2f} s in the window, sessions idle otherwise)")
-        print(f"gateway peak memory per session:   {per_session:.1f} KiB "
-              f"(peak {result['peakKiB'] / 1024:.0f} MiB, before sessions "
-              f"{result['baselineKiB'] / 1024:.0f} MiB)")
+        print(table([row(label, result, args.sessions) for label, result in results.items()]))
+        gateway = results["gateway"]
+        print()
+        print(f"gateway: {gateway['connected']:.0f} of {args.sessions} sessions; "
+              f"{gateway['cpu'] / gateway['elapsed'] * 100:.1f}% of one core at 10 s "
+              "heartbeats")
+
+
+def row(label: str, result: dict[str, float], sessions: int) -> dict[str, str]:
+    connected, before = max(1, result["connected"]), result["baselineKiB"]
+    per_1000 = result["cpu"] / (result["heartbeats"] / 1000) if result["heartbeats"] else 0
+    return {"server": label, "connected": f"{result['connected']:.0f}/{sessions}",
+            "cpu_s_per_1000_beats": f"{per_1000:.3f}",
+            "core_share_%": f"{result['cpu'] / result['elapsed'] * 100:.1f}",
+            "peak_KiB_per_session": f"{(result['peakKiB'] - before) / connected:.1f}",
+            "steady_KiB_per_session": f"{(result['rssKiB'] - before) / connected:.1f}",
+            "before_MiB": f"{before / 1024:.0f}"}
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ class Session:
     outgoing: dict[int, deque[pb.GatewayMessage]] = field(
         default_factory=lambda: {lane: deque() for lane in LANES})
     credits: dict[int, int] = field(default_factory=lambda: dict(INITIAL_OUT_CREDITS))
-    control_in: asyncio.Queue[pb.AgentMessage] = field(default_factory=asyncio.Queue)
-    bulk_in: asyncio.Queue[pb.AgentMessage] = field(default_factory=asyncio.Queue)
+    # Plain deques, not asyncio queues: `incoming` is what a reader waits on (an asyncio
+    # queue costs three deques; a gateway holds one session per node).
+    control_in: deque[pb.AgentMessage] = field(default_factory=deque)
+    bulk_in: deque[pb.AgentMessage] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     incoming: asyncio.Event = field(default_factory=asyncio.Event)
     closed: str = ""
@@ -67,16 +69,16 @@ class Session:
             self.bulk_outstanding += 1
             if self.bulk_outstanding > BULK_WINDOW:
                 return "bulk reports beyond the granted credits"
-            self.bulk_in.put_nowait(message)
+            self.bulk_in.append(message)
         else:
-            self.control_in.put_nowait(message)
+            self.control_in.append(message)
         self.incoming.set()
         return ""
 
     def next_incoming(self) -> pb.AgentMessage | None:
         for queue in (self.control_in, self.bulk_in):
-            if not queue.empty():
-                return queue.get_nowait()
+            if queue:
+                return queue.popleft()
         return None
 
     async def outgoing_message(self) -> pb.GatewayMessage | None:
