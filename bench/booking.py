@@ -19,6 +19,7 @@ Flat cost (`--flat`): one client, in-process, on pools of each size: per call of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import itertools
 import os
@@ -180,20 +181,27 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User and system CPU of these processes and all their children, now."""
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User and system CPU of these processes and all their children, now, by pid."""
     import psutil
 
-    total = 0.0
+    seconds = {}
     for pid in pids:
         try:
             root = psutil.Process(pid)
             for process in [root, *root.children(recursive=True)]:
-                times = process.cpu_times()
-                total += times.user + times.system
+                with contextlib.suppress(psutil.Error):
+                    times = process.cpu_times()
+                    seconds[process.pid] = times.user + times.system
         except psutil.Error:
             continue
-    return total
+    return seconds
+
+
+def cpu_since(before: dict[int, float], pids: list[int]) -> float:
+    """CPU seconds spent since `before` by the processes alive now (a Postgres backend that
+    ended in between takes its time with it, rather than counting against the rest)."""
+    return sum(now - before.get(pid, 0.0) for pid, now in cpu_seconds(pids).items())
 
 
 def postmaster_pid() -> int:
@@ -264,8 +272,8 @@ def throughput(args: argparse.Namespace) -> None:
                 rates[name] = timed_threads(clients, args.seconds, work)
                 if name == "HTTP API":
                     booked = rates[name] * (time.monotonic() - began)
-                    api_ms = (cpu_seconds([api.pid]) - cpu_before[0]) * 1000 / booked
-                    pg_ms = (cpu_seconds([postgres]) - cpu_before[1]) * 1000 / booked
+                    api_ms = cpu_since(cpu_before[0], [api.pid]) * 1000 / booked
+                    pg_ms = cpu_since(cpu_before[1], [postgres]) * 1000 / booked
                     http[clients] = (rates[name], p99(latencies) * 1000, api_ms, pg_ms)
             ceiling = rates["raw SQL (ceiling)"]
             for name, rate in rates.items():
