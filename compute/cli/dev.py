@@ -184,14 +184,10 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
               server: str, state_dir: Path, env: dict[str, str],
               after_join: Callable[[], None]) -> None:
     """Start `count` bcd agents (those that joined in an earlier run keep their identity; the
-    others join through the gateway) and wait until each is adopted with a live session.
-    `after_join` runs once they joined, before they start (so they are listed first)."""
+    others join through the gateway; each starts once its own join is done) and wait until
+    each is adopted with a live session. `after_join` runs once they all joined (so they are
+    listed before what it joins)."""
     roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
-    newcomers = [root for root in roots if joined_config(Paths(root)) is None]
-    if newcomers:
-        join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
-                       env=env)
-    after_join()
 
     def sessions() -> dict[str, tuple[int, str, str]]:
         nodes = api.call("nodes.list", {"poolId": pool_id, "limit": 1000})["items"]
@@ -199,10 +195,20 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
                 for n in nodes}
 
     before = sessions()  # a node left `connected` by the last run has no session yet
-    for root in roots:
+
+    def start(root: Path) -> None:
         stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
                     {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
                     name=f"sim-{root.name}")
+
+    newcomers = [root for root in roots if joined_config(Paths(root)) is None]
+    for root in roots:
+        if root not in newcomers:
+            start(root)
+    if newcomers:  # each starts as soon as its own join is done
+        join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
+                       env=env, on_joined=start)
+    after_join()
     ours = {config.node_id for root in roots if (config := joined_config(Paths(root)))}
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
@@ -219,7 +225,10 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 
 
 def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
-                   server: str, env: dict[str, str], role: str = "node") -> None:
+                   server: str, env: dict[str, str], role: str = "node",
+                   on_joined: Callable[[Path], None] | None = None) -> None:
+    """Join a machine at each root (all at once) with one new join token; `on_joined` is
+    called with each root as soon as its own join is done."""
     minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
                                             "maxUses": len(roots), "role": role})
     pins = api.call("pki.show")
@@ -237,10 +246,23 @@ def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str
              "--sim-variant", variant, "--hostname", hostname],
             env=agent_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE))
-    for process in joins:
-        _out, err = process.communicate(timeout=60)
-        if process.returncode != 0:
-            raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
+    waiting = dict(zip(joins, roots, strict=True))
+    deadline = time.monotonic() + 60
+    while waiting:
+        for process, root in list(waiting.items()):
+            if process.poll() is None:
+                continue
+            _out, err = process.communicate()
+            if process.returncode != 0:
+                raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
+            del waiting[process]
+            if on_joined is not None:
+                on_joined(root)
+        if time.monotonic() > deadline:
+            for process in waiting:
+                process.kill()
+            raise CliError("a simulated agent did not join within 60s")
+        time.sleep(0.02)
 
 
 def _gateway_password(state_dir: Path) -> Path:
