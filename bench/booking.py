@@ -6,8 +6,9 @@
 Throughput (the default): reservations per second at each client count on one pool of
 `--nodes` x 8 GPUs, four ways in one run: a raw-SQL booking loop on the same table and
 EXCLUDE constraint (the ceiling), the service layer in-process, the HTTP API as `serve` runs
-it (with p99 latency and the CPU milliseconds one booking costs in the API's processes and in
-Postgres), and the HTTP API of an earlier revision (`--baseline`, default 2c24636: a git
+it (with p99 latency, the CPU milliseconds one booking costs in the API's processes and in
+Postgres, and how many cores the API, Postgres and the bench's HTTP clients kept busy
+together), and the HTTP API of an earlier revision (`--baseline`, default 2c24636: a git
 worktree of it runs its own benchmark on a database of the same size). At the end, SQL
 counts overlapping bookings of one device (there must be none).
 
@@ -204,6 +205,12 @@ def cpu_since(before: dict[int, float], pids: list[int]) -> float:
     return sum(now - before.get(pid, 0.0) for pid, now in cpu_seconds(pids).items())
 
 
+def own_cpu() -> float:
+    """This process's CPU seconds (its threads; not its children, the servers)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def postmaster_pid() -> int:
     import psutil
     from django.db import connection
@@ -267,14 +274,17 @@ def throughput(args: argparse.Namespace) -> None:
             rates = {}
             for name, work in modes.items():
                 latencies.clear()
-                cpu_before = (cpu_seconds([api.pid]), cpu_seconds([postgres]))
+                cpu_before = (cpu_seconds([api.pid]), cpu_seconds([postgres]), own_cpu())
                 began = time.monotonic()
                 rates[name] = timed_threads(clients, args.seconds, work)
                 if name == "HTTP API":
-                    booked = rates[name] * (time.monotonic() - began)
-                    api_ms = cpu_since(cpu_before[0], [api.pid]) * 1000 / booked
-                    pg_ms = cpu_since(cpu_before[1], [postgres]) * 1000 / booked
-                    http[clients] = (rates[name], p99(latencies) * 1000, api_ms, pg_ms)
+                    elapsed = time.monotonic() - began
+                    api_s = cpu_since(cpu_before[0], [api.pid])
+                    pg_s = cpu_since(cpu_before[1], [postgres])
+                    own_s = own_cpu() - cpu_before[2]  # the HTTP clients' threads
+                    booked = rates[name] * elapsed
+                    http[clients] = (rates[name], p99(latencies) * 1000, api_s * 1000 / booked,
+                                     pg_s * 1000 / booked, (api_s + pg_s + own_s) / elapsed)
             ceiling = rates["raw SQL (ceiling)"]
             for name, rate in rates.items():
                 rows.append({"clients": clients, "path": name, "per_second": f"{rate:,.1f}",
@@ -293,8 +303,9 @@ def throughput(args: argparse.Namespace) -> None:
         "baseline": f"{baseline[clients]:,.1f}" if clients in baseline else "-",
         "x_baseline": f"{rate / baseline[clients]:.2f}" if clients in baseline else "-",
         "x_1_client": f"{rate / one:.2f}", "p99_ms": f"{latency:.0f}",
-        "cpu_ms_api": f"{api_ms:.1f}", "cpu_ms_postgres": f"{pg_ms:.1f}"}
-        for clients, (rate, latency, api_ms, pg_ms) in sorted(http.items())]))
+        "cpu_ms_api": f"{api_ms:.1f}", "cpu_ms_postgres": f"{pg_ms:.1f}",
+        "cores_busy": f"{cores:.2f}"}
+        for clients, (rate, latency, api_ms, pg_ms, cores) in sorted(http.items())]))
     print(f"\noverlapping bookings of one device: {overlaps}")
 
 
