@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -31,10 +32,15 @@ def django_setup() -> None:
     call_command("migrate", verbosity=0)
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextmanager
 def bench_environment() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """A migrated database (embedded unless DATABASE_URL) and a list for server processes;
     on the way out every process is stopped, then the throw-away database."""
+    signal.signal(signal.SIGTERM, _exit_on_term)  # so the `finally` below runs on TERM
     url, server = database()
     children: list[subprocess.Popen[bytes]] = []
     try:
