@@ -111,14 +111,18 @@ def measure(server_argv: list[str], env: dict[str, str], target: str, files: lis
             stdout=subprocess.PIPE, text=True)
             for path in files]
         try:
-            counts = [0] * len(clients)
+            progress = Progress(clients)
             total = sum(len(json.loads(path.read_text())) for path in files)
-            connected = follow(clients, counts, total, label)
+            progress.wait_all(total, label)
             time.sleep(2)
+            at_start = progress.connected()
             cpu_before, started = cpu_seconds(server.pid), time.monotonic()
             time.sleep(seconds)
             cpu = cpu_seconds(server.pid) - cpu_before
             elapsed = time.monotonic() - started
+            # Counted over the window: the fewer of its start and its end (none lost means
+            # both are the same).
+            connected = min(at_start, progress.connected())
             return {"connected": connected, "cpu": cpu, "heartbeats": connected * elapsed / 10,
                     "elapsed": elapsed, "baselineKiB": baseline,
                     "peakKiB": memory_kib(server.pid, "VmHWM"),
@@ -133,26 +137,43 @@ def measure(server_argv: list[str], env: dict[str, str], target: str, files: lis
         server.wait(30)
 
 
-def follow(clients: list[subprocess.Popen[str]], counts: list[int], total: int,
-           label: str) -> int:
-    """Read the clients' `connected N` lines until every session is up (or two minutes pass
-    without progress); show progress; return how many are connected."""
-    lines: queue.Queue[tuple[int, str]] = queue.Queue()
-    for index, client in enumerate(clients):
-        threading.Thread(target=lambda i=index, c=client: [lines.put((i, line))
-                                                           for line in c.stdout],
-                         daemon=True).start()
-    last_progress, shown = time.monotonic(), 0.0
-    while sum(counts) < total and time.monotonic() - last_progress < 120:
+class Progress:
+    """The clients' `connected N` lines, read on threads: how many sessions are up."""
+
+    def __init__(self, clients: list[subprocess.Popen[str]]) -> None:
+        self.counts = [0] * len(clients)
+        self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
+        for index, client in enumerate(clients):
+            threading.Thread(target=self._read, args=(index, client), daemon=True).start()
+
+    def _read(self, index: int, client: subprocess.Popen[str]) -> None:
+        assert client.stdout is not None
+        for line in client.stdout:
+            self.lines.put((index, line))
+
+    def connected(self, wait: float = 0.0) -> int:
+        """Sessions up now, after taking in every line told so far (waiting up to `wait`
+        seconds for the next one)."""
         with contextlib.suppress(queue.Empty):
-            index, line = lines.get(timeout=1)
-            if line.startswith("connected "):
-                counts[index] = int(line.split()[1])
-                last_progress = time.monotonic()
-        if time.monotonic() - shown > 5:
-            print(f"  {label}: {sum(counts)} / {total} sessions connected", flush=True)
-            shown = time.monotonic()
-    return sum(counts)
+            while True:
+                index, line = self.lines.get(timeout=wait) if wait else self.lines.get_nowait()
+                wait = 0.0
+                if line.startswith("connected "):
+                    self.counts[index] = int(line.split()[1])
+        return sum(self.counts)
+
+    def wait_all(self, total: int, label: str) -> int:
+        """Until every session is up, or two minutes pass without progress; shows progress."""
+        last_progress, shown, before = time.monotonic(), 0.0, -1
+        while (now := self.connected(wait=1.0)) < total:
+            if now != before:
+                last_progress, before = time.monotonic(), now
+            if time.monotonic() - last_progress > 120:
+                break
+            if time.monotonic() - shown > 5:
+                print(f"  {label}: {now} / {total} sessions connected", flush=True)
+                shown = time.monotonic()
+        return now
 
 
 def main() -> None:
