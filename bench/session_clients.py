@@ -39,6 +39,7 @@ async def run(nodes: list[list[str]], target: str, plain: bool, ramp: float) -> 
                                 cert.encode(), ca.encode()),
         target=target, inventory=SimulatedInventory(f"bench-{n}"), run_command=no_commands)
         for n, (key, cert, ca) in enumerate(nodes)]
+
     async def keep(session: AgentSession) -> None:
         """Run the session; when it fails or ends, connect again after a random pause (as
         the agent does), so a gateway busy with a reconnecting fleet is not given up on."""
@@ -62,6 +63,7 @@ async def run(nodes: list[list[str]], target: str, plain: bool, ramp: float) -> 
         tasks.append(asyncio.create_task(keep(session)))
         await asyncio.sleep(ramp)  # a gentle ramp, like a fleet coming back
     await teller
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
