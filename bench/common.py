@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from compute import pg
@@ -30,6 +31,12 @@ def django_setup() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of one process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _exit_on_term(signum: int, frame: object) -> None:

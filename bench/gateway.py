@@ -28,14 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import bench_environment, table
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+from bench.common import bench_environment, process_cpu_seconds, table
 
 
 def memory_kib(pid: int, key: str) -> int:
@@ -116,9 +109,9 @@ def measure(server_argv: list[str], env: dict[str, str], target: str, files: lis
             progress.wait_all(total, label)
             time.sleep(2)
             at_start = progress.connected()
-            cpu_before, started = cpu_seconds(server.pid), time.monotonic()
+            cpu_before, started = process_cpu_seconds(server.pid), time.monotonic()
             time.sleep(seconds)
-            cpu = cpu_seconds(server.pid) - cpu_before
+            cpu = process_cpu_seconds(server.pid) - cpu_before
             elapsed = time.monotonic() - started
             # Counted over the window: the fewer of its start and its end (none lost means
             # both are the same).

@@ -16,12 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+from bench.common import process_cpu_seconds
 
 
 def children_of(root_pid: int) -> dict[int, str]:
@@ -52,9 +47,9 @@ def main() -> None:
                 break
         time.sleep(5)  # let start-up work settle
         processes = children_of(dev.pid)
-        before = {pid: cpu_seconds(pid) for pid in processes}
+        before = {pid: process_cpu_seconds(pid) for pid in processes}
         time.sleep(args.seconds)
-        used = {pid: cpu_seconds(pid) - before[pid] for pid in processes
+        used = {pid: process_cpu_seconds(pid) - before[pid] for pid in processes
                 if Path(f"/proc/{pid}").exists()}
         per_minute = 60 / args.seconds
         workers = [used[pid] * per_minute for pid, argv in processes.items()
