@@ -165,5 +165,6 @@ def main() -> None:
          "baseline": f"system.whoami p50 {p(calls, 50) * 1000:.1f} ms",
          "x_baseline": f"{p(latencies, 50) / p(calls, 50):.1f}"}]))
 
+
 if __name__ == "__main__":
     main()

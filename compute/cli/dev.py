@@ -226,9 +226,11 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 
 def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
                    server: str, env: dict[str, str], role: str = "node",
-                   on_joined: Callable[[Path], None] | None = None) -> None:
+                   on_joined: Callable[[Path], None] | None = None,
+                   timeout: float = 60.0) -> None:
     """Join a machine at each root (all at once) with one new join token; `on_joined` is
-    called with each root as soon as its own join is done."""
+    called with each root as soon as its own join is done. A join that fails, or does not
+    end within `timeout` seconds, stops the others."""
     minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
                                             "maxUses": len(roots), "role": role})
     pins = api.call("pki.show")
@@ -247,22 +249,25 @@ def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str
             env=agent_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE))
     waiting = dict(zip(joins, roots, strict=True))
-    deadline = time.monotonic() + 60
-    while waiting:
-        for process, root in list(waiting.items()):
-            if process.poll() is None:
-                continue
-            _out, err = process.communicate()
-            if process.returncode != 0:
-                raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
-            del waiting[process]
-            if on_joined is not None:
-                on_joined(root)
-        if time.monotonic() > deadline:
-            for process in waiting:
-                process.kill()
-            raise CliError("a simulated agent did not join within 60s")
-        time.sleep(0.02)
+    deadline = time.monotonic() + timeout
+    try:
+        while waiting:
+            for process, root in list(waiting.items()):
+                if process.poll() is None:
+                    continue
+                del waiting[process]
+                _out, err = process.communicate()
+                if process.returncode != 0:
+                    raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
+                if on_joined is not None:
+                    on_joined(root)
+            if waiting and time.monotonic() > deadline:
+                raise CliError(f"a simulated agent did not join within {timeout:.0f}s")
+            time.sleep(0.02)
+    finally:
+        for process in waiting:  # the others, when one failed or time ran out
+            process.kill()
+            process.wait()
 
 
 def _gateway_password(state_dir: Path) -> Path:

@@ -1,0 +1,56 @@
+"""`dev` joins its simulated machines all at once: one that does not end in time stops the
+others, and none is left running."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import psutil
+import pytest
+
+from compute.cli.client import CliError
+from compute.cli.dev import join_simulated
+
+
+class Minting:
+    """The two calls a join needs from the API: a join token and the pins."""
+
+    def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, str]:
+        if method == "joinTokens.create":
+            return {"token": "bcjt_never-checked"}
+        return {"servingCaSpkiPin": "sha256/AAAA", "joinSigningKeyPin": "sha256/AAAA",
+                "joinEncryptionKeyPin": "sha256/AAAA"}
+
+
+def joins_running() -> list[psutil.Process]:
+    return [child for child in psutil.Process().children(recursive=True)
+            if "join" in child.cmdline()]
+
+
+def test_joins_that_hang_are_stopped_at_the_deadline_and_none_is_left(tmp_path):
+    silent = socket.socket()  # accepts connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    server = f"http://127.0.0.1:{silent.getsockname()[1]}/api/compute"
+    joined: list[Any] = []
+    try:
+        with pytest.raises(CliError, match="did not join within 3s"):
+            join_simulated(Minting(), [tmp_path / "node-01", tmp_path / "node-02"],  # type: ignore[arg-type]
+                           variant="gpu", pool_id="pool_x", server=server, env={},
+                           on_joined=joined.append, timeout=3)
+    finally:
+        silent.close()
+    assert joined == []
+    assert joins_running() == []
+
+
+def test_a_join_that_fails_says_why(tmp_path):
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(CliError, match="could not join"):
+        join_simulated(Minting(), [tmp_path / "node-01"],  # type: ignore[arg-type]
+                       variant="gpu", pool_id="pool_x",
+                       server=f"http://127.0.0.1:{port}/api/compute", env={}, timeout=30)
+    assert joins_running() == []
