@@ -179,12 +179,14 @@ def main() -> None:
     parser.add_argument("--no-floor", action="store_true",
                         help="measure only the gateway, not the bare gRPC servers")
     args = parser.parse_args()
-    with bench_environment() as (url, _children):
+    # The nodes' keys and the gateway's credentials live in a 0700 folder, gone at the end.
+    with bench_environment() as (url, _children), \
+            tempfile.TemporaryDirectory(prefix="bc-gw-") as temporary:
         print(f"creating {args.sessions} nodes with certificates …", flush=True)
         nodes = make_nodes(args.sessions)
         from django.core.management import call_command
 
-        folder = Path(tempfile.mkdtemp(prefix="bc-gw-"))
+        folder = Path(temporary)
         call_command("bc_gateway_credentials", out=folder / "certs", host=["127.0.0.1"],
                      stdout=open(os.devnull, "w"))  # noqa: SIM115
         files = node_files(nodes, args.clients, folder)
