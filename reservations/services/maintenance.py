@@ -54,19 +54,23 @@ def maintenance_create(*, tenant: Tenant, actor: Principal, node_id: str, durati
                        move: bool = False) -> tuple[MaintenanceWindow, dict[str, str]]:
     """Schedule a window (from `start` or `startIn`, or now); returns it and the
     reservations moved (id -> the node each went to)."""
-    node = access_node_by_id(tenant=tenant, node_id=node_id, lock=True)
+    node = access_node_by_id(tenant=tenant, node_id=node_id)
     now = database_now()
     during = window(later_start(now, start, start_in_ms) or now, duration_ms)
+    # The ledger's lock order: the reservations in the way, then the node (a release takes
+    # them in that order too). A booking that lands in between is refused by the window's
+    # own bookings below.
+    in_the_way = Allocation.objects.filter(node=node, ended_at__isnull=True,
+                                           bookings__during__overlap=during)
+    overlapping = list(Reservation.objects.select_for_update(of=("self",))
+                       .filter(pk__in=in_the_way.values("reservation_id")).order_by("id"))
+    node = Node.objects.select_for_update().get(pk=node.pk)
     sandboxes = list(Sandbox.objects.filter(node=node, ended_at__isnull=True)
                      .values_list("id", flat=True)[:20])
     if sandboxes and during.lower <= now:  # a later window leaves them time to be released
         raise CapacityConflict(f"node {node.id} runs sandbox(es) {', '.join(sandboxes)}: "
                                "release them first (sandboxes are never moved)",
                                sandboxes=sandboxes)
-    in_the_way = Allocation.objects.filter(node=node, ended_at__isnull=True,
-                                           bookings__during__overlap=during)
-    overlapping = list(Reservation.objects.select_for_update(of=("self",))
-                       .filter(pk__in=in_the_way.values("reservation_id")).order_by("id"))
     started = [r.id for r in overlapping
                if r.state != ReservationState.PLACED or r.during.lower <= now]
     if started:
