@@ -90,6 +90,12 @@ def choose(candidates: Sequence[Candidate], request: Request) -> Choice | None:
     return best
 
 
+def ranked(candidates: Sequence[Candidate], request: Request) -> list[Choice]:
+    """Every node's best choice for `request`, the best first (`choose` gives the first)."""
+    choices = (choose_on_node(candidate, request) for candidate in candidates)
+    return sorted((c for c in choices if c is not None), key=lambda c: c.score)
+
+
 def choose_on_node(candidate: Candidate, request: Request) -> Choice | None:
     count = request.count
     vcpus = count * candidate.vcpus_per_gpu

@@ -53,6 +53,7 @@ from reservations.limits import (
     check_request,
     offering_limits,
 )
+from reservations.placement import Candidate, Choice, Request, ranked
 from reservations.quotas import quota_consume
 from reservations.states import transition
 from reservations.work import RESERVATION
@@ -87,9 +88,9 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
             return None
         try:
             with transaction.atomic():
-                allocation = _book(rsv, choice.node_id, list(choice.device_ids), choice.vcpus,
-                                   choice.memory_gib, during, placed_at=now)
-        except NodeFull:
+                choice = hold_node(candidates, request)
+                allocation = _book(rsv, choice, during, placed_at=now)
+        except NodeFull:  # of the node held, or of the one waited for
             excluded.add(choice.node_id)
             continue
         except CapacityConflict:
@@ -110,6 +111,34 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
 # over its window, and the reservation marked placed. The EXCLUDE constraint referees the
 # devices, the node's CHECK constraints its host share; a refusal writes none of it.
 LOCK_NODE_SQL = "SELECT id FROM fleet_node WHERE id = %(node)s AND {schedulable} FOR UPDATE"
+# The first node of a ranked list that no other booker holds, locked, in one statement.
+LOCK_FIRST_FREE_SQL = """SELECT id FROM fleet_node WHERE id = ANY(%(nodes)s) AND {schedulable}
+ ORDER BY array_position(%(nodes)s, id) LIMIT 1 FOR UPDATE SKIP LOCKED"""
+SPREAD = 8  # next-best nodes a booker may take while other bookers hold the best
+
+
+def hold_node(candidates: list[Candidate], request: Request) -> Choice:
+    """Lock the node of the best choice among `candidates` (at least one fits), or, while
+    other bookers hold it, of the next best that no one holds (among the first SPREAD), so
+    that bookers who all prefer one node spread over the next ones instead of queueing for
+    it. When all of those are held (or no longer schedulable), wait for the best.
+
+    Raises NodeFull when the node waited for is no longer schedulable."""
+    schedulable, values = schedulable_sql()
+    choices = ranked(candidates, request)[:SPREAD]
+    with prepared_cursor() as cursor:
+        cursor.execute(LOCK_FIRST_FREE_SQL.replace("{schedulable}", schedulable),
+                       {**values, "nodes": [c.node_id for c in choices]})
+        row = cursor.fetchone()
+        if row is not None:
+            return next(c for c in choices if c.node_id == row[0])
+        cursor.execute(LOCK_NODE_SQL.replace("{schedulable}", schedulable),
+                       {**values, "node": choices[0].node_id})
+        if cursor.fetchone() is None:
+            raise NodeFull("not schedulable")
+    return choices[0]
+
+
 BOOKING = """,
 allocation AS (
   INSERT INTO reservations_allocation (id, reservation_id, node_id, vcpus, memory_gib,
@@ -132,21 +161,18 @@ NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
              NODE_MEMORY_WITHIN_SIZE: lambda: NodeFull("memory")}
 
 
-def _book(rsv: Reservation, node_id: str, device_ids: list[str], vcpus: int, memory_gib: int,
-          during: Any, *, placed_at: datetime) -> Allocation:
-    schedulable, values = schedulable_sql()
-    allocation = Allocation(reservation=rsv, node_id=node_id, vcpus=vcpus,
-                            memory_gib=memory_gib)
+def _book(rsv: Reservation, choice: Choice, during: Any, *, placed_at: datetime
+          ) -> Allocation:
+    """Write the booking on `choice`'s node, whose row the caller holds."""
+    allocation = Allocation(reservation=rsv, node_id=choice.node_id, vcpus=choice.vcpus,
+                            memory_gib=choice.memory_gib)
     with constraint_errors({**LEDGER_CONSTRAINTS, **NODE_FULL}), \
             prepared_cursor() as cursor:
-        cursor.execute(LOCK_NODE_SQL.replace("{schedulable}", schedulable),
-                       {**values, "node": node_id})
-        if cursor.fetchone() is None:
-            raise NodeFull("not schedulable")
         cursor.execute(BOOK_SQL, {
-            **counter_params(node_id, vcpus=vcpus, memory_gib=memory_gib, during=during),
+            **counter_params(choice.node_id, vcpus=choice.vcpus, memory_gib=choice.memory_gib,
+                             during=during),
             "allocation": allocation.id, "created": allocation.created_at,
-            "reservation": rsv.id, "devices": sorted(device_ids), "placed_at": placed_at})
+            "reservation": rsv.id, "devices": sorted(choice.device_ids), "placed_at": placed_at})
     allocation._state.adding = False  # written above
     return allocation
 
