@@ -8,7 +8,9 @@ django.setup(set_prefix=False)
 from compute.http.threads import ThreadPoolHandler  # noqa: E402  (after Django setup)
 
 # Threads per process that run synchronous views, each with its own database connection.
-django_app = ThreadPoolHandler(threads=int(os.environ.get("BETTER_COMPUTE_API_THREADS") or 4))
+# One by default: a second thread in a process only adds switching between them (the GIL)
+# and a Postgres backend; more processes (`serve --workers`) are the way to add room.
+django_app = ThreadPoolHandler(threads=int(os.environ.get("BETTER_COMPUTE_API_THREADS") or 1))
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django setup)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
