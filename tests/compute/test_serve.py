@@ -4,6 +4,7 @@ finish; workers whose master is killed with -9 stop instead of holding the port.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -99,6 +100,44 @@ def test_serve_runs_several_workers_that_answer(served):
     assert len(served.workers()) == 2
     answered = {served.whoami().json()["ok"] for _ in range(6)}
     assert answered == {True}
+
+
+def held_per_worker(served: Served) -> list[int]:
+    """Established connections to the API's port, per worker process."""
+    return sorted(sum(1 for c in psutil.Process(pid).net_connections("tcp")
+                      if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == served.port)
+                  for pid in served.workers())
+
+
+def connected(served: Served) -> http.client.HTTPConnection:
+    """A new connection that made one call and is kept open, as HTTP clients keep them."""
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+    conn.request("POST", "/api/compute/system/whoami", "{}",
+                 {"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"})
+    assert json.loads(conn.getresponse().read())["ok"]
+    time.sleep(0.1)  # every worker has said how many it holds
+    return conn
+
+
+def test_kept_open_connections_are_shared_out_evenly(served):
+    """Connections opened one after another land half on each worker, not wherever the
+    race for each one goes; when some end, new ones fill the worker that lost them."""
+    kept = [connected(served) for _ in range(12)]
+    try:
+        assert held_per_worker(served) == [6, 6]
+        first = next(iter(served.workers()))
+        for conn in kept[:]:  # the first worker's connections end
+            if any(c.raddr == conn.sock.getsockname() for c in
+                   psutil.Process(first).net_connections("tcp")):
+                conn.close()
+                kept.remove(conn)
+        time.sleep(0.5)
+        assert held_per_worker(served) == [0, 6]
+        kept += [connected(served) for _ in range(6)]
+        assert held_per_worker(served) == [6, 6]
+    finally:
+        for conn in kept:
+            conn.close()
 
 
 def assert_answered_across(served: Served, sent: signal.Signals) -> None:
