@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,12 +24,18 @@ def _root(args: argparse.Namespace) -> Path:
 def cmd_join(args: argparse.Namespace) -> int:
     from bcd.join.client import join
 
+    if (args.provisioner or args.deploy_listen) and not args.run:
+        print("bcd join: --provisioner and --deploy-listen are for the agent: add --run",
+              file=sys.stderr)
+        return 2
     joined = joined_config(Paths(_root(args)))
     if joined is not None:
-        print(f"already joined as {joined.node_id}")
-        return 0
+        os.environ.pop("BCD_JOIN_TOKEN", None)  # not needed: what the agent starts never sees it
+        print(f"already joined as {joined.node_id}", flush=True)
+        return cmd_node(args) if args.run else 0
     try:
         token = read_token(Path(args.token_file) if args.token_file else None)
+        os.environ.pop("BCD_JOIN_TOKEN", None)  # read: what the agent starts never sees it
         config, not_after = join(
             server=args.server, token=token, root=_root(args), sim=args.sim,
             sim_gpus=args.sim_gpus, sim_variant=args.sim_variant, hostname=args.hostname,
@@ -40,8 +47,8 @@ def cmd_join(args: argparse.Namespace) -> int:
     if args.token_file:
         Path(args.token_file).unlink(missing_ok=True)
     print(f"joined as {config.node_id} (site {config.site_id}, role {config.role}); certificate "
-          f"valid until {not_after}")
-    return 0
+          f"valid until {not_after}", flush=True)
+    return cmd_node(args) if args.run else 0
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -129,6 +136,15 @@ def cmd_sim_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--provisioner", action="store_true",
+                         help="also speak Redfish to this site's machines' BMCs (a node that "
+                              "joined with a provisioner token)")
+    command.add_argument("--deploy-listen", default=None, metavar="HOST:PORT",
+                         help="serve deploy ramdisks their instructions here (an address on "
+                              "the machines' management network)")
+
+
 def print_help(top: argparse.ArgumentParser) -> int:
     top.print_help()
     return 0
@@ -157,15 +173,15 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("--sim-variant", choices=SIM_VARIANTS, default="gpu",
                       help="gpu: 8 GPUs on one NVSwitch; gpu-2x4: two NVLink pairs of 4; mig: "
                            "GPUs 0-3 in MIG mode; cpu")
-    join.set_defaults(handler=cmd_join)
+    join.add_argument("--run", action="store_true",
+                      help="then run the agent in this process, as bcd node does (a machine "
+                           "that joined before just runs): one service joins on its first "
+                           "start")
+    _agent_options(join)
+    join.set_defaults(handler=cmd_join, config=None)
     node = sub.add_parser("node", help="run the agent")
     node.add_argument("--config", default=None)
-    node.add_argument("--provisioner", action="store_true",
-                      help="also speak Redfish to this site's machines' BMCs (a node that "
-                           "joined with a provisioner token)")
-    node.add_argument("--deploy-listen", default=None, metavar="HOST:PORT",
-                      help="serve deploy ramdisks their instructions here (an address on the "
-                           "machines' management network)")
+    _agent_options(node)
     node.set_defaults(handler=cmd_node)
     status = sub.add_parser("status", help="what the running agent says")
     status.add_argument("--json", action="store_true")

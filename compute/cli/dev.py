@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -155,6 +156,18 @@ class Stack:
             click.echo(f"{name} exited ({child.returncode}); restarting it{where}", err=True)
             self.start(argv, env, name=name)
 
+    def failure(self, name: str) -> str | None:
+        """How the newest process called `name` ended (the last line of its output), or None
+        while it runs."""
+        newest = next((c for c in reversed(self.children) if self.specs[c.pid][2] == name),
+                      None)
+        if newest is None or newest.poll() is None:
+            return None
+        log = self.log_dir / f"{name}.log" if self.log_dir else None
+        lines = log.read_text(errors="replace").strip().splitlines() if log and log.exists() \
+            else []
+        return lines[-1] if lines else f"exit status {newest.returncode}"
+
     def kill(self, name: str, *, env: dict[str, str] | None = None) -> int | None:
         """SIGKILL the running child called `name` (the next `watch` restarts it, with `env`
         when given). Returns its pid, or None when none of that name runs."""
@@ -196,18 +209,16 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 
     before = sessions()  # a node left `connected` by the last run has no session yet
 
-    def start(root: Path) -> None:
-        stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
-                    name=f"sim-{root.name}")
-
     newcomers = [root for root in roots if joined_config(Paths(root)) is None]
     for root in roots:
         if root not in newcomers:
-            start(root)
-    if newcomers:  # each starts as soon as its own join is done
-        join_simulated(api, newcomers, variant=variant, pool_id=pool_id, server=server,
-                       env=env, on_joined=start)
+            stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                        {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                        name=f"sim-{root.name}")
+    if newcomers:  # each joins, then runs, in one process
+        start_joining(stack, api, newcomers, variant=variant, pool_id=pool_id,
+                      server=server, env=env)
+        until_joined(stack, newcomers)
     after_join()
     ours = {config.node_id for root in roots if (config := joined_config(Paths(root)))}
     deadline = time.monotonic() + READY_TIMEOUT
@@ -224,6 +235,55 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
                    f"{READY_TIMEOUT:.0f}s")
 
 
+def join_argvs(api: Client, roots: list[Path], *, variant: str, pool_id: str, server: str,
+               env: dict[str, str], role: str = "node") -> tuple[dict[str, str], list[list[str]]]:
+    """One new join token for `roots`, in the environment the joins run with, and the
+    `bcd join` command line of a simulated machine at each root."""
+    minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
+                                            "maxUses": len(roots), "role": role})
+    pins = api.call("pki.show")
+    argv = []
+    for root in roots:
+        root.mkdir(parents=True, exist_ok=True)
+        hostname = (role if role != "node" else
+                    f"{'cpu' if variant == 'cpu' else 'gpu'}-{root.name.removeprefix('node-')}")
+        argv.append([sys.executable, "-m", "bcd", "--root", str(root), "join", "--server",
+                     server, "--serving-ca-pin", pins["servingCaSpkiPin"],
+                     "--join-signing-pin", pins["joinSigningKeyPin"],
+                     "--join-encryption-pin", pins["joinEncryptionKeyPin"], "--sim",
+                     "--sim-variant", variant, "--hostname", hostname])
+    return {**env, "BCD_JOIN_TOKEN": minted["token"]}, argv
+
+
+def start_joining(stack: Stack, api: Client, roots: list[Path], *, variant: str,
+                  pool_id: str, server: str, env: dict[str, str], role: str = "node",
+                  options: tuple[str, ...] = ()) -> None:
+    """Start a simulated machine at each root that joins and then runs its agent in the same
+    process (`bcd join --run`), supervised by `stack` as `sim-<root>` (the provisioner's
+    as `provisioner`); a restart finds it joined and just runs."""
+    agent_env, argv = join_argvs(api, roots, variant=variant, pool_id=pool_id,
+                                 server=server, env=env, role=role)
+    for root, command in zip(roots, argv, strict=True):
+        stack.start([*command, "--run", *options], agent_env,
+                    name=f"sim-{root.name}" if role == "node" else role)
+
+
+def until_joined(stack: Stack, roots: list[Path], role: str = "node",
+                 timeout: float = 60.0) -> None:
+    """Until each machine started by `start_joining` has joined; a join that fails says why."""
+    deadline = time.monotonic() + timeout
+    waiting = list(roots)
+    while waiting:
+        waiting = [root for root in waiting if joined_config(Paths(root)) is None]
+        for root in waiting:
+            failure = stack.failure(f"sim-{root.name}" if role == "node" else role)
+            if failure is not None:
+                raise CliError(f"a simulated agent could not join: {failure}")
+        if waiting and time.monotonic() > deadline:
+            raise CliError(f"a simulated agent did not join within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
                    server: str, env: dict[str, str], role: str = "node",
                    on_joined: Callable[[Path], None] | None = None,
@@ -231,23 +291,11 @@ def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str
     """Join a machine at each root (all at once) with one new join token; `on_joined` is
     called with each root as soon as its own join is done. A join that fails, or does not
     end within `timeout` seconds, stops the others."""
-    minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
-                                            "maxUses": len(roots), "role": role})
-    pins = api.call("pki.show")
-    agent_env = {**env, "BCD_JOIN_TOKEN": minted["token"]}
-    joins = []
-    for root in roots:
-        root.mkdir(parents=True, exist_ok=True)
-        hostname = (role if role != "node" else
-                    f"{'cpu' if variant == 'cpu' else 'gpu'}-{root.name.removeprefix('node-')}")
-        joins.append(subprocess.Popen(
-            [sys.executable, "-m", "bcd", "--root", str(root), "join", "--server", server,
-             "--serving-ca-pin", pins["servingCaSpkiPin"],
-             "--join-signing-pin", pins["joinSigningKeyPin"],
-             "--join-encryption-pin", pins["joinEncryptionKeyPin"], "--sim",
-             "--sim-variant", variant, "--hostname", hostname],
-            env=agent_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE))
+    agent_env, argv = join_argvs(api, roots, variant=variant, pool_id=pool_id,
+                                 server=server, env=env, role=role)
+    joins = [subprocess.Popen(command, env=agent_env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for command in argv]
     waiting = dict(zip(joins, roots, strict=True))
     deadline = time.monotonic() + timeout
     try:
@@ -300,17 +348,25 @@ def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
     instructions on `deploy_listen`. It joins once and keeps its identity. Returns its node
     id and its session epoch before this start."""
     root = state_dir / "provisioner"
-    if joined_config(Paths(root)) is None:
-        join_simulated(api, [root], variant="cpu", pool_id=pool_id, server=server, env=env,
-                       role="provisioner")
+    options = ("--provisioner", "--deploy-listen", deploy_listen)
+    if joined_config(Paths(root)) is None:  # it joins, then runs, in one process
+        start_joining(stack, api, [root], variant="cpu", pool_id=pool_id, server=server,
+                      env=env, role="provisioner", options=options)
+        until_joined(stack, [root], role="provisioner")
+        before = 0
+    else:
+        before = api.call("nodes.get", {"nodeId": _node_id(root)})["sessionEpoch"]
+        stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", *options],
+                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                    name="provisioner")
+    return _node_id(root), before
+
+
+def _node_id(root: Path) -> str:
     config = joined_config(Paths(root))
     if config is None:
-        raise CliError(f"the provisioner did not join: {root} holds no config")
-    before = api.call("nodes.get", {"nodeId": config.node_id})["sessionEpoch"]
-    stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", "--provisioner",
-                 "--deploy-listen", deploy_listen],
-                {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"}, name="provisioner")
-    return config.node_id, before
+        raise CliError(f"the machine at {root} has not joined: it holds no config")
+    return config.node_id
 
 
 def _provisioner_wait(stack: Stack, api: Client, node_id: str, before: int) -> None:
@@ -395,13 +451,25 @@ def _save_migrated_copy(server: pg.EmbeddedPostgres) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def start_more_workers(stack: Stack, env: dict[str, str]) -> None:
+    """The second queue worker and the django-q2 cluster (its jobs are periodic)."""
+    stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env, name="worker-2")
+    stack.start([sys.executable, "-m", "django", "qcluster"],
+                {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, name="qcluster")
+    click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
+               "liveness) and the django-q2 cluster (audit positions each minute, checkpoints "
+               "each hour)")
+
+
 def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str, port: int,
                         state_dir: Path, sim_variant: str = "gpu", seeded: bool = False,
-                        env_extra: dict[str, str] | None = None) -> ControlPlane:
+                        env_extra: dict[str, str] | None = None,
+                        later_workers: bool = False) -> ControlPlane:
     """Migrate (unless the server was `seeded` from a migrated copy), bootstrap the root
     tenant, its admin token, a site and a pool, and start the API (as `serve` runs it), the
-    gateway, two queue workers and the django-q2 cluster as children of `stack`.
-    `env_extra` goes to every one of them."""
+    gateway, two queue workers and the django-q2 cluster as children of `stack` (with
+    `later_workers`, one queue worker: the caller starts the rest with `start_more_workers`
+    once nothing waits on the machine's cores). `env_extra` goes to every one of them."""
     stack.log_dir = state_dir / "logs"
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     gateway_port, join_port = _gateway_ports(state_dir, host)
@@ -443,14 +511,9 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
          "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
          "--cert-dir", str(state_dir / "gateway")], gateway_env, name="gateway")
     _wait_for_port(host, join_port, gateway, "gateway")
-    for n in (1, 2):
-        stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env,
-                    name=f"worker-{n}")
-    stack.start([sys.executable, "-m", "django", "qcluster"],
-                {**env, "BETTER_COMPUTE_Q_WORKERS": "1"}, name="qcluster")
-    click.echo("Workers running: 2 queue workers (256 shards: reservations, pools, node "
-               "liveness) and the django-q2 cluster (audit positions each minute, checkpoints "
-               "each hour)")
+    stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env, name="worker-1")
+    if not later_workers:
+        start_more_workers(stack, env)
     api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
     return ControlPlane(env=env, ids=ids, url=url, api=api, gateway_port=gateway_port,
                         join_port=join_port, downloads=downloads)
@@ -482,8 +545,10 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     try:
         click.echo(f"embedded Postgres runs in {server.data_dir}", err=True)
         state_dir = state_dir or pg.state_root() / "dev"
+        if memory:  # a new database: machines that joined an earlier one are unknown to it
+            forget_machines(state_dir)
         plane = start_control_plane(stack, server, host=host, port=port, state_dir=state_dir,
-                                    sim_variant=sim_variant, seeded=seeded)
+                                    sim_variant=sim_variant, seeded=seeded, later_workers=True)
         env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
         gateway_port, join_port = plane.gateway_port, plane.join_port
         downloads, artifacts = plane.downloads, served_artifacts(plane.downloads)
@@ -508,6 +573,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         else:
             start_provisioner()
         _provisioner_wait(stack, api, *started[0])
+        start_more_workers(stack, env)  # what nothing above waited for
         guest = guest_built.result()
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": api.config.token,
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],
@@ -530,6 +596,9 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo("to join one more simulated machine to a pool ($POOL) with a join token:")
         click.echo(JOIN_ONE_MORE)
         click.echo("Ctrl-C stops everything.")
+        if memory and "DATABASE_URL" not in os.environ:  # for the next run to start from
+            threading.Thread(target=pg.make_spare, args=(pg.migrated_copy(),),
+                             daemon=True).start()
         _wait_for_signal(stack)
     finally:
         stack.stop()
@@ -540,6 +609,13 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         if started_here:
             server.stop()
         click.echo("stopped", err=True)
+
+
+def forget_machines(state_dir: Path) -> None:
+    """Drop the identities of the simulated machines and the provisioner (their VMs off)."""
+    power_off_simulated_vms(state_dir)
+    for folder in ("sim", "provisioner"):
+        shutil.rmtree(state_dir / folder, ignore_errors=True)
 
 
 def power_off_simulated_vms(state_dir: Path) -> None:

@@ -54,3 +54,22 @@ def test_a_join_that_fails_says_why(tmp_path):
                        variant="gpu", pool_id="pool_x",
                        server=f"http://127.0.0.1:{port}/api/compute", env={}, timeout=30)
     assert joins_running() == []
+
+
+def test_a_machine_that_joins_and_runs_in_one_process_says_why_its_join_failed(tmp_path):
+    from compute.cli.dev import Stack, start_joining, until_joined
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    stack = Stack(log_dir=tmp_path / "logs", restart_delay=60)
+    try:
+        start_joining(stack, Minting(), [tmp_path / "node-01"],  # type: ignore[arg-type]
+                      variant="gpu", pool_id="pool_x",
+                      server=f"http://127.0.0.1:{port}/api/compute", env={})
+        with pytest.raises(CliError, match=r"could not join: bcd join: .*"):
+            until_joined(stack, [tmp_path / "node-01"], timeout=30)
+    finally:
+        stack.stop()
+    assert "--run" in stack.specs[stack.children[0].pid][0]
+    assert joins_running() == []

@@ -10,6 +10,7 @@ import threading
 
 from bcd.config import Config, Paths
 from tests.e2e.conftest import Stack, free_port, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 
 def hang_up_on_everyone(listener: socket.socket) -> None:
@@ -69,3 +70,30 @@ def test_a_restart_on_kept_state_reconnects_the_same_machines(tmp_path):
             assert "moving from" in (tmp_path / "state" / "logs" / "sim-node-01.log").read_text()
         finally:
             assert stop_stack(moved) == 0
+
+
+def test_memory_runs_again_on_the_same_state_with_new_machines_and_a_spare_cluster(tmp_path):
+    """A new throw-away database knows none of the machines the last `--memory` run joined:
+    they join again as new ones. The run left a spare copy of the migrated cluster, which
+    the next one takes instead of copying."""
+    from compute import pg
+
+    home = {"BETTER_COMPUTE_HOME": str(tmp_path / "home")}
+    first = start_stack(tmp_path, "--sim", "1", env_extra=home)
+    try:
+        [node] = nodes(first)
+        [copy] = [d for d in (tmp_path / "home" / "migrated").iterdir() if "." not in d.name]
+        assert wait_until(lambda: pg.spare_of(copy).exists(), 60)  # made once it was ready
+    finally:
+        assert stop_stack(first) == 0
+    spare = pg.spare_of(copy).stat().st_ino
+    again = start_stack(tmp_path, "--sim", "1", env_extra=home)
+    try:
+        running = [d.stat().st_ino for d in (tmp_path / "home" / "tmp").glob("pg-*")]
+        assert running == [spare]  # the spare itself, renamed into place
+        [new] = nodes(again)
+        assert new["id"] != node["id"]
+        assert (new["connectivity"], new["provisionState"]) == ("connected", "adopted")
+        assert wait_until(lambda: pg.spare_of(copy).exists(), 60)  # taken, then made again
+    finally:
+        assert stop_stack(again) == 0
