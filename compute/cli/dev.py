@@ -536,6 +536,7 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir: Path | None) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
+    signal.signal(signal.SIGTERM, _interrupted)  # TERM while starting: stop what started
     click.echo("starting embedded Postgres …", err=True)
     stack = Stack(restart_delay=float(os.environ.get("BETTER_COMPUTE_DEV_RESTART_SECONDS", "1")))
     env_file: Path | None = None
@@ -595,10 +596,10 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo(f"  . {env_file}")
         click.echo("to join one more simulated machine to a pool ($POOL) with a join token:")
         click.echo(JOIN_ONE_MORE)
-        click.echo("Ctrl-C stops everything.")
         if memory and "DATABASE_URL" not in os.environ:  # for the next run to start from
             threading.Thread(target=pg.make_spare, args=(pg.migrated_copy(),),
                              daemon=True).start()
+        click.echo("Ctrl-C stops everything.")
         _wait_for_signal(stack)
     finally:
         stack.stop()
@@ -624,6 +625,10 @@ def power_off_simulated_vms(state_dir: Path) -> None:
     for pidfile in (state_dir / "sim").glob("*/var/lib/bcd/vms/*/qemu.pid"):
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_for_signal(stack: Stack) -> None:

@@ -97,3 +97,44 @@ def test_memory_runs_again_on_the_same_state_with_new_machines_and_a_spare_clust
         assert wait_until(lambda: pg.spare_of(copy).exists(), 60)  # taken, then made again
     finally:
         assert stop_stack(again) == 0
+
+
+def test_term_while_starting_stops_what_had_started(tmp_path):
+    """A TERM before the stack is ready (a service manager giving up, a script) stops the
+    processes already started and the database, as Ctrl-C does: none is left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BETTER_COMPUTE",
+                                                                     "DATABASE_URL"))}
+    env["BETTER_COMPUTE_HOME"] = str(tmp_path / "home")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "compute.cli.main", "dev", "--memory", "--sim", "1", "--port",
+         str(port), "--state-dir", str(tmp_path / "state")], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+    def ours() -> list[psutil.Process]:
+        found = []
+        for other in psutil.process_iter(["cmdline"]):
+            line = " ".join(other.info["cmdline"] or [])
+            if other.pid != process.pid and (str(tmp_path) in line or f":{port}" in line):
+                found.append(other)
+        return found
+
+    try:
+        for line in process.stdout:
+            if "embedded Postgres runs" in line:
+                break
+        assert wait_until(lambda: len(ours()) >= 2, 30)  # the database, the API
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        assert wait_until(lambda: not ours(), 30), [p.info["cmdline"] for p in ours()]
+    finally:
+        process.kill()
+        for other in ours():
+            other.kill()
