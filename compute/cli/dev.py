@@ -132,8 +132,11 @@ class Stack:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = (self.log_dir / f"{name}.log").open("ab")
+        # A group of its own: stopping it stops what it started too (the django-q2 cluster's
+        # processes outlived it when it was stopped while starting them).
         child = subprocess.Popen(argv, env={**env, "BETTER_COMPUTE_PROCESS": name},
-                                 stdout=output, stderr=subprocess.STDOUT)
+                                 stdout=output, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
         if self.log_dir is not None:
             output.close()  # the child has its own descriptor
         self.children.append(child)
@@ -191,6 +194,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+            with contextlib.suppress(OSError):  # whatever of its group is still there
+                os.killpg(child.pid, signal.SIGKILL)
 
 
 def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: str,

@@ -124,7 +124,8 @@ def provisioner_pid(stack) -> int | None:
                              check=True).stdout
     root = stack.state_dir / "provisioner"
     for line in listing.splitlines():
-        if f"--root {root} node --provisioner" in line:
+        # `bcd node --provisioner`, or `bcd join --run --provisioner` (its first start)
+        if f"--root {root} " in line and "-m bcd" in line and "--provisioner" in line:
             return int(line.split()[0])
     return None
 

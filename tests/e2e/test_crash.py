@@ -38,7 +38,9 @@ def agent_pid(root) -> int | None:
     listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
                              check=True).stdout
     for line in listing.splitlines():
-        if f"--root {root} node" in line and "-m bcd" in line:
+        # `bcd node`, or `bcd join --run` (dev's machines join and run in one process)
+        if "-m bcd" in line and (f"--root {root} node" in line or
+                                 (f"--root {root} join" in line and "--run" in line)):
             return int(line.split()[0])
     return None
 
