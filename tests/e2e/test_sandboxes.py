@@ -69,7 +69,9 @@ def agent_pid(stack: Stack, node_id: str) -> int:
                     cmdline = (proc / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if b"bcd" in cmdline and root.encode() in cmdline and b"node" in cmdline:
+                # `bcd node`, or `bcd join --run` (dev's machines join and run in one go)
+                agent = b"node" in cmdline or (b"join" in cmdline and b"--run" in cmdline)
+                if b"bcd" in cmdline and root.encode() in cmdline and agent:
                     return int(proc.name)
     raise AssertionError(f"no agent runs for {node_id}")
 
