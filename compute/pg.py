@@ -12,6 +12,7 @@ call it before settings load.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -198,8 +199,9 @@ def make_spare(seed: Path) -> None:
     """Copy the stopped cluster `seed` for the next start to take by renaming it (copying
     takes most of a second at start otherwise); copies a crash left half made go."""
     for stale in seed.parent.glob(f"{seed.name}.spare-*"):
-        if time.time() - stale.stat().st_mtime > 600:
-            shutil.rmtree(stale, ignore_errors=True)
+        with contextlib.suppress(OSError):  # renamed or removed by another run meanwhile
+            if time.time() - stale.stat().st_mtime > 600:
+                shutil.rmtree(stale, ignore_errors=True)
     spare = spare_of(seed)
     if spare.exists() or not seed.exists():
         return

@@ -202,9 +202,9 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
               server: str, state_dir: Path, env: dict[str, str],
               after_join: Callable[[], None]) -> None:
     """Start `count` bcd agents (those that joined in an earlier run keep their identity; the
-    others join through the gateway; each starts once its own join is done) and wait until
-    each is adopted with a live session. `after_join` runs once they all joined (so they are
-    listed before what it joins)."""
+    others join through the gateway and run, each in one process) and wait until each is
+    adopted with a live session. `after_join` runs once they all joined (so they are listed
+    before what it joins)."""
     roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
 
     def sessions() -> dict[str, tuple[int, str, str]]:
@@ -291,29 +291,25 @@ def until_joined(stack: Stack, roots: list[Path], role: str = "node",
 
 def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str,
                    server: str, env: dict[str, str], role: str = "node",
-                   on_joined: Callable[[Path], None] | None = None,
                    timeout: float = 60.0) -> None:
-    """Join a machine at each root (all at once) with one new join token; `on_joined` is
-    called with each root as soon as its own join is done. A join that fails, or does not
-    end within `timeout` seconds, stops the others."""
+    """Join a machine at each root (all at once) with one new join token, without running
+    it. A join that fails, or does not end within `timeout` seconds, stops the others."""
     agent_env, argv = join_argvs(api, roots, variant=variant, pool_id=pool_id,
                                  server=server, env=env, role=role)
     joins = [subprocess.Popen(command, env=agent_env, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for command in argv]
-    waiting = dict(zip(joins, roots, strict=True))
+    waiting = list(joins)
     deadline = time.monotonic() + timeout
     try:
         while waiting:
-            for process, root in list(waiting.items()):
+            for process in list(waiting):
                 if process.poll() is None:
                     continue
-                del waiting[process]
+                waiting.remove(process)
                 _out, err = process.communicate()
                 if process.returncode != 0:
                     raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
-                if on_joined is not None:
-                    on_joined(root)
             if waiting and time.monotonic() > deadline:
                 raise CliError(f"a simulated agent did not join within {timeout:.0f}s")
             time.sleep(0.02)
