@@ -100,14 +100,17 @@ def placement_request(rsv: Reservation) -> Request:
 
 # The nodes worth scoring for `count` GPUs over a window: the fullest nodes with bookings in
 # the window that still have `count` GPUs (best fit first), and the first nodes with none.
-# Both come from one read of the bookings in the window (by index), so the work follows the
-# bookings in the window, not the size of the pool or of the ledger.
+# Both come from one read of the pool's bookings in the window (by the index on time), which
+# also gives the shortlisted nodes' bookings in the window: the work follows the bookings in
+# the window, not the size of the pool or of the ledger, and a node with none costs nothing.
 SHORTLIST_CTE = """
+in_window AS MATERIALIZED (  -- the pool's bookings in the window, with their nodes
+  SELECT d.node_id, b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
+    FROM reservations_booking b JOIN fleet_device d ON d.id = b.device_id
+    JOIN fleet_node n ON n.id = d.node_id
+   WHERE b.during && %(during)s AND n.pool_id = %(pool)s),
 touched AS MATERIALIZED (  -- the pool's nodes with bookings in the window: devices booked
-  SELECT d.node_id, count(DISTINCT b.device_id) AS booked FROM reservations_booking b
-    JOIN fleet_device d ON d.id = b.device_id JOIN fleet_node n ON n.id = d.node_id
-   WHERE b.during && %(during)s AND n.pool_id = %(pool)s
-   GROUP BY d.node_id),"""
+  SELECT node_id, count(DISTINCT device_id) AS booked FROM in_window GROUP BY node_id),"""
 SHORTLIST_SQL = """
     AND fleet_node.id IN (
       (SELECT t.node_id FROM touched t
@@ -117,9 +120,12 @@ SHORTLIST_SQL = """
         ORDER BY t.booked DESC, t.node_id LIMIT %(shortlist)s)
       UNION ALL
       (SELECT fleet_node.id FROM fleet_node
-        WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
+        WHERE fleet_node.pool_id BETWEEN %(pool)s AND %(pool)s AND {schedulable}
           AND fleet_node.id NOT IN (SELECT node_id FROM touched)
-        ORDER BY fleet_node.id LIMIT %(shortlist)s))"""
+        ORDER BY fleet_node.pool_id, fleet_node.id LIMIT %(shortlist)s))"""
+# (The pool as a range of one, not `=`: then only the index on (pool, id) gives this order,
+# and a statement planned once for every pool reads the first entries of the pool's own
+# run of it. With `=`, Postgres could read every node in id order until the pool's first.)
 
 # A booking `b` in the way of `device` over `during`: a booking of the device itself, and
 # for a whole GPU any booking of its parts, for a part any booking of its whole GPU (the two
@@ -139,9 +145,7 @@ WITH {touched} nodes AS MATERIALIZED (
    WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
      AND fleet_node.id <> ALL(%(excluded)s) {shortlist}),
 meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
-  SELECT b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
-    FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
-    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s),
+  {meeting}),
 blocked AS MATERIALIZED (  -- the nodes' devices with a booking in their way in the window
   SELECT DISTINCT fleet_device.id FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
     JOIN meeting b ON {in_the_way}),
@@ -178,6 +182,15 @@ SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
     "{in_the_way}", IN_THE_WAY.format(device="fleet_device", during="%(during)s"))
 
 
+# The nodes' bookings in the window: each device's, through the booking index; on a shortlist,
+# those of the pool's bookings in the window already read.
+DEVICES_MEETING = """SELECT b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
+    FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
+    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s"""
+SHORTLIST_MEETING = """SELECT allocation_id, during, device_id, gpu_id, whole FROM in_window
+   WHERE node_id IN (SELECT id FROM nodes)"""
+
+
 def where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any]]:
     """A filter as SQL over the model's own table name, its values as named parameters
     `<prefix><n>` (so they mix with the query's own)."""
@@ -189,23 +202,31 @@ def where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any
 
 
 @functools.cache
-def schedulable_sql() -> tuple[str, dict[str, Any]]:
-    """fleet.models.SCHEDULABLE as SQL over `fleet_node`, and its values; built once."""
-    return where_sql(Node, SCHEDULABLE, "schedulable")
+def schedulable_sql() -> str:
+    """fleet.models.SCHEDULABLE as SQL over `fleet_node`, its constants written in (quoted by
+    the driver), built once. Written in, not passed as parameters, so that a prepared
+    statement's one plan knows them: as parameters, Postgres guessed that a pool held about
+    one schedulable node and planned a 10,000-node pool's shortlist as a sort of it."""
+    query = Node.objects.filter(SCHEDULABLE).query
+    sql, values = query.where.as_sql(query.get_compiler(connection=connection), connection)
+    ops: Any = connection.ops  # compose_sql is the PostgreSQL backend's own
+    return str(ops.compose_sql(sql, values)).replace("%", "%%")
 
 
 ONLY_SQL = "AND fleet_node.id = ANY(%(only)s)"
 
 
 @functools.cache
-def _candidates_sql(nodes: str) -> tuple[str, dict[str, Any]]:
-    """The query with the schedulable filter written in, and that filter's values; `nodes`
-    is "all", "shortlist" or "only" (the nodes named)."""
-    schedulable, values = schedulable_sql()
+def _candidates_sql(nodes: str) -> str:
+    """The query with the schedulable filter written in; `nodes` is "all", "shortlist" or
+    "only" (the nodes named)."""
+    schedulable = schedulable_sql()
     among = {"all": "", "only": ONLY_SQL,
              "shortlist": SHORTLIST_SQL.replace("{schedulable}", schedulable)}[nodes]
-    sql = CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", among)
-    return sql.replace("{touched}", SHORTLIST_CTE if nodes == "shortlist" else ""), values
+    shortlist = nodes == "shortlist"
+    sql = (CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", among)
+           .replace("{meeting}", SHORTLIST_MEETING if shortlist else DEVICES_MEETING))
+    return sql.replace("{touched}", SHORTLIST_CTE if shortlist else "")
 
 
 def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
@@ -234,9 +255,8 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, request: Request, *,
     """One query: the schedulable nodes of the pool with their free devices of the
     request's class per NVLink domain; `shortlisted`, only the nodes worth scoring for that
     many whole GPUs; with `only`, those nodes."""
-    sql, schedulable = _candidates_sql(
-        "only" if only is not None else "shortlist" if shortlisted else "all")
-    params: dict[str, Any] = {**schedulable, "pool": pool.id, "during": during,
+    sql = _candidates_sql("only" if only is not None else "shortlist" if shortlisted else "all")
+    params: dict[str, Any] = {"pool": pool.id, "during": during,
                               "only": list(only or ()),
                               "excluded": list(excluded), "count_room": -request.count,
                               "shortlist": SHORTLIST, "class": request.device_class}

@@ -111,11 +111,10 @@ SELECT d.device_class, d.profile, count(*),
 
 
 def parts_rollup(pool: Pool, instant: DateTimeTZRange) -> list[dict[str, Any]]:
-    schedulable, values = schedulable_sql()
-    sql = PARTS_SQL.replace("{schedulable}", schedulable).replace(
+    sql = PARTS_SQL.replace("{schedulable}", schedulable_sql()).replace(
         "{in_the_way}", IN_THE_WAY.format(device="d", during="%(now)s"))
     with connection.cursor() as cursor:
-        cursor.execute(sql, {**values, "pool": pool.id, "now": instant})
+        cursor.execute(sql, {"pool": pool.id, "now": instant})
         rows = cursor.fetchall()
     # A share's profile is its slot (2/4): shares are counted together.
     found: dict[tuple[str, str | None], list[int]] = {}

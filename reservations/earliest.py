@@ -136,19 +136,17 @@ SELECT DISTINCT node_id, NULL::timestamptz FROM grp
 
 
 @functools.cache
-def _earliest_sql(only: bool) -> tuple[str, dict[str, Any]]:
-    schedulable, values = schedulable_sql()
+def _earliest_sql(only: bool) -> str:
     in_the_way = IN_THE_WAY.format(device="dev",
                                    during="tstzrange(%(after)s, %(latest_end)s)")
-    sql = EARLIEST_SQL.replace("{schedulable}", schedulable).replace(
+    sql = EARLIEST_SQL.replace("{schedulable}", schedulable_sql()).replace(
         "{only}", "AND fleet_node.id = ANY(%(only)s)" if only else "")
-    return sql.replace("{in_the_way}", in_the_way), values
+    return sql.replace("{in_the_way}", in_the_way)
 
 
 @functools.cache
-def _whole_groups_sql() -> tuple[str, dict[str, Any]]:
-    schedulable, values = schedulable_sql()
-    return WHOLE_GROUPS_SQL.replace("{schedulable}", schedulable), values
+def _whole_groups_sql() -> str:
+    return WHOLE_GROUPS_SQL.replace("{schedulable}", schedulable_sql())
 
 
 def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after: datetime,
@@ -176,18 +174,15 @@ def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after:
         starts: list[tuple[datetime, str]] = []
         swept: list[str] | None = None  # the nodes to sweep; None: the whole pool
         if whole_groups and request.device_class == DeviceClass.GPU:
-            sql, schedulable = _whole_groups_sql()
             cursor.execute("SET LOCAL enable_nestloop = off")  # its estimates are poor
-            cursor.execute(sql.replace("{device_filter}", filter_sql),
-                           {**schedulable, **params})
+            cursor.execute(_whole_groups_sql().replace("{device_filter}", filter_sql), params)
             rows = cursor.fetchall()
             cursor.execute("SET LOCAL enable_nestloop = on")
             starts = [(at, node_id) for node_id, at in rows if at is not None]
             swept = [node_id for node_id, at in rows if at is None]
         if swept is None or swept:
-            sql, schedulable = _earliest_sql(only=swept is not None)
-            cursor.execute(sql.replace("{device_filter}", filter_sql),
-                           {**schedulable, **params, "only": swept})
+            cursor.execute(_earliest_sql(only=swept is not None).replace(
+                "{device_filter}", filter_sql), {**params, "only": swept})
             starts += [(at, node_id) for node_id, at in cursor.fetchall()]
         return sorted(starts)[:limit]
 

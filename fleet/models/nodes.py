@@ -57,7 +57,8 @@ class Node(models.Model):
     """
 
     id = id_field("node")
-    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="nodes")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="nodes",
+                             db_index=False)  # indexed with the id (Meta.indexes)
     site = models.ForeignKey("fleet.Site", on_delete=models.PROTECT, related_name="nodes")
     hostname = models.CharField(max_length=253, blank=True)
     role = models.CharField(max_length=16, choices=NodeRole.choices, default=NodeRole.NODE)
@@ -127,6 +128,10 @@ class Node(models.Model):
                 fields=["bmc_address"], name="fleet_node_one_enrolment_per_bmc",
                 condition=~Q(bmc_address="") & ~Q(provision_state=ProvisionState.RETIRED)),
         ]
+        # A pool's nodes in id order: the placer's first untouched nodes of a big pool are
+        # the first entries here, not a sort of the whole pool (with a second index on the
+        # pool alone, Postgres may take that one and sort).
+        indexes = [models.Index(fields=["pool", "id"], name="fleet_node_pool_in_order")]
 
     def __str__(self) -> str:
         return f"{self.hostname or self.id}"

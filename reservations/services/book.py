@@ -124,16 +124,16 @@ def hold_node(candidates: list[Candidate], request: Request) -> Choice:
     it. When all of those are held (or no longer schedulable), wait for the best.
 
     Raises NodeFull when the node waited for is no longer schedulable."""
-    schedulable, values = schedulable_sql()
+    schedulable = schedulable_sql()
     choices = ranked(candidates, request)[:SPREAD]
     with prepared_cursor() as cursor:
         cursor.execute(LOCK_FIRST_FREE_SQL.replace("{schedulable}", schedulable),
-                       {**values, "nodes": [c.node_id for c in choices]})
+                       {"nodes": [c.node_id for c in choices]})
         row = cursor.fetchone()
         if row is not None:
             return next(c for c in choices if c.node_id == row[0])
         cursor.execute(LOCK_NODE_SQL.replace("{schedulable}", schedulable),
-                       {**values, "node": choices[0].node_id})
+                       {"node": choices[0].node_id})
         if cursor.fetchone() is None:
             raise NodeFull("not schedulable")
     return choices[0]

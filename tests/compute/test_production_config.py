@@ -45,6 +45,24 @@ def test_a_host_that_is_down_is_skipped_for_the_next_writable_one(embedded_postg
     assert read_only == "off"
 
 
+SETTINGS_SHOWN = ["-c", "import django; django.setup(); from django.db import connection\n"
+                  "with connection.cursor() as c:\n"
+                  "    for name in ('plan_cache_mode', 'statement_timeout'):\n"
+                  "        c.execute(f'SHOW {name}'); print(c.fetchone()[0])"]
+
+
+@pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="needs the embedded server")
+def test_prepared_statements_are_planned_once_and_the_urls_own_options_stay(embedded_postgres):
+    url = (f"postgresql://postgres@/better_compute?host={embedded_postgres.data_dir}"
+           "&options=-c%20statement_timeout%3D7s")
+    prepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.settings", DATABASE_URL=url)
+    assert prepared.stdout.split() == ["force_generic_plan", "7s"], prepared.stderr[-2000:]
+    # Without prepared statements (a pooler that cannot follow them) the option is not sent.
+    unprepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.settings",
+                     DATABASE_URL=url, BETTER_COMPUTE_DB_PREPARE="0")
+    assert unprepared.stdout.split() == ["auto", "7s"], unprepared.stderr[-2000:]
+
+
 def run(code: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("BETTER_COMPUTE", "DATABASE_URL"))}
