@@ -10,6 +10,7 @@ so a second QEMU for the same sandbox cannot start.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -17,7 +18,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,18 +35,33 @@ START_SECONDS = 30.0
 CONSOLE_LIMIT = 4 << 20  # bytes of console log read back at most
 
 
-def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
+# Where the agents of one host keep the probe's answer for this boot of it (one per user).
+PROBE_CACHE = Path(tempfile.gettempdir()) / f"bcd-accelerator-{os.getuid()}.json"
+
+
+def probe_accelerator(*, timeout: float = PROBE_SECONDS, cache: Path | None = PROBE_CACHE
+                      ) -> str:
     """`kvm` when a guest really runs under KVM, `tcg` when only emulation works, `none`
     without QEMU (or qemu-img, which makes the VMs' disks). On some virtual machines
     /dev/kvm exists but a nested guest hangs or QEMU aborts, and on some the firmware runs
     under KVM while a Linux kernel hangs as it enters long mode: the probe boots the host's
     own kernel (without a root, so it panics and QEMU exits) under KVM, with the machine
     and CPU model VMs get, and waits for its banner; without a kernel in /boot it boots the
-    firmware alone and waits for its first output."""
+    firmware alone and waits for its first output.
+
+    The guest is booted once per boot of the host (the answer is kept in `cache`): the
+    agents of one host (the simulated machines of `dev`) wait for the one probing rather
+    than each boot a guest, which on a hung nested KVM spins a core until the timeout."""
     if shutil.which(QEMU) is None or shutil.which("qemu-img") is None:
         return "none"
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
+    if cache is None:
+        return _probe_kvm(timeout)
+    return once_per_boot(cache, _host_key(), lambda: _probe_kvm(timeout))
+
+
+def _probe_kvm(timeout: float) -> str:
     kernels = sorted(Path("/boot").glob("vmlinuz-*"))
     if kernels:
         guest = ["-m", "256", "-kernel", str(kernels[-1]), "-append",
@@ -56,6 +74,34 @@ def probe_accelerator(*, timeout: float = PROBE_SECONDS) -> str:
     probe = [QEMU, "-accel", "kvm", *MACHINE["kvm"], "-nodefaults", "-display", "none",
              "-no-reboot", *guest]
     return "kvm" if prints(probe, alive, timeout=timeout) else "tcg"
+
+
+def _host_key() -> str:
+    """This boot of the host and its /dev/kvm (a module reloaded makes a new one)."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    kvm = os.stat("/dev/kvm")
+    return f"{boot}/{kvm.st_rdev}/{kvm.st_ino}/{kvm.st_ctime_ns}"
+
+
+def once_per_boot(cache: Path, key: str, probe: Callable[[], str]) -> str:
+    """`probe()`'s answer kept in `cache` under `key`: the first caller probes while the
+    others wait on a lock beside it, then read its answer. A cache that is not this user's
+    own, or is of another key, is probed again."""
+    lock = os.open(cache.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            if cache.lstat().st_uid == os.getuid():
+                kept = json.loads(cache.read_text())
+                if kept["key"] == key:
+                    return str(kept["answer"])
+        answer = probe()
+        written = cache.with_name(f"{cache.name}.{os.getpid()}")
+        written.write_text(json.dumps({"key": key, "answer": answer}))
+        os.replace(written, cache)
+        return answer
+    finally:
+        os.close(lock)  # and with it the lock
 
 
 def prints(command: list[str], marker: bytes, *, timeout: float) -> bool:

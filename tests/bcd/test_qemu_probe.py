@@ -70,3 +70,26 @@ def test_a_probe_killed_mid_way_leaves_no_guest_running(tmp_path):
     prober.wait()
     assert _alive(guest), "the guest should still run right after its prober died"
     assert _gone(guest, 8), "a guest whose prober was killed ran on past the probe's deadline"
+
+
+def test_the_agents_of_one_host_boot_one_probe_guest_between_them(tmp_path):
+    """Four agents start at once (as `dev`'s simulated machines do): one runs the probe,
+    the others wait for it and take its answer; a new boot of the host probes again."""
+    cache, runs = tmp_path / "accelerator.json", tmp_path / "runs"
+    agent = ("import sys, time; from pathlib import Path; from bcd.qemu import once_per_boot\n"
+             "def probe():\n"
+             f"    with open({str(runs)!r}, 'a') as f: f.write('x')\n"
+             "    time.sleep(0.5)\n"
+             "    return 'tcg'\n"
+             f"print(once_per_boot(Path({str(cache)!r}), sys.argv[1], probe))")
+    root = Path(__file__).resolve().parents[2]
+
+    def start(key: str) -> list[subprocess.Popen[str]]:
+        return [subprocess.Popen([sys.executable, "-c", agent, key], cwd=root, text=True,
+                                 stdout=subprocess.PIPE) for _ in range(4)]
+
+    answers = [process.communicate(timeout=30)[0].strip() for process in start("boot-1")]
+    assert answers == ["tcg"] * 4
+    assert runs.read_text() == "x", "more than one agent booted a probe guest"
+    assert [p.communicate(timeout=30)[0].strip() for p in start("boot-2")] == ["tcg"] * 4
+    assert runs.read_text() == "xx"
