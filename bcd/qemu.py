@@ -56,9 +56,13 @@ def probe_accelerator(*, timeout: float = PROBE_SECONDS, cache: Path | None = PR
         return "none"
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
+    try:
+        key = _host_key()
+    except OSError:
+        cache = None
     if cache is None:
         return _probe_kvm(timeout)
-    return once_per_boot(cache, _host_key(), lambda: _probe_kvm(timeout))
+    return once_per_boot(cache, key, lambda: _probe_kvm(timeout))
 
 
 def _probe_kvm(timeout: float) -> str:
@@ -86,8 +90,13 @@ def _host_key() -> str:
 def once_per_boot(cache: Path, key: str, probe: Callable[[], str]) -> str:
     """`probe()`'s answer kept in `cache` under `key`: the first caller probes while the
     others wait on a lock beside it, then read its answer. A cache that is not this user's
-    own, or is of another key, is probed again."""
-    lock = os.open(cache.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    own, or is of another key, is probed again; with nowhere to keep it, each caller
+    probes for itself."""
+    try:
+        lock = os.open(cache.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                       0o600)
+    except OSError:
+        return probe()
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -97,8 +106,9 @@ def once_per_boot(cache: Path, key: str, probe: Callable[[], str]) -> str:
                     return str(kept["answer"])
         answer = probe()
         written = cache.with_name(f"{cache.name}.{os.getpid()}")
-        written.write_text(json.dumps({"key": key, "answer": answer}))
-        os.replace(written, cache)
+        with contextlib.suppress(OSError):
+            written.write_text(json.dumps({"key": key, "answer": answer}))
+            os.replace(written, cache)
         return answer
     finally:
         os.close(lock)  # and with it the lock

@@ -93,3 +93,13 @@ def test_the_agents_of_one_host_boot_one_probe_guest_between_them(tmp_path):
     assert runs.read_text() == "x", "more than one agent booted a probe guest"
     assert [p.communicate(timeout=30)[0].strip() for p in start("boot-2")] == ["tcg"] * 4
     assert runs.read_text() == "xx"
+
+
+def test_with_nowhere_to_keep_the_answer_each_agent_probes_for_itself(tmp_path):
+    from bcd.qemu import once_per_boot
+
+    runs: list[str] = []
+    cache = tmp_path / "missing-folder" / "accelerator.json"
+    for _ in range(2):
+        assert once_per_boot(cache, "boot-1", lambda: runs.append("x") or "kvm") == "kvm"
+    assert runs == ["x", "x"]
