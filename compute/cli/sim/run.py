@@ -102,6 +102,9 @@ class Run:
                   "BETTER_COMPUTE_BINDING_TIMEOUT_SECONDS": str(max(10, round(300 / self.scale))),
                   "BCD_BACKOFF_MAX_SECONDS": str(30 / self.scale),
                   "BETTER_COMPUTE_DB_RETRY_MAX_SECONDS": str(30 / self.scale),
+                  # Several requests at once in each API process, as on a server with
+                  # more cores than this one: a rush's bookers then race for one node.
+                  "BETTER_COMPUTE_API_THREADS": "4",
                   "BETTER_COMPUTE_IAM_BACKEND": "compute.iam.logged.LoggedIAM",
                   "BETTER_COMPUTE_IAM_DECISION_LOG": str(state_dir / "iam-decisions.log")}
         self.plane = start_control_plane(self.stack, self.server, host=HOST, port=free_port(),
