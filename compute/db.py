@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.fields import AutoFieldMixin
 from psycopg.conninfo import make_conninfo
 
+from compute.dburl import PREPARING
 from compute.errors import ComputeError
 from compute.metrics import CONFLICTS, RETRIES
 
@@ -30,7 +30,6 @@ R = TypeVar("R")
 
 RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock detected
 MAX_ATTEMPTS = 5
-PREPARING = os.environ.get("BETTER_COMPUTE_DB_PREPARE", "1") != "0"
 
 
 def sqlstate(error: BaseException) -> str | None:

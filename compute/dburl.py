@@ -5,8 +5,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+# Whether the hot paths' statements are prepared on their connection
+# (`BETTER_COMPUTE_DB_PREPARE=0` for a pooler that cannot follow prepared statements).
+PREPARING = os.environ.get("BETTER_COMPUTE_DB_PREPARE", "1") != "0"
 
 
 def _hosts_and_ports(hostlist: str) -> tuple[str, str]:
@@ -51,3 +56,13 @@ def networked(database: dict[str, Any]) -> bool:
     """Whether the database is reached over the network (so other hosts may share it), not
     through a local socket folder."""
     return any(host and not host.startswith("/") for host in database["HOST"].split(","))
+
+
+def one_plan_per_statement(database: dict[str, Any]) -> None:
+    """Have every connection keep one plan per prepared statement (after any `options` of
+    the URL). By default Postgres plans a statement afresh at every call when its generic
+    plan looks dearer than a fresh one, which cost placement more than running it (about
+    1.1 ms of planning against 0.4 ms of work per booking)."""
+    options = database["OPTIONS"]
+    options["options"] = " ".join(
+        filter(None, [options.get("options", ""), "-c plan_cache_mode=force_generic_plan"]))

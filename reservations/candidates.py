@@ -207,8 +207,7 @@ def schedulable_sql() -> str:
     the driver), built once. Written in, not passed as parameters, so that a prepared
     statement's one plan knows them: as parameters, Postgres guessed that a pool held about
     one schedulable node and planned a 10,000-node pool's shortlist as a sort of it."""
-    query = Node.objects.filter(SCHEDULABLE).query
-    sql, values = query.where.as_sql(query.get_compiler(connection=connection), connection)
+    sql, values = where_sql(Node, SCHEDULABLE, "schedulable")
     ops: Any = connection.ops  # compose_sql is the PostgreSQL backend's own
     return str(ops.compose_sql(sql, values)).replace("%", "%%")
 
