@@ -142,11 +142,9 @@ def main() -> None:
     floor = postgres_floor()
     with tempfile.TemporaryDirectory() as folder:
         process, first, _exports = start_dev(Path(folder), args.port, "first")
-        spare = list((Path(folder) / "home" / "migrated").glob("*.spare"))
-        deadline = time.monotonic() + 60
-        while not spare and time.monotonic() < deadline:
+        migrated, deadline = Path(folder) / "home" / "migrated", time.monotonic() + 60
+        while not any(migrated.glob("*.spare")) and time.monotonic() < deadline:
             time.sleep(0.2)
-            spare = list((Path(folder) / "home" / "migrated").glob("*.spare"))
         process.terminate()
         process.wait(60)
         process, ready, exports = start_dev(Path(folder), args.port, "next")
