@@ -204,7 +204,7 @@ def database_now():
         return cursor.fetchone()[0]
 
 
-# Commit-order fencing for rows read by a cursor (events by seq, node specs by id). Keys are
+# Commit-order fencing for rows read by a cursor (node specs by id). Keys are
 # taken when a row is written, not when its transaction commits, so a later key can commit
 # first. A row records the id of the transaction that wrote it (`txid`); a cursor reader sees
 # only rows older than every transaction still in flight, so resuming after the last key it

@@ -10,7 +10,10 @@ from compute.fields import id_field
 
 
 class Event(models.Model):
-    """A state change. `seq` is the global order that `events.list` and watchers page by.
+    """A state change. `seq` is the order rows were written in; `position` numbers a
+    tenant's events 1, 2, 3… once they have committed (compute.events.sequencer), and is
+    what the API calls an event's `seq`: readers page by it, so a reader's cursor never
+    passes an event that commits later.
 
     The payload carries ids and small facts only, since consumers may replay rows.
     """
@@ -22,13 +25,24 @@ class Event(models.Model):
     subject = models.CharField(max_length=32, db_index=True)
     payload = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
-    txid = models.BigIntegerField(null=True, editable=False,
-                                  help_text="The writing transaction's id (see selectors).")
+    position = models.BigIntegerField(null=True, editable=False)
 
     class Meta:
         ordering = ["seq"]
-        indexes = [models.Index(fields=["tenant", "seq"], name="compute_event_tenant_seq")]
+        indexes = [models.Index(fields=["tenant", "seq"], name="compute_event_tenant_seq"),
+                   models.Index(fields=["tenant", "seq"], name="compute_event_unnumbered",
+                                condition=models.Q(position__isnull=True))]
+        constraints = [models.UniqueConstraint(fields=["tenant", "position"],
+                                               name="compute_event_one_per_position")]
 
     def __str__(self) -> str:
         return f"{self.seq} {self.type} {self.subject}"
 
+class EventHead(models.Model):
+    """How many events of a tenant have positions; the sequencer holds its row."""
+
+    tenant_id = models.CharField(max_length=32, primary_key=True)
+    size = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.size}"

@@ -6,8 +6,8 @@ import fnmatch
 
 from django.db.models import Q
 
-from compute.db import settled
 from compute.events.models import Event
+from compute.events.sequencer import event_sequence
 from compute.events.types import EventType, parse_type_globs
 from compute.tenancy.models import Tenant
 
@@ -22,14 +22,19 @@ def type_filter(types: str | None) -> Q:
 
 
 def latest_events(*, tenant: Tenant, count: int) -> list[Event]:
-    """The tenant's `count` newest settled events, newest first."""
-    return list(Event.objects.filter(tenant=tenant).filter(settled()).order_by("-seq")[:count])
+    """The tenant's `count` newest committed events, newest first."""
+    event_sequence(tenant_id=tenant.id)
+    return list(Event.objects.filter(tenant=tenant, position__isnull=False)
+                .order_by("-position")[:count])
 
 
 def event_list(*, tenant: Tenant, types: str | None = None, since: int = 0,
                subject: str | None = None, limit: int = 100) -> list[Event]:
-    queryset = (Event.objects.filter(tenant=tenant, seq__gt=since).filter(type_filter(types))
-                .filter(settled()))
+    """The tenant's events after position `since`, oldest first (see
+    compute.events.sequencer: resuming after the last position seen skips nothing)."""
+    event_sequence(tenant_id=tenant.id)
+    queryset = Event.objects.filter(tenant=tenant, position__gt=since).filter(
+        type_filter(types))
     if subject:
         queryset = queryset.filter(subject=subject)
-    return list(queryset.order_by("seq")[:limit])
+    return list(queryset.order_by("position")[:limit])

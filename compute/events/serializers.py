@@ -10,5 +10,5 @@ EVENT = obj(seq=INTEGER, id=STRING, type=STRING, tenantId=STRING, subject=STRING
 
 
 def present_event(event: Event) -> dict[str, Any]:
-    return {"seq": event.seq, "id": event.id, "type": event.type, "tenantId": event.tenant_id,
+    return {"seq": event.position, "id": event.id, "type": event.type, "tenantId": event.tenant_id,
             "subject": event.subject, "payload": event.payload, "createdAt": event.created_at}

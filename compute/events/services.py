@@ -33,7 +33,7 @@ def event_emit(*, tenant_id: str, type: EventType, subject: str,
 # The row and the NOTIFY in one round trip.
 EMIT_SQL = """
 WITH written AS (
-  INSERT INTO compute_event (id, type, tenant_id, subject, payload, created_at, txid)
-  VALUES (%s, %s, %s, %s, %s::jsonb, %s, pg_current_xact_id()::text::bigint)
+  INSERT INTO compute_event (id, type, tenant_id, subject, payload, created_at)
+  VALUES (%s, %s, %s, %s, %s::jsonb, %s)
   RETURNING seq)  -- the gateway's role may read no other column
 SELECT seq, pg_notify('bc_events', %s) FROM written"""
