@@ -419,6 +419,38 @@ JOIN_ONE_MORE = """\
   bcd --root ./machine-1 node > ./machine-1.log 2>&1 &"""
 
 
+class DatabaseWatch:
+    """`dev`'s embedded Postgres, restarted when its postmaster dies as the other children
+    are (after `restart_delay`, doubled for each failed start in a row, at most
+    `restart_max`): the API, the gateway and the workers reconnect by themselves."""
+
+    def __init__(self, server: pg.EmbeddedPostgres, restart_delay: float = 1.0,
+                 restart_max: float = 30.0) -> None:
+        self.server = server
+        self.restart_delay, self.restart_max = restart_delay, restart_max
+        self.died: float | None = None
+        self.failed_starts = 0
+
+    def watch(self) -> None:
+        if self.server.postmaster_alive():
+            return
+        import psycopg  # only once it died: the CLI starts without it
+
+        now = time.monotonic()
+        if self.died is None:
+            self.died = now
+            click.echo("Postgres exited; restarting it", err=True)
+        if now - self.died < min(self.restart_max, self.restart_delay * 2 ** self.failed_starts):
+            return
+        try:
+            self.server.start()  # crash recovery replays what was committed
+        except (RuntimeError, OSError, psycopg.Error):  # its old processes may still hold on
+            self.died, self.failed_starts = now, self.failed_starts + 1
+            return
+        click.echo(f"Postgres restarted in {self.server.data_dir}", err=True)
+        self.died, self.failed_starts = None, 0
+
+
 @dataclass
 class ControlPlane:
     """What `start_control_plane` started: the environment its processes share, the ids
@@ -601,7 +633,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
             threading.Thread(target=pg.make_spare, args=(pg.migrated_copy(),),
                              daemon=True).start()
         click.echo("Ctrl-C stops everything.")
-        _wait_for_signal(stack)
+        database = DatabaseWatch(server, stack.restart_delay) if started_here else None
+        _wait_for_signal(stack, database)
     finally:
         stack.stop()
         if state_dir is not None:
@@ -632,7 +665,7 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _wait_for_signal(stack: Stack) -> None:
+def _wait_for_signal(stack: Stack, database: DatabaseWatch | None = None) -> None:
     stop = {"now": False}
 
     def handler(signum: int, frame: object) -> None:
@@ -641,5 +674,7 @@ def _wait_for_signal(stack: Stack) -> None:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     while not stop["now"]:
+        if database is not None:
+            database.watch()
         stack.watch()
         time.sleep(0.2)
