@@ -12,12 +12,19 @@ open-ended, fits only under that peak.
 A booking raises the counters to what its own window holds with it (only the allocations
 that meet that window can add up with it); freeing or moving an allocation recounts the
 node's whole calendar, since the peak may fall. Both run in a statement after the node's row
-is locked, so they see every booker of the node that committed before.
+is locked, so they see every booker of the node that committed before: a booking that does
+not fit is refused at once, and the booker tries another node.
+
+Whatever wrote them, the claims are refereed again at commit: a deferred constraint trigger
+on allocations, their bookings, sandboxes and the node's size locks the node's row, recounts
+its claims (`bc_node_claims`, in a statement that sees every commit before the lock) and
+writes them into the counters, where the CHECK constraints refuse a node over its size. No
+path of this code (or SQL written by hand) can leave a node's claims above its size or its
+counters apart from its claims once it has committed.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import connection
@@ -39,15 +46,12 @@ sandboxes AS (
     FROM reservations_sandbox WHERE node_id = %(node)s AND ended_at IS NULL),
 peak AS ({peak})""".replace("{peak}", PEAK_SQL)
 
-logger = logging.getLogger(__name__)
-
-# Every live GPU allocation of %(node)s over its window: the recount after one ended or moved.
-ALL_SPANS = """
-WITH spans AS (
-  SELECT a.vcpus, a.memory_gib, min(lower(b.during)) AS lo, max(upper(b.during)) AS hi
-    FROM reservations_allocation a JOIN reservations_booking b ON b.allocation_id = a.id
-   WHERE a.node_id = %(node)s AND a.ended_at IS NULL
-   GROUP BY a.id),{sandboxes}""".replace("{sandboxes}", SANDBOXES_SQL)
+# The counters written from the node's claims as Postgres counts them (bc_node_claims, the
+# same recount its commit-time referee writes: reservations/migrations/0015).
+COUNTERS_SQL = """
+UPDATE fleet_node SET (vcpus_allocated, memory_gib_allocated) =
+       (SELECT vcpus, memory FROM bc_node_claims(%(node)s)) WHERE id = %(node)s"""
+EXPECTED_SQL = "SELECT vcpus, memory FROM bc_node_claims(%(node)s)"
 
 # Booking %(during)s: only the live allocations of %(node)s that meet it can add up with the
 # new one (found through the devices' booking index), clipped to it, plus the new one. The
@@ -67,30 +71,12 @@ spans AS (
   SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)),
 {sandboxes}""".replace("{sandboxes}", SANDBOXES_SQL)
 
-# The counters' new values, written to the node; a CHECK violation means they do not fit.
-COUNTERS_SQL = """
-UPDATE fleet_node SET vcpus_allocated = sandboxes.vcpus + peak.vcpus,
-                      memory_gib_allocated = sandboxes.memory + peak.memory
-  FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
+# The counters raised to what the booked window holds; a CHECK violation: it does not fit.
 RAISED_COUNTERS_SQL = """
 UPDATE fleet_node
    SET vcpus_allocated = greatest(vcpus_allocated, sandboxes.vcpus + peak.vcpus),
        memory_gib_allocated = greatest(memory_gib_allocated, sandboxes.memory + peak.memory)
   FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
-
-# After a release: never refused. Should the node's claims exceed its size (they never
-# should: every claim is checked), the counters stop at the size, so nothing more fits until
-# enough is released, and the excess is returned to be logged.
-FREED_COUNTERS_SQL = """
-UPDATE fleet_node
-   SET vcpus_allocated = least(fleet_node.vcpus, sandboxes.vcpus + peak.vcpus),
-       memory_gib_allocated = least(fleet_node.memory_gib, sandboxes.memory + peak.memory)
-  FROM sandboxes, peak WHERE fleet_node.id = %(node)s
-RETURNING sandboxes.vcpus + peak.vcpus - fleet_node.vcpus,
-          sandboxes.memory + peak.memory - fleet_node.memory_gib"""
-
-EXPECTED_SQL = """
-SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak"""
 
 
 def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
@@ -99,27 +85,19 @@ def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
     return {"node": node_id, "vcpus": vcpus, "memory": memory_gib, "during": during}
 
 
-def host_counters_refresh(node_id: str, *, freed: bool = False) -> None:
+def host_counters_refresh(node_id: str) -> None:
     """Recompute the node's counters after a GPU allocation ended or moved. Locks the node's
-    row first, so the recount sees every committed booker; raises the node's CHECK
-    violation (IntegrityError) if its claims no longer fit, unless the allocation was
-    `freed` (a release is never refused: see FREED_COUNTERS_SQL)."""
+    row first, so the recount sees every committed claimer; raises the node's CHECK
+    violation (IntegrityError) if its claims no longer fit (never after a release: claims
+    over a node's size are refused at every commit, so giving one back cannot find any)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM fleet_node WHERE id = %s FOR UPDATE", [node_id])
-        if not freed:
-            cursor.execute(ALL_SPANS + COUNTERS_SQL, counter_params(node_id))
-            return
-        cursor.execute(ALL_SPANS + FREED_COUNTERS_SQL, counter_params(node_id))
-        vcpus_over, memory_over = cursor.fetchone()
-    if vcpus_over > 0 or memory_over > 0:
-        logger.error("node %s: its claims exceed its size by %s vCPUs and %s GiB; its "
-                     "counters stay at its size until enough is released", node_id,
-                     max(0, vcpus_over), max(0, memory_over))
+        cursor.execute(COUNTERS_SQL, counter_params(node_id))
 
 
 def expected_counters(node_id: str) -> tuple[int, int]:
     """What the node's counters should read (for checks, not for booking)."""
     with connection.cursor() as cursor:
-        cursor.execute(ALL_SPANS + EXPECTED_SQL, counter_params(node_id))
+        cursor.execute(EXPECTED_SQL, counter_params(node_id))
         vcpus, memory = cursor.fetchone()
     return int(vcpus), int(memory)

@@ -44,7 +44,7 @@ def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool
         Booking.objects.filter(allocation=allocation).delete()
     allocation.ended_at = now
     allocation.save(update_fields=["ended_at"])
-    host_counters_refresh(allocation.node_id, freed=True)
+    host_counters_refresh(allocation.node_id)
 
 
 def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "") -> None:

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from functools import partial
 
+import psycopg
 import pytest
+from django.db import IntegrityError
+from django.utils import timezone
 
+from compute.db import conninfo
 from fleet.models import Node
 from reservations.hostshare import expected_counters
 from reservations.models import Allocation
+from reservations.sandboxes import Sandbox
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, reserve
 from tests.support.ledger import run_together
@@ -127,21 +132,48 @@ def test_racing_bookers_and_sandboxes_keep_the_counters_equal_to_a_recount(root,
     assert counters(node) == expected_counters(node.id)
 
 
-def test_a_release_is_never_refused_even_on_a_node_over_its_size(root, pool, caplog):
-    """Claims over a node's size (here an allocation's row tampered with: every claim is
-    checked, so only that gets there) never make a release fail: the counters stop at the
-    size, so nothing more fits, the excess is logged, and once enough is released they are
-    exact again."""
+def raw_connection():
+    from django.db import connection
+
+    return psycopg.connect(conninfo(connection.settings_dict))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_claims_that_fit_alone_and_not_together_are_refused_at_the_second_commit(root,
+                                                                                    pool):
+    """Two transactions each raise a claim on one node without counting it (SQL by hand,
+    standing for any path that forgets the counters), driven step by step: each fits
+    alone, both do not. The node's referee at commit takes the first and refuses the
+    second, so the node never holds more than its size."""
+    node = make_node(pool["id"])  # 96 vCPUs; 12 per GPU
+    first, second = (reserve(root, pool, 1, startIn=DAY).result for _ in range(2))
+    allocations = [Allocation.objects.get(reservation_id=r["id"]).id for r in (first, second)]
+    one, two = raw_connection(), raw_connection()
+    try:
+        for conn, allocation in ((one, allocations[0]), (two, allocations[1])):
+            conn.execute("UPDATE reservations_allocation SET vcpus = 60 WHERE id = %s",
+                         [allocation])  # 60 + 12 fit in 96; 60 + 60 do not
+        one.commit()
+        with pytest.raises(psycopg.errors.CheckViolation, match="fleet_node_vcpus_within_size"):
+            two.commit()
+    finally:
+        one.close()
+        two.close()
+    assert expected_counters(node.id) == counters(node) == (72, 192)
+    assert Allocation.objects.get(pk=allocations[1]).vcpus == 12  # the refused one undone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_written_without_the_counters_is_counted_at_commit(root, pool):
+    """The counters are the claims as Postgres counts them at each commit, even when the
+    writer never touched them: a tampered sandbox, then its end."""
     node = make_node(pool["id"])
-    first, second = (reserve(root, pool, 4).result for _ in range(2))
-    Allocation.objects.filter(reservation_id=first["id"]).update(vcpus=120)  # > 96 alone
-    with caplog.at_level("ERROR", logger="reservations.hostshare"):
-        released = root("reservations.release", reservationId=second["id"])
-    assert released["state"] in ("released", "cancelled")
-    assert "exceed its size by 24 vCPUs" in caplog.text
-    node.refresh_from_db()
-    assert node.vcpus_allocated == 96  # at its size: nothing more fits
-    assert reserve(root, pool, 1).result["state"] == "pending"
-    root("reservations.release", reservationId=first["id"])
-    node.refresh_from_db()
-    assert node.vcpus_allocated == expected_counters(node.id)[0] == 0
+    reserve(root, pool, 2, startIn=DAY)  # 24 vCPUs, 192 GiB over its window
+    box = root("sandboxes.create", poolId=pool["id"], vcpus=8, memoryGiB=16)
+    assert counters(node) == (32, 208)
+    Sandbox.objects.filter(pk=box["id"]).update(vcpus=40)  # its own transaction
+    assert counters(node) == (64, 208) == expected_counters(node.id)
+    with pytest.raises(IntegrityError, match="fleet_node_vcpus_within_size"):
+        Sandbox.objects.filter(pk=box["id"]).update(vcpus=80)  # 80 + 24 > 96
+    Sandbox.objects.filter(pk=box["id"]).update(ended_at=timezone.now())
+    assert counters(node) == (24, 192) == expected_counters(node.id)

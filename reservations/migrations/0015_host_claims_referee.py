@@ -1,0 +1,90 @@
+"""A node's host claims are refereed by Postgres at every commit, whatever wrote them.
+
+`bc_node_claims(node)` is what a node's claims add up to: its live sandboxes, plus the most
+its live GPU allocations hold at one moment of their windows. A deferred constraint trigger
+on every row that can raise a claim (an allocation, a booking of one, a sandbox, the node's
+size) runs at commit: it locks the node's row, then, in a statement that sees every commit
+before that lock, writes the recount into the node's counters, where the node's CHECK
+constraints refuse a node whose claims exceed its size. Two transactions that claim one
+node take turns on its row, and the second counts the first.
+"""
+
+from django.db import migrations
+
+CLAIMS = """
+CREATE FUNCTION bc_node_claims(node text, OUT vcpus bigint, OUT memory bigint)
+LANGUAGE sql STABLE AS $$
+WITH spans AS (
+  SELECT a.vcpus, a.memory_gib, min(lower(b.during)) AS lo, max(upper(b.during)) AS hi
+    FROM reservations_allocation a JOIN reservations_booking b ON b.allocation_id = a.id
+   WHERE a.node_id = node AND a.ended_at IS NULL
+   GROUP BY a.id),
+edges AS (  -- ends sort before starts at the same instant: windows are [)
+  SELECT lo AS at, 1 AS starts, vcpus AS dv, memory_gib AS dm FROM spans
+  UNION ALL
+  SELECT hi, 0, -vcpus, -memory_gib FROM spans),
+peak AS (
+  SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
+    SELECT sum(dv) OVER w AS v, sum(dm) OVER w AS m FROM edges
+    WINDOW w AS (ORDER BY at, starts)) running),
+sandboxes AS (
+  SELECT coalesce(sum(s.vcpus), 0) AS vcpus, coalesce(sum(s.memory_gib), 0) AS memory
+    FROM reservations_sandbox s WHERE s.node_id = node AND s.ended_at IS NULL)
+SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak
+$$;
+
+CREATE FUNCTION bc_node_claims_refereed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  node text;
+  claims record;
+BEGIN
+  IF TG_TABLE_NAME = 'reservations_booking' THEN
+    SELECT a.node_id INTO node FROM reservations_allocation a WHERE a.id = NEW.allocation_id;
+  ELSIF TG_TABLE_NAME = 'fleet_node' THEN
+    node := NEW.id;
+  ELSE
+    node := NEW.node_id;
+  END IF;
+  IF node IS NULL THEN
+    RETURN NULL;
+  END IF;
+  PERFORM 1 FROM fleet_node WHERE id = node FOR UPDATE;  -- claimers of a node take turns
+  SELECT * INTO claims FROM bc_node_claims(node);        -- a new snapshot, after the lock
+  UPDATE fleet_node SET vcpus_allocated = claims.vcpus, memory_gib_allocated = claims.memory
+   WHERE id = node;                                      -- the node's CHECKs referee
+  RETURN NULL;
+END $$;
+
+CREATE CONSTRAINT TRIGGER bc_allocation_claims
+  AFTER INSERT OR UPDATE OF node_id, vcpus, memory_gib, ended_at ON reservations_allocation
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bc_node_claims_refereed();
+CREATE CONSTRAINT TRIGGER bc_booking_claims
+  AFTER INSERT OR UPDATE OF allocation_id, during ON reservations_booking
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.allocation_id IS NOT NULL)
+  EXECUTE FUNCTION bc_node_claims_refereed();
+CREATE CONSTRAINT TRIGGER bc_sandbox_claims
+  AFTER INSERT OR UPDATE OF node_id, vcpus, memory_gib, ended_at ON reservations_sandbox
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bc_node_claims_refereed();
+CREATE CONSTRAINT TRIGGER bc_node_size_claims
+  AFTER UPDATE OF vcpus, memory_gib ON fleet_node
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bc_node_claims_refereed();
+"""
+
+DROP = """
+DROP TRIGGER bc_node_size_claims ON fleet_node;
+DROP TRIGGER bc_sandbox_claims ON reservations_sandbox;
+DROP TRIGGER bc_booking_claims ON reservations_booking;
+DROP TRIGGER bc_allocation_claims ON reservations_allocation;
+DROP FUNCTION bc_node_claims_refereed();
+DROP FUNCTION bc_node_claims(text);
+"""
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("reservations", "0014_group_gaps"),
+        ("fleet", "0017_node_pool_order"),
+    ]
+
+    operations = [migrations.RunSQL(CLAIMS, DROP)]
