@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 
@@ -26,12 +26,13 @@ from audit.context import CallStamp, stamped
 from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
-from compute.db import connection_lost
+from compute.db import connection_lost, constraint_name
 from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge, Unavailable
 from compute.http.auth import authenticate
 from compute.iam.refusals import refusal_recorded
 from compute.tenancy.models import Principal, Tenant
 from compute.tenancy.selectors import TenantOutOfReach, tenant_resolve
+from reservations.constraints import LEDGER_CONSTRAINTS
 
 logger = logging.getLogger("compute.http")
 MAX_BODY_BYTES = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -92,6 +93,8 @@ def error_answer(error: BaseException, request_id: str) -> tuple[int, dict[str, 
         logger.warning("database unavailable (request %s): %s", request_id, error)
         connection.close()  # broken: the next request opens a new one
         error = Unavailable("the database does not answer; try again", retryAfterSeconds=1)
+    elif isinstance(error, IntegrityError) and constraint_name(error) in LEDGER_CONSTRAINTS:
+        error = LEDGER_CONSTRAINTS[constraint_name(error) or ""]()  # refused at commit
     elif isinstance(error, drf_exceptions.APIException):  # e.g. 405 for another HTTP method
         status, code = error.status_code, error.default_code
         error = ComputeError(str(error.detail))

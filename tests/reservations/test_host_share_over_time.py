@@ -11,6 +11,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from compute.db import conninfo
+from compute.http.edge import error_answer
 from fleet.models import Node
 from reservations.hostshare import expected_counters
 from reservations.models import Allocation
@@ -173,7 +174,9 @@ def test_a_claim_written_without_the_counters_is_counted_at_commit(root, pool):
     assert counters(node) == (32, 208)
     Sandbox.objects.filter(pk=box["id"]).update(vcpus=40)  # its own transaction
     assert counters(node) == (64, 208) == expected_counters(node.id)
-    with pytest.raises(IntegrityError, match="fleet_node_vcpus_within_size"):
+    with pytest.raises(IntegrityError, match="fleet_node_vcpus_within_size") as refused:
         Sandbox.objects.filter(pk=box["id"]).update(vcpus=80)  # 80 + 24 > 96
+    status, body = error_answer(refused.value, "req_1")  # a refusal at commit, as answered
+    assert (status, body["error"]["code"]) == (409, "capacity_conflict")
     Sandbox.objects.filter(pk=box["id"]).update(ended_at=timezone.now())
     assert counters(node) == (24, 192) == expected_counters(node.id)
