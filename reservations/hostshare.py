@@ -16,11 +16,12 @@ is locked, so they see every booker of the node that committed before: a booking
 not fit is refused at once, and the booker tries another node.
 
 Whatever wrote them, the claims are refereed again at commit: a deferred constraint trigger
-on allocations, their bookings, sandboxes and the node's size locks the node's row, recounts
-its claims (`bc_node_claims`, in a statement that sees every commit before the lock) and
-writes them into the counters, where the CHECK constraints refuse a node over its size. No
-path of this code (or SQL written by hand) can leave a node's claims above its size or its
-counters apart from its claims once it has committed.
+on allocations, their bookings, sandboxes and the node's size locks the node's row and
+writes the claims that row raised (a GPU allocation's within its window, with
+`bc_node_claims_within`; a sandbox's or a new size's over the whole calendar, with
+`bc_node_claims`) into the counters, where the CHECK constraints refuse a node over its
+size, in a statement that sees every commit before the lock (reservations/migrations/0015).
+No path of this code, nor SQL written by hand, can commit a node's claims above its size.
 """
 
 from __future__ import annotations

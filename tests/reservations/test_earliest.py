@@ -105,6 +105,19 @@ def test_gaps_between_bookings_and_nvlink_domains(root, pool, t0):
     assert start_of(earliest(root, pool, 5, 1, after=t0)) == t0 + 8 * H
 
 
+def test_nvlink_all_waits_for_one_whole_domain_where_any_four_gpus_are_free_sooner(root, pool,
+                                                                                   t0):
+    """Two GPUs of each domain are held: four GPUs are free at once, but no NVLink domain
+    has four free until the holds end."""
+    make_node(pool["id"])
+    node = Node.objects.get()
+    occupy(node, [0, 1, 4, 5], t0, t0 + 4 * H)
+    assert start_of(earliest(root, pool, 4, 1, after=t0)) == t0
+    found = earliest(root, pool, 4, 1, after=t0, topology="nvlink-all")
+    assert start_of(found) == t0 + 4 * H
+    assert len(found["nvlinkDomains"]) == 1
+
+
 def test_the_earliest_node_wins_and_packing_decides_between_equals(root, pool, t0):
     busy = make_node(pool["id"])
     later = make_node(pool["id"])
