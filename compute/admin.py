@@ -24,6 +24,7 @@ from compute.errors import ComputeError, Unauthenticated
 from compute.models import (
     ApiToken,
     Event,
+    EventHead,
     IdempotencyRecord,
     Principal,
     RefusalBudget,
@@ -107,9 +108,15 @@ class ApiTokenAdmin(ReadOnlyAdmin):
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    list_display = ("seq", "type", "tenant", "subject", "created_at")
+    list_display = ("seq", "position", "type", "tenant", "subject", "created_at")
     list_filter = ("type", "tenant")
     search_fields = ("id", "subject", "type")
+
+
+@admin.register(EventHead)
+class EventHeadAdmin(ReadOnlyAdmin):
+    list_display = ("tenant_id", "size")
+    search_fields = ("tenant_id",)
 
 
 @admin.register(IdempotencyRecord)
