@@ -35,6 +35,7 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
     assert found["exclusionConstraints"] == ["reservations_booking_device_no_overlap",
                                              "reservations_booking_gpu_no_overlap"]
     assert found["overlaps"] == 0, found["overlapping"]
+    assert found["overSize"] == 0  # no node's claims exceed its vCPUs or memory
     assert found["partOverlaps"] == 0
     # The free time of whole groups, mended while the bookers raced, is right on every
     # node not marked stale; once the last marks are mended, on every node.

@@ -279,10 +279,14 @@ def findings(world: World) -> dict[str, Any]:
 
     # Each node's counters against a recount: its live sandboxes plus the most its live GPU
     # allocations hold at one moment.
+    nodes = list(Node.objects.order_by("id"))
     drift = [((node.vcpus_allocated, node.memory_gib_allocated), expected_counters(node.id))
-             for node in Node.objects.all()]
+             for node in nodes]
     return {
         "overlaps": scalar(OVERLAPS_SQL),
+        # Nodes whose claims, recounted from the rows, exceed their size.
+        "overSize": sum(expected[0] > node.vcpus or expected[1] > node.memory_gib
+                        for node, (_counters, expected) in zip(nodes, drift, strict=True)),
         "vcpuCounterDrift": sum(counters[0] != expected[0] for counters, expected in drift),
         "memoryCounterDrift": sum(counters[1] != expected[1] for counters, expected in drift),
         "quotaDrift": scalar(
