@@ -13,27 +13,6 @@ The row is always written, so that under REPEATABLE READ the second fails to ser
 from django.db import migrations
 
 CLAIMS = """
-CREATE FUNCTION bc_node_claims(node text, OUT vcpus bigint, OUT memory bigint)
-LANGUAGE sql STABLE AS $$
-WITH spans AS (
-  SELECT a.vcpus, a.memory_gib, min(lower(b.during)) AS lo, max(upper(b.during)) AS hi
-    FROM reservations_allocation a JOIN reservations_booking b ON b.allocation_id = a.id
-   WHERE a.node_id = node AND a.ended_at IS NULL
-   GROUP BY a.id),
-edges AS (  -- ends sort before starts at the same instant: windows are [)
-  SELECT lo AS at, 1 AS starts, vcpus AS dv, memory_gib AS dm FROM spans
-  UNION ALL
-  SELECT hi, 0, -vcpus, -memory_gib FROM spans),
-peak AS (
-  SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
-    SELECT sum(dv) OVER w AS v, sum(dm) OVER w AS m FROM edges
-    WINDOW w AS (ORDER BY at, starts)) running),
-sandboxes AS (
-  SELECT coalesce(sum(s.vcpus), 0) AS vcpus, coalesce(sum(s.memory_gib), 0) AS memory
-    FROM reservations_sandbox s WHERE s.node_id = node AND s.ended_at IS NULL)
-SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak
-$$;
-
 -- What a node's claims add up to within `span`: its live sandboxes, plus the most its live
 -- GPU allocations that meet the span hold at one moment of it (found through the devices'
 -- booking index, so it costs what meets the span, not the node's whole calendar).
@@ -63,6 +42,12 @@ sandboxes AS (
   SELECT coalesce(sum(s.vcpus), 0) AS vcpus, coalesce(sum(s.memory_gib), 0) AS memory
     FROM reservations_sandbox s WHERE s.node_id = node AND s.ended_at IS NULL)
 SELECT sandboxes.vcpus + peak.vcpus, sandboxes.memory + peak.memory FROM sandboxes, peak
+$$;
+
+-- What a node's claims add up to over its whole calendar.
+CREATE FUNCTION bc_node_claims(node text, OUT vcpus bigint, OUT memory bigint)
+LANGUAGE sql STABLE AS $$
+SELECT vcpus, memory FROM bc_node_claims_within(node, tstzrange(NULL, NULL))
 $$;
 
 -- At commit, for a row that may have raised a node's claims: lock the node (claimers of a
