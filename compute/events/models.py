@@ -29,8 +29,7 @@ class Event(models.Model):
 
     class Meta:
         ordering = ["seq"]
-        indexes = [models.Index(fields=["tenant", "seq"], name="compute_event_tenant_seq"),
-                   models.Index(fields=["tenant", "seq"], name="compute_event_unnumbered",
+        indexes = [models.Index(fields=["tenant", "seq"], name="compute_event_unnumbered",
                                 condition=models.Q(position__isnull=True))]
         constraints = [models.UniqueConstraint(fields=["tenant", "position"],
                                                name="compute_event_one_per_position")]
