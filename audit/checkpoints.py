@@ -18,7 +18,7 @@ from django.utils import timezone
 from audit.keys import public_key_b64, sign
 from audit.models import AuditEvent, AuditHead, Checkpoint
 from audit.sequencer import audit_sequence, audit_sequence_all
-from audit.services import audit_record, audited
+from audit.services import audit_exempt, audit_record, audited
 from bcd.contract.auditproof import checkpoint_statement, event_leaf, verify_statement
 from bcd.contract.merkle import (
     Frontier,
@@ -84,6 +84,7 @@ def checkpoint_seal(*, tenant_id: str, actor_id: str = "system") -> Checkpoint |
            .values_list("position", flat=True).first() or 0)
     if not (AuditEvent.objects.filter(tenant_id=tenant_id, position__gt=start)
             .exclude(action=SEAL_ACTION).exists()):
+        audit_exempt("only positions were given: nothing new to seal")
         return None  # nothing new but earlier seals' own rows
     frontier = (Frontier(previous.tree_size, [bytes.fromhex(p) for p in previous.frontier])
                 if previous else Frontier())

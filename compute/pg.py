@@ -70,13 +70,22 @@ class EmbeddedPostgres:
     def admin_url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@/{database}?host={self.data_dir}"
 
+    def postmaster_pid(self) -> int | None:
+        """The pid its postmaster wrote, None when it wrote none (stopped or never run)."""
+        try:
+            return int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+
     def postmaster_alive(self) -> bool:
         """Whether the server's postmaster process lives (read from its pid file, without
         a subprocess: cheap enough to ask several times a second)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return False
         try:
-            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError, IndexError):
+        except (OSError, IndexError):
             return False
         return state not in ("Z", "X")  # a zombie nobody reaped is dead too
 

@@ -433,6 +433,7 @@ class DatabaseWatch:
 
     def watch(self) -> None:
         if self.server.postmaster_alive():
+            self.died = None  # (started again by someone else meanwhile)
             return
         import psycopg  # only once it died: the CLI starts without it
 

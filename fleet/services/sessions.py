@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.services import audit_denied, audit_record, audited
+from audit.services import audit_denied, audit_exempt, audit_record, audited
 from bcd.contract.crypto import verify_bytes
 from compute.db import database_now
 from compute.events.types import EventType
@@ -179,6 +179,8 @@ def command_result_record(*, node_id: str, epoch: int, report_id: str, command_i
                                     output=json.loads(body or "{}"))
     if summary is not None:
         _audit(node, "node.command.result", reportId=report_id, **summary)
+    else:
+        audit_exempt("a result for a finished or unknown command: only its report is claimed")
     return True
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
-from audit.services import audit_record, audited
+from audit.services import audit_exempt, audit_record, audited
 from compute.db import (
     constraint_errors,
     database_now,
@@ -335,6 +335,8 @@ def reservation_place_pending(*, reservation_id: str) -> Reservation | None:
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
                      target=rsv.id, data={"nodeId": allocation.node_id}, reason="capacity freed")
         emit_placed(rsv, allocation)
+    else:
+        audit_exempt("still pending: only its reason for waiting was written")
     return rsv
 
 

@@ -14,9 +14,10 @@ from django.db import connections
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from compute.db import database_now
-from fleet.models import Device, Node
+from fleet.models import Device, Node, Pool
 from reservations.gaps import gaps_mend
 from reservations.ledger import Allocation, Booking, Reservation
+from reservations.placement import Request
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, gpus
 from tests.support.ledger import overlapping_bookings, run_together
@@ -116,6 +117,26 @@ def test_nvlink_all_waits_for_one_whole_domain_where_any_four_gpus_are_free_soon
     found = earliest(root, pool, 4, 1, after=t0, topology="nvlink-all")
     assert start_of(found) == t0 + 4 * H
     assert len(found["nvlinkDomains"]) == 1
+
+
+@pytest.mark.parametrize("whole_groups", [True, False], ids=["whole-groups", "sweep"])
+def test_each_nodes_first_start_for_nvlink_all_is_when_one_domain_has_the_count(pool, t0,
+                                                                               whole_groups):
+    """The search itself, not only the placer after it, keeps to one NVLink domain: its
+    first start on the node is when a domain has four free, not when any four are."""
+    from reservations import earliest as search
+
+    node = make_node(pool["id"])
+    occupy(node, [0, 1, 4, 5], t0, t0 + 4 * H)
+    in_pool = Pool.objects.get(id=pool["id"])
+
+    def first_starts(topology: str) -> list[tuple[datetime, str]]:
+        return search.earliest_starts(in_pool, Request(count=4, topology=topology), H,
+                                      after=t0, latest_start=t0 + 10 * H,
+                                      whole_groups=whole_groups)
+
+    assert first_starts("any") == [(t0, node.id)]
+    assert first_starts("nvlink-all") == [(t0 + 4 * H, node.id)]
 
 
 def test_the_earliest_node_wins_and_packing_decides_between_equals(root, pool, t0):

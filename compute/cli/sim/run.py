@@ -9,7 +9,9 @@ simulated minutes take one real minute at `--time-scale 10`.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -26,6 +28,7 @@ import psycopg
 from bcd.config import Paths, joined_config
 from compute.cli.client import CliError
 from compute.cli.dev import (
+    DatabaseWatch,
     Stack,
     default_image,
     free_port,
@@ -89,12 +92,14 @@ class Run:
             "nodes": options.nodes, "minutes": options.minutes,
             "timeScale": options.time_scale, "without": sorted(options.without)})
         self.i1_problems: list[str] = []
+        self.planned_restart = threading.Event()  # the database's own restart fault runs
 
     # --- the stack ---------------------------------------------------------------------
 
     def start(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.server, seeded = start_throwaway()
+        self.database = DatabaseWatch(self.server, restart_delay=0.3, restart_max=30 / self.scale)
         self.stack = Stack(restart_delay=0.3, log_dir=state_dir / "logs",
                            restart_max=30 / self.scale)
         scaled = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": str(max(1, round(10 / self.scale))),
@@ -174,7 +179,10 @@ class Run:
         return config.node_id
 
     def _watch(self) -> None:
+        """Restart what died, as `dev` does: the stack's children and the database."""
         with self.lock:
+            if not self.planned_restart.is_set():
+                self.database.watch()
             self.stack.watch()
 
     def stop(self, *, keep_ledger: bool = False) -> None:
@@ -262,10 +270,24 @@ class Run:
             self.network.set(fault.target, fault.mode, delay=2.0)
             return f"{fault.mode} until t={fault.at + fault.duration:.0f}s"
         if fault.kind == "postgres-restart":
-            self.server.halt()
-            time.sleep(1.0)
-            self.server.start()
+            with self.lock:  # not restarted by the watch meanwhile
+                if not self.server.postmaster_alive():
+                    return "not running (the watch restarts it)"
+                self.planned_restart.set()
+            try:
+                self.server.halt()
+                time.sleep(1.0)
+                self.server.start()
+            finally:
+                self.planned_restart.clear()
             return "stopped and started"
+        if fault.kind == "postgres-kill":
+            with self.lock:
+                pid = self.server.postmaster_pid()
+                if pid is None or not self.server.postmaster_alive():
+                    return "not running"
+                os.kill(pid, signal.SIGKILL)
+            return "postmaster killed (restarted as dev does)"
         if fault.kind == "clock-skew":
             env = {**self.agent_env[fault.target],
                    "BCD_SIM_CLOCK_SKEW_SECONDS": str(fault.skew)}

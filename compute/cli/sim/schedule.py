@@ -16,7 +16,7 @@ from typing import Any
 # enough, so a short run still covers them all.
 FAULTS = ("kill-agent", "kill-agent-before-act", "kill-agent-after-act", "journal-loss",
           "kill-gateway", "kill-worker", "kill-api", "partition", "postgres-restart",
-          "clock-skew")
+          "postgres-kill", "clock-skew")
 PARTITIONS = ("drop", "freeze", "delay", "reset")
 OPERATIONS = ("reserve", "reserve", "reserve", "reserve-later", "release", "extend",
               "command", "cordon", "reserve", "reserve-later", "release", "extend", "command",
@@ -104,6 +104,8 @@ def _fault(rng: random.Random, kind: str, at: float, nodes: int) -> Fault:
         return Fault(at, kind, node, skew=rng.choice((-1, 1)) * rng.uniform(30, 600))
     if kind == "kill-worker":
         return Fault(at, kind, f"worker-{rng.randint(1, 2)}")
-    if kind in ("kill-gateway", "kill-api", "postgres-restart"):
-        return Fault(at, kind, kind.removeprefix("kill-").removesuffix("-restart"))
+    if kind in ("kill-gateway", "kill-api"):
+        return Fault(at, kind, kind.removeprefix("kill-"))
+    if kind.startswith("postgres-"):
+        return Fault(at, kind, "postgres")
     return Fault(at, kind, node)
