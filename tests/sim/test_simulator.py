@@ -36,6 +36,9 @@ def test_a_seed_alone_gives_the_plan_and_each_plan_holds_every_fault():
     assert plan(7, 2, 1.5) == plan(7, 2, 1.5)
     assert plan(7, 2, 1.5) != plan(8, 2, 1.5)
     assert {fault.kind for fault in plan(7, 2, 1.5).faults} == set(FAULTS)
+    postgres = plan(7, 2, 1.5, only=("postgres-restart", "postgres-kill"))
+    assert [f.kind for f in postgres.faults[:4]] == ["postgres-restart", "postgres-kill"] * 2
+    assert [f.at for f in postgres.faults] == [f.at for f in plan(7, 2, 1.5).faults]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

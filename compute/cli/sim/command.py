@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from compute.cli.sim.run import Options, Report, run
+from compute.cli.sim.schedule import FAULTS
 
 WITHOUT = ("exclude", "journal")
 
@@ -30,6 +31,10 @@ def sim() -> None:
 @click.option("--without", type=click.Choice(WITHOUT), multiple=True,
               help="Break a guarantee on purpose (drop the EXCLUDE constraints, or agents "
               "that ignore their journal) to show that I1 or I2 then fails.")
+@click.option("--faults", "only", type=click.Choice(FAULTS), multiple=True,
+              help="Inject only these kinds of fault, in turn, at the seed's fault times "
+              "(e.g. --faults postgres-restart --faults postgres-kill: Postgres again and "
+              "again all run long).")
 @click.option("--converge-within", type=click.FloatRange(1, 3600), default=90,
               show_default=True, help="Real seconds after the last fault for I3 to hold.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -38,12 +43,13 @@ def sim() -> None:
 @click.option("--output", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: tuple[str, ...],
-            converge_within: float, state_dir: Path | None, output: str) -> None:
+            only: tuple[str, ...], converge_within: float, state_dir: Path | None,
+            output: str) -> None:
     """Run one seed; exit 1 when an invariant fails."""
     quiet = output == "json"
     with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
         report = run(Options(seed=seed, nodes=nodes, minutes=minutes, time_scale=time_scale,
-                             without=frozenset(without), state_dir=state_dir,
+                             without=frozenset(without), only=only, state_dir=state_dir,
                              converge_within=converge_within),
                      echo=(lambda _line: None) if quiet else click.echo)
     if quiet:
@@ -51,7 +57,8 @@ def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: t
     else:
         show(report, rerun=f"better-compute sim run --seed {seed} --nodes {nodes} "
                            f"--minutes {minutes:g} --time-scale {time_scale:g}"
-                           + "".join(f" --without {w}" for w in without))
+                           + "".join(f" --without {w}" for w in without)
+                           + "".join(f" --faults {f}" for f in only))
     if not report.passed:
         raise SystemExit(1)
 

@@ -62,6 +62,7 @@ class Options:
     minutes: float = 10.0
     time_scale: float = 10.0
     without: frozenset[str] = frozenset()  # "exclude" and/or "journal": the proofs
+    only: tuple[str, ...] = ()  # fault kinds: only these, all run long
     state_dir: Path | None = None
     converge_within: float = 90.0  # real seconds after the last fault for I3 to hold
 
@@ -83,14 +84,15 @@ class Report:
 class Run:
     def __init__(self, options: Options, echo: Callable[[str], None]) -> None:
         self.options, self.echo = options, echo
-        self.plan: Plan = plan(options.seed, options.nodes, options.minutes)
+        self.plan: Plan = plan(options.seed, options.nodes, options.minutes, options.only)
         self.scale = options.time_scale
         self.lock = threading.RLock()  # the stack's children are changed by fault threads
         self.roots: list[Path] = []
         self.agent_env: dict[str, dict[str, str]] = {}
         self.report = Report(seed=options.seed, options={
             "nodes": options.nodes, "minutes": options.minutes,
-            "timeScale": options.time_scale, "without": sorted(options.without)})
+            "timeScale": options.time_scale, "without": sorted(options.without),
+            "onlyFaults": list(options.only)})
         self.i1_problems: list[str] = []
         self.planned_restart = threading.Event()  # the database's own restart fault runs
 
@@ -278,6 +280,10 @@ class Run:
                 self.server.halt()
                 time.sleep(1.0)
                 self.server.start()
+            except RuntimeError:
+                if self.server.postmaster_alive():
+                    raise
+                return "killed while it stopped (the watch restarts it)"
             finally:
                 self.planned_restart.clear()
             return "stopped and started"

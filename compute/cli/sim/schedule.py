@@ -64,7 +64,9 @@ class Plan:
                 "operations": len(self.operations)}
 
 
-def plan(seed: int, nodes: int, minutes: float) -> Plan:
+def plan(seed: int, nodes: int, minutes: float, only: tuple[str, ...] = ()) -> Plan:
+    """The seed's plan; with `only`, its faults are of those kinds alone (as many, at the
+    same moments), to repeat one fault all run long."""
     rng = random.Random(seed)  # noqa: S311 (a reproducible plan, not a secret)
     seconds = minutes * 60
     operations = []
@@ -88,6 +90,8 @@ def plan(seed: int, nodes: int, minutes: float) -> Plan:
     count = max(len(FAULTS), round(minutes * 2))
     kinds = list(FAULTS) + [rng.choice(FAULTS) for _ in range(count - len(FAULTS))]
     rng.shuffle(kinds)
+    if only:
+        kinds = [only[n % len(only)] for n in range(len(kinds))]
     times = sorted(rng.uniform(seconds * 0.1, seconds * 0.75) for _ in kinds)
     faults = tuple(_fault(rng, kind, at, nodes) for kind, at in zip(kinds, times, strict=True))
     joins = tuple(sorted(rng.uniform(seconds * 0.2, seconds * 0.6)
