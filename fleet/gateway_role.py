@@ -21,7 +21,7 @@ DEFAULT_ROLE = "bc_gateway"
 # returned key back; an upsert reads the columns it compares).
 GRANTS: dict[str, str] = {
     "fleet_node": "SELECT, UPDATE (session_epoch, connectivity, last_heartbeat_at, "
-                  "journal_epoch)",
+                  "connected_at, journal_epoch)",
     "fleet_nodecommand": "SELECT, UPDATE (state, sent_at, finished_at)",
     "fleet_nodespec": "SELECT",
     "fleet_pool": "SELECT",

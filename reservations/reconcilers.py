@@ -22,7 +22,7 @@ from reservations.ledger import Reservation, ReservationState
 from reservations.services.binding import (
     TIMEOUT_REASON,
     binding_fail,
-    binding_timeout,
+    binding_overdue,
     reservation_bind,
 )
 from reservations.services.book import pending_place
@@ -46,8 +46,8 @@ def reconcile_reservation(reservation_id: str) -> None:
     now = database_now()
     if rsv.state in HOLDING and rsv.during.upper <= now:
         reservation_expire(reservation_id=rsv.id)
-    elif rsv.state == ReservationState.BINDING and rsv.binding_started_at and \
-            rsv.binding_started_at < now - binding_timeout():
+    elif rsv.state == ReservationState.BINDING and \
+            Reservation.objects.filter(binding_overdue(now), pk=rsv.id).exists():
         binding_fail(reservation_id=rsv.id, reason=TIMEOUT_REASON)
     elif rsv.state == ReservationState.PLACED and rsv.during.lower <= now:
         # What ended on the node is released first, so that its spec never holds the GPUs
@@ -121,7 +121,7 @@ def sweep(limit: int = 500) -> int:
     due = (Reservation.objects.filter(
         Q(state=ReservationState.PLACED, during__startswith__lte=now)
         | Q(state__in=HOLDING, during__endswith__lte=now)
-        | Q(state=ReservationState.BINDING, binding_started_at__lt=now - binding_timeout()))
+        | binding_overdue(now))
         .values_list("id", flat=True)[:limit])
     count = 0
     for rsv_id in due:

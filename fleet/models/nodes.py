@@ -96,6 +96,9 @@ class Node(models.Model):
                                   help_text="The last acceptance attempt and its results.")
     created_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    connected_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it last came back (a session opened, or a "
+        "heartbeat after it was unreachable): a binding's timeout counts from then.")
     bmc_address = models.CharField(
         max_length=300, blank=True,
         help_text="redfish+https://HOST/redfish/v1/Systems/ID (empty: enrolled by joining). "

@@ -79,8 +79,10 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     was = node.connectivity
     node.connectivity = Connectivity.CONNECTED
     node.last_heartbeat_at = database_now()
+    if was != Connectivity.CONNECTED:
+        node.connected_at = node.last_heartbeat_at
     node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at",
-                             "journal_epoch"])
+                             "connected_at", "journal_epoch"])
     if was == Connectivity.UNREACHABLE:
         node_event(node, EventType.NODE_RECONNECTED, epoch=node.session_epoch)
     elif was != Connectivity.CONNECTED:
@@ -120,7 +122,8 @@ def node_reconnect(*, node_id: str, epoch: int) -> Node:
     if node.connectivity != Connectivity.UNREACHABLE:
         return node
     node.connectivity = Connectivity.CONNECTED
-    node.save(update_fields=["connectivity"])
+    node.connected_at = database_now()
+    node.save(update_fields=["connectivity", "connected_at"])
     node_event(node, EventType.NODE_RECONNECTED, epoch=epoch)
     _audit(node, "node.reconnect", epoch=epoch)
     return node

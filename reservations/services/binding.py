@@ -8,11 +8,12 @@ the public key the node joined with, and the GPU list against what the ledger bo
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from audit.services import audit_record, audited
@@ -23,7 +24,7 @@ from compute.db import database_now
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.metrics import BIND_SECONDS
-from fleet.models import Device, DeviceClass, Node
+from fleet.models import Connectivity, Device, DeviceClass, Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.ledger import Allocation, Reservation, ReservationState
@@ -177,6 +178,17 @@ def allocation_released_record(*, node_id: str, body: str, signature: str) -> st
 MAX_PLACEMENTS = 3  # the first placement and at most two more after failed bindings
 def binding_timeout() -> timedelta:
     return timedelta(seconds=settings.BC_BINDING_TIMEOUT_SECONDS)
+
+
+def binding_overdue(now: datetime) -> Q:
+    """Bindings past their timeout, not counting while their node is unreachable: a binding
+    waits while its node is silent (nothing moves for a node's silence alone), and a
+    node that comes back has the whole timeout again to report the hold."""
+    cutoff = now - binding_timeout()
+    return Q(state=ReservationState.BINDING, binding_started_at__lt=cutoff) & Q(Exists(
+        Allocation.objects.filter(reservation=OuterRef("pk"), ended_at__isnull=True)
+        .exclude(node__connectivity=Connectivity.UNREACHABLE)
+        .filter(Q(node__connected_at__isnull=True) | Q(node__connected_at__lt=cutoff))))
 
 
 @audited

@@ -3,6 +3,8 @@ and exactly the GPUs the ledger booked."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from django.utils import timezone
@@ -19,7 +21,7 @@ from reservations.services.binding import (
     allocation_released_record,
     reservation_bind,
 )
-from tests.factories import make_node
+from tests.factories import make_node, make_unreachable
 from tests.reservations.conftest import reserve
 from tests.support.writes import assert_wrote, recorded
 
@@ -212,15 +214,54 @@ def test_no_report_within_the_timeout_counts_as_a_failure(root, pool, bound):
 
     _, node, rsv, _ = bound
     make_node(pool["id"])  # somewhere else to go
-    with connection.cursor() as cursor:
+    with connection.cursor() as cursor:  # six minutes pass, the node connected throughout
         cursor.execute("UPDATE reservations_reservation SET binding_started_at = now() - "
                        "interval '6 minutes' WHERE id = %s", [rsv["id"]])
+        cursor.execute("UPDATE fleet_node SET connected_at = now() - interval '1 hour' "
+                       "WHERE id = %s", [node.id])
     sweep()
     assert WorkItem.objects.filter(kind="reservation", key=rsv["id"]).exists()
     reconcile_reservation(rsv["id"])
     again = root("reservations.get", reservationId=rsv["id"])
     assert again["state"] == "placed"
     assert again["nodeId"] != node.id
+    assert again["failureReason"] == "no AllocationBound within the timeout"
+
+
+def test_a_binding_waits_while_its_node_is_unreachable_and_gets_the_whole_timeout_back(
+        root, pool, bound):
+    """A node cut off past the binding timeout keeps its binding (nothing moves for a
+    node's silence alone); back, it has the whole timeout again to report the hold."""
+    from django.db import connection
+
+    from compute.queue.models import WorkItem
+    from fleet.services.sessions import node_reconnect
+    from reservations.reconcilers import reconcile_reservation, sweep
+
+    _, node, rsv, _ = bound
+    make_node(pool["id"])  # somewhere else it could go
+
+    def binding_began_minutes_ago(minutes: int) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE reservations_reservation SET binding_started_at = now() - "
+                           "make_interval(mins => %s) WHERE id = %s", [minutes, rsv["id"]])
+
+    def swept_and_reconciled() -> dict:
+        WorkItem.objects.filter(kind="reservation", key=rsv["id"]).delete()
+        sweep()
+        if WorkItem.objects.filter(kind="reservation", key=rsv["id"]).exists():
+            reconcile_reservation(rsv["id"])
+        return root("reservations.get", reservationId=rsv["id"])
+
+    make_unreachable(node)
+    binding_began_minutes_ago(60)
+    reconcile_reservation(rsv["id"])  # even when asked directly
+    assert swept_and_reconciled()["state"] == "binding"
+    node_reconnect(node_id=node.id, epoch=Node.objects.get(pk=node.id).session_epoch)
+    assert swept_and_reconciled()["state"] == "binding"  # back: the timeout starts again
+    Node.objects.filter(pk=node.id).update(connected_at=timezone.now() - timedelta(minutes=6))
+    again = swept_and_reconciled()  # connected the whole timeout, and still no report
+    assert (again["state"], again["nodeId"] != node.id) == ("placed", True)
     assert again["failureReason"] == "no AllocationBound within the timeout"
 
 
