@@ -20,6 +20,7 @@ from bcd.contract.crypto import BadSignature, sign_bytes
 from bcd.contract.holds import BadHold
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
+from bcd.contract.reports import REPORT_KINDS, statement
 from bcd.contract.signed import open_command, open_spec
 
 logger = logging.getLogger("bcd.session")
@@ -124,13 +125,13 @@ class AgentSession:
                                              applied_generation=self.applied_generation))
         while True:
             if not self.control.empty():
-                yield self.control.get_nowait()
+                yield self._signed(self.control.get_nowait())
                 continue
             if self.state.bulk_credits > 0 and not self.bulk.empty():
                 self.state.bulk_credits -= 1
                 message = self.bulk.get_nowait()
                 message.epoch = self.state.epoch
-                yield message
+                yield self._signed(message)
                 continue
             self.credit_event.clear()
             waiters = [asyncio.ensure_future(self.control.get()),
@@ -140,7 +141,20 @@ class AgentSession:
                 task.cancel()
             first = waiters[0]
             if first in done:
-                yield first.result()
+                yield self._signed(first.result())
+
+    def _signed(self, message: pb.AgentMessage) -> pb.AgentMessage:
+        """A report signed by the node key over its statement, as it leaves (its epoch is
+        final then); other messages as they are."""
+        kind = message.WhichOneof("body")
+        if kind in REPORT_KINDS:
+            report = getattr(message, kind)
+            command = ({"command_id": report.command_id, "status": report.status}
+                       if kind == "command_result" else {})
+            message.signature = sign_bytes(self.credentials.key, statement(
+                kind=kind, report_id=message.report_id, epoch=message.epoch, body=report.json,
+                **command))
+        return message
 
     def on_spec(self, message: pb.Spec) -> bool:
         """Apply a spec the control plane signed for this node and generation; anything

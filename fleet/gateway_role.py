@@ -2,8 +2,10 @@
 
 The gateway keeps node sessions (epochs, heartbeats, connectivity), delivers the specs and
 commands the control plane signed, and files reports in the inbox. It may not change a
-reservation, a booking, a device or a node's provisioning: a gateway that is taken over can
-delay or drop messages, but cannot make the ledger say something no node signed.
+reservation, a booking, a device or a node's provisioning, and writes no history (the audit
+log, the event outbox): a gateway that is taken over can delay or drop messages, but cannot
+make the ledger say something no node signed. GRANTS is the whole list; the README repeats
+it and a test compares it with what Postgres' catalogs say the role holds.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 
 from psycopg import sql
@@ -20,15 +23,14 @@ DEFAULT_ROLE = "bc_gateway"
 # table -> privileges, on the columns named where named (an INSERT … RETURNING reads the
 # returned key back; an upsert reads the columns it compares).
 GRANTS: dict[str, str] = {
-    "fleet_node": "SELECT, UPDATE (session_epoch, connectivity, last_heartbeat_at, "
-                  "connected_at, journal_epoch)",
-    "fleet_nodecommand": "SELECT, UPDATE (state, sent_at, finished_at)",
-    "fleet_nodespec": "SELECT",
-    "fleet_pool": "SELECT",
+    "fleet_node": "SELECT (id, site_id, provision_state, session_epoch, connectivity, "
+                  "last_heartbeat_at, connected_at, journal_epoch), "
+                  "UPDATE (session_epoch, connectivity, last_heartbeat_at, connected_at, "
+                  "journal_epoch)",
+    "fleet_nodecommand": "SELECT (id, node_id, kind, signed, state, created_at, sent_at), "
+                         "UPDATE (state, sent_at, finished_at)",
+    "fleet_nodespec": "SELECT (id, node_id, generation, signed, txid)",
     "fleet_reportinbox": "INSERT, SELECT (id)",
-    "audit_auditevent": "INSERT, SELECT (seq)",
-    "audit_audithead": "INSERT, SELECT (tenant_id, size), UPDATE (size)",
-    "compute_event": "INSERT, SELECT (seq)",
     "compute_workitem": "INSERT, SELECT (kind, key, version, due_at), UPDATE (version, due_at)",
 }
 
@@ -59,6 +61,16 @@ def scram_verifier(password: str, *, iterations: int = 4096) -> str:
     b64 = base64.b64encode
     return (f"SCRAM-SHA-256${iterations}:{b64(salt).decode()}"
             f"${b64(stored_key).decode()}:{b64(server_key).decode()}")
+
+
+def declared_privileges() -> set[tuple[str, str, str]]:
+    """GRANTS as (table, privilege, column) triples; column "" for the whole table."""
+    declared = set()
+    for table, privileges in GRANTS.items():
+        for privilege, columns in re.findall(r"(\w+)(?:\s*\(([^)]*)\))?", privileges):
+            names = [name.strip() for name in columns.split(",")] if columns else [""]
+            declared |= {(table, privilege, name) for name in names}
+    return declared
 
 
 def inserted_tables() -> list[str]:

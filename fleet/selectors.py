@@ -104,7 +104,8 @@ def node_for_session(*, node_id: str) -> SessionNode | None:
 
 
 def latest_spec(*, node_id: str) -> dict[str, Any] | None:
-    spec = NodeSpec.objects.filter(node_id=node_id).order_by("-generation").first()
+    spec = (NodeSpec.objects.filter(node_id=node_id).only("id", "generation", "signed")
+            .order_by("-generation").first())
     return None if spec is None else {"generation": spec.generation, "json": spec.signed}
 
 

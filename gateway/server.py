@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
+from bcd.contract.reports import REPORT_KINDS
 from compute.db import listen_forever
 from compute.metrics import HEARTBEAT_LAG, SESSIONS
 from fleet import selectors
@@ -204,21 +205,21 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             if sent := message.heartbeat.sent_at_ms:  # a node's clock ahead of ours reads 0
                 HEARTBEAT_LAG.observe(max(0.0, time.time() - sent / 1000))
             return
-        if kind in ("inventory", "telemetry"):
-            report = getattr(message, kind)
-            await self.db(sessions.reports_file, node_id=node, epoch=session.epoch, reports=[
-                (kind, {"reportId": message.report_id, "body": report.json})])
-            self._bulk_done(session, message.report_id, duplicate=False)
-        elif kind in ("command_result", "bound", "released", "failed", "vm"):
+        if kind in REPORT_KINDS:  # filed as the node signed it, for a worker to verify
             report = getattr(message, kind)
             fields = {"reportId": message.report_id, "body": report.json,
-                      "signature": report.signature}
+                      "reportSignature": message.signature}
+            if kind not in ("inventory", "telemetry"):
+                fields["signature"] = report.signature
             if kind == "command_result":
                 fields.update(commandId=report.command_id, status=report.status)
             await self.db(sessions.reports_file, node_id=node, epoch=session.epoch,
                           reports=[(kind, fields)])
-            session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
-                report_id=message.report_id, duplicate=False)))
+            if kind in ("inventory", "telemetry"):
+                self._bulk_done(session, message.report_id, duplicate=False)
+            else:
+                session.send(pb.GatewayMessage(lane=pb.CONTROL, ack=pb.Ack(
+                    report_id=message.report_id, duplicate=False)))
         elif kind == "renew":
             response = await self.http.post(f"{self.api_url}/api/agent/renew", json={
                 "nodeId": node, "csr": base64.b64encode(message.renew.csr_der).decode()})

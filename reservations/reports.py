@@ -1,11 +1,13 @@
 """Reports from nodes, verified and applied by the control plane (not by the gateway).
 
 The gateway files each report a node sends into the node's inbox (fleet.ReportInbox) and
-acknowledges it; this worker step takes them in the order they came, checks each against the
-node's own key and its current session, and applies it with the service that owns it. A
-report that proves nothing is refused and audited there, and changes nothing. A report is
-dropped from the inbox only once applied or refused, so a worker that dies in between
-applies it again, which every report allows (each is a no-op the second time).
+acknowledges it, along with what it says itself of the node's sessions; this worker step
+takes them in the order they came, checks each report against the node's own key (its
+signature over the report's kind, id, session epoch and body) and its current session, and
+applies it with the service that owns it. A report that proves nothing is refused and
+audited, and changes nothing. A report is dropped from the inbox only once applied or
+refused, so a worker that dies in between applies it again, which every report allows
+(each is a no-op the second time).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from compute.errors import ComputeError
 from compute.metrics import REPORT_DUPLICATES
 from compute.queue.work import handler
-from fleet.models import ReportInbox
+from fleet.models import Node, ReportInbox
 from fleet.services import sessions, telemetry
 from fleet.work import REPORTS
 from reservations.services import binding, sandbox_reports
@@ -37,30 +39,49 @@ APPLY: dict[str, tuple[Callable[..., Any], str]] = {
     "vm": (sandbox_reports.vm_report_record, ""),
 }
 WITH_EPOCH = ("inventory", "telemetry", "command_result")
-DEDUPLICATED = ("inventory", "command_result")  # they answer whether the report was new
+DEDUPLICATED = ("inventory", "telemetry", "command_result")  # they answer: was it new?
 
 
 @handler(REPORTS)
 def reconcile_reports(node_id: str) -> None:
     """Apply the node's filed reports, oldest first."""
+    public_key = Node.objects.filter(pk=node_id).values_list("public_key", flat=True).first()
     while batch := list(ReportInbox.objects.filter(node_id=node_id).order_by("id")[:BATCH]):
         for report in batch:
-            apply_report(report)
+            apply_report(report, public_key or "")
             ReportInbox.objects.filter(pk=report.pk).delete()
 
 
-def apply_report(report: ReportInbox) -> None:
-    """One report, applied by the service that owns it, or refused (and audited)."""
+def apply_report(report: ReportInbox, public_key: str) -> None:
+    """One report, applied by the service that owns it once it is shown to be the node's
+    own (signed by its key over its kind, id, epoch and body), or refused (and audited)."""
+    filed = report.fields if isinstance(report.fields, dict) else {}
+    if report.kind == sessions.SESSION_CHANGE:  # the gateway's own word, recorded as such
+        try:
+            sessions.session_change_record(node_id=report.node_id, epoch=report.epoch,
+                                           change=filed)
+        except ValueError as refusal:
+            logger.warning("node %s: session change refused: %s", report.node_id, refusal)
+            sessions.node_report_refused(node_id=report.node_id, action="node.session",
+                                         reason=str(refusal))
+        return
+    if report.kind not in APPLY or not sessions.report_proven(report, public_key):
+        reason = (f"{report.kind[:32]} report {str(filed.get('reportId', ''))[:64]!r} is "
+                  f"not signed by {report.node_id}'s key")
+        logger.warning("node %s: %s", report.node_id, reason)
+        sessions.node_report_refused(node_id=report.node_id, action="node.report",
+                                     reason=reason)
+        return
     apply, refusal_action = APPLY[report.kind]
-    fields = {"node_id": report.node_id, "body": str(report.fields.get("body", "")),
+    fields = {"node_id": report.node_id, "body": str(filed.get("body", "")),
               **({"epoch": report.epoch} if report.kind in WITH_EPOCH else {})}
-    if report.kind in ("inventory", "command_result"):
-        fields["report_id"] = str(report.fields.get("reportId", ""))
+    if report.kind in ("inventory", "telemetry", "command_result"):
+        fields["report_id"] = str(filed.get("reportId", ""))
     if report.kind == "command_result":
-        fields.update(command_id=str(report.fields.get("commandId", "")),
-                      status=str(report.fields.get("status", "")))
+        fields.update(command_id=str(filed.get("commandId", "")),
+                      status=str(filed.get("status", "")))
     if report.kind not in ("inventory", "telemetry"):
-        fields["signature"] = str(report.fields.get("signature", ""))
+        fields["signature"] = str(filed.get("signature", ""))
     try:
         outcome = apply(**fields)
     except sessions.StaleSession:

@@ -55,9 +55,18 @@ def make_provisioner(pool: Pool | str) -> tuple[Node, ec.EllipticCurvePrivateKey
     return Node.objects.get(pk=node.pk), key
 
 
+def open_session(node_id: str, journal_epoch: int = 0) -> int:
+    """Open a session as the gateway does, and record it as a worker then does; the epoch."""
+    from reservations.reports import reconcile_reports
+
+    epoch = session_open(node_id=node_id, journal_epoch=journal_epoch)
+    reconcile_reports(node_id)
+    return epoch
+
+
 def report_inventory(node: Node, report: dict[str, Any]) -> bool:
     """Send `report` as the node's agent does: over a (new) session, with a fresh report id."""
-    epoch = session_open(node_id=node.id)
+    epoch = open_session(node.id)
     return inventory_report_record(node_id=node.id, epoch=epoch, report_id=secrets.token_hex(8),
                                    body=json.dumps(report))
 

@@ -47,6 +47,7 @@ class NodeReport(models.Model):
     report_id = models.CharField(max_length=64, primary_key=True)
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="reports")
     kind = models.CharField(max_length=32)
+    epoch = models.PositiveBigIntegerField(default=0, help_text="The session it came over.")
     received_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

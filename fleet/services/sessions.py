@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from audit.services import audit_denied, audit_exempt, audit_record, audited
 from bcd.contract.crypto import verify_bytes
+from bcd.contract.reports import REPORT_KINDS, statement
 from compute.db import database_now
 from compute.events.types import EventType
 from fleet.inventory import parse_inventory
@@ -46,10 +47,18 @@ def _audit(node: Node, action: str, **data: Any) -> None:
                  target=node.id, data=data)
 
 
-@audited
+# The node columns the gateway reads and writes (its role may read no others).
+SESSION_COLUMNS = ("id", "session_epoch", "connectivity", "last_heartbeat_at", "connected_at",
+                   "journal_epoch")
+SESSION_CHANGE = "session"  # the inbox kind of what the gateway itself says of a session
+
+
+@transaction.atomic(durable=True)
 def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     """Bump the node's session epoch (older sessions lose the right to act) and mark it
-    connected; returns the new epoch.
+    connected; returns the new epoch. Session bookkeeping, run by the gateway: what it
+    means (events, the audit row) is filed in the node's inbox for a worker to record
+    (`session_change_record`), as the gateway's role writes no history.
 
     Commands sent but not answered are delivered again when the agent's journal is the one
     they were sent to (the journal makes the agent run each at most once). When the agent
@@ -57,39 +66,66 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     and not answered is marked `unknown` and never delivered again, including one queued
     again for a session that never took it (it may have run under the lost journal).
     """
-    node = Node.objects.select_for_update(of=("self",)).select_related("pool").get(pk=node_id)
-    unanswered = NodeCommand.objects.filter(node=node, state=CommandState.SENT)
-    lost = 0
+    node = Node.objects.select_for_update().only(*SESSION_COLUMNS).get(pk=node_id)
+    unanswered = NodeCommand.objects.filter(node_id=node_id, state=CommandState.SENT)
+    change: dict[str, Any] = {"change": "open", "was": node.connectivity}
     if journal_epoch and node.journal_epoch and journal_epoch != node.journal_epoch:
         unanswered = NodeCommand.objects.filter(
             Q(state=CommandState.SENT) | Q(state=CommandState.QUEUED, sent_at__isnull=False),
-            node=node)
+            node_id=node_id)
         provisioning = list(unanswered.filter(kind__startswith="bmc.").values_list(
             "id", flat=True))
         lost = unanswered.update(state=CommandState.UNKNOWN, finished_at=timezone.now())
         for command_id in provisioning:  # the machine's step ends: whether it ran is unknown
             command_outcome_lost(command_id)
-        node_event(node, EventType.NODE_JOURNAL_LOST, oldEpoch=node.journal_epoch,
-                   newEpoch=journal_epoch, commandsUnknown=lost)
+        change.update(oldJournalEpoch=node.journal_epoch, commandsUnknown=lost)
     else:
         unanswered.update(state=CommandState.QUEUED)
     if journal_epoch:
         node.journal_epoch = journal_epoch
     node.session_epoch += 1
-    was = node.connectivity
     node.connectivity = Connectivity.CONNECTED
     node.last_heartbeat_at = database_now()
-    if was != Connectivity.CONNECTED:
+    if change["was"] != Connectivity.CONNECTED:
         node.connected_at = node.last_heartbeat_at
     node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at",
                              "connected_at", "journal_epoch"])
-    if was == Connectivity.UNREACHABLE:
-        node_event(node, EventType.NODE_RECONNECTED, epoch=node.session_epoch)
-    elif was != Connectivity.CONNECTED:
-        node_event(node, EventType.NODE_CONNECTED, epoch=node.session_epoch)
-    _audit(node, "node.session.open", epoch=node.session_epoch, was=was,
-           journalEpoch=node.journal_epoch, commandsUnknown=lost)
+    _file_change(node_id, node.session_epoch, journalEpoch=node.journal_epoch, **change)
     return node.session_epoch
+
+
+def _file_change(node_id: str, epoch: int, **change: Any) -> None:
+    ReportInbox.objects.create(node_id=node_id, epoch=epoch, kind=SESSION_CHANGE, fields=change)
+    node_reports_filed(node_id)
+
+
+@audited
+def session_change_record(*, node_id: str, epoch: int, change: dict[str, Any]) -> None:
+    """Record what the gateway filed of a node's session: the events it stands for and its
+    audit row (the gateway's, not the node's word: its actor is `gateway`)."""
+    node = Node.objects.select_related("pool").get(pk=node_id)
+    kind, was = change.get("change"), change.get("was")
+    if kind not in ("open", "reconnect") or was not in Connectivity.values:
+        raise ValueError(f"no such session change: {str(kind)[:32]!r} from {str(was)[:32]!r}")
+    if not 0 < epoch <= node.session_epoch:
+        raise ValueError(f"session epoch {epoch} was never opened")
+    numbers = {name: change.get(name, 0) for name in ("journalEpoch", "oldJournalEpoch",
+                                                       "commandsUnknown")}
+    if not all(isinstance(value, int) and value >= 0 for value in numbers.values()):
+        raise ValueError("journalEpoch, oldJournalEpoch and commandsUnknown are counts")
+    if numbers["oldJournalEpoch"]:
+        node_event(node, EventType.NODE_JOURNAL_LOST, oldEpoch=numbers["oldJournalEpoch"],
+                   newEpoch=numbers["journalEpoch"], commandsUnknown=numbers["commandsUnknown"])
+    if was == Connectivity.UNREACHABLE:
+        node_event(node, EventType.NODE_RECONNECTED, epoch=epoch)
+    elif was != Connectivity.CONNECTED:
+        node_event(node, EventType.NODE_CONNECTED, epoch=epoch)
+    action, data = (("node.reconnect", {"epoch": epoch}) if kind == "reconnect" else
+                    ("node.session.open", {"epoch": epoch, "was": was,
+                                           "journalEpoch": numbers["journalEpoch"],
+                                           "commandsUnknown": numbers["commandsUnknown"]}))
+    audit_record(tenant_id=node.pool.tenant_id, actor_id="gateway", action=action,
+                 target=node.id, data=data)
 
 
 @transaction.atomic(durable=True)
@@ -115,18 +151,21 @@ def heartbeats_record(beats: dict[str, int]) -> tuple[set[str], set[str]]:
     return set(beats) - {row[0] for row in rows}, back
 
 
-@audited
-def node_reconnect(*, node_id: str, epoch: int) -> Node:
-    """A heartbeat of the node's current session after it was marked unreachable."""
-    node = _guard(node_id, epoch)
+@transaction.atomic(durable=True)
+def node_reconnect(*, node_id: str, epoch: int) -> bool:
+    """A heartbeat of the node's current session after it was marked unreachable: connected
+    again (session bookkeeping by the gateway, recorded by a worker as `session_open`'s is).
+    False when it was not unreachable."""
+    node = Node.objects.select_for_update().only(*SESSION_COLUMNS).get(pk=node_id)
+    if node.session_epoch != epoch:
+        raise StaleSession(node_id)
     if node.connectivity != Connectivity.UNREACHABLE:
-        return node
+        return False
     node.connectivity = Connectivity.CONNECTED
     node.connected_at = database_now()
     node.save(update_fields=["connectivity", "connected_at"])
-    node_event(node, EventType.NODE_RECONNECTED, epoch=epoch)
-    _audit(node, "node.reconnect", epoch=epoch)
-    return node
+    _file_change(node_id, epoch, change="reconnect", was=Connectivity.UNREACHABLE)
+    return True
 
 
 def _guard(node_id: str, epoch: int) -> Node:
@@ -136,13 +175,37 @@ def _guard(node_id: str, epoch: int) -> Node:
     return node
 
 
-def _claim(*, report_id: str, node_id: str, kind: str) -> bool:
-    """Claim a report id in the caller's transaction; False when it was received before."""
+def report_claim(*, report_id: str, node_id: str, kind: str, epoch: int) -> bool:
+    """Claim a report id in the caller's transaction; False when it was received before.
+
+    A claim is kept while its session is the node's current one: a report of an older
+    session is refused by its epoch, so replaying it needs no claim (`claims_prune`).
+    """
     with connection.cursor() as cursor:
-        cursor.execute("INSERT INTO fleet_nodereport (report_id, node_id, kind, received_at) "
-                       "VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
-                       [report_id, node_id, kind])
+        cursor.execute("INSERT INTO fleet_nodereport (report_id, node_id, kind, epoch, "
+                       "received_at) VALUES (%s, %s, %s, %s, now()) ON CONFLICT DO NOTHING",
+                       [report_id, node_id, kind, epoch])
         return cursor.rowcount == 1
+
+
+def claims_prune() -> int:
+    """Drop the report claims of sessions older than their node's current one."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM fleet_nodereport r USING fleet_node n "
+                       "WHERE r.node_id = n.id AND r.epoch < n.session_epoch")
+        return cursor.rowcount
+
+
+def report_proven(report: ReportInbox, public_key: str) -> bool:
+    """Did the node sign this filed report (its kind, id, epoch and body) with its key?"""
+    fields = report.fields if isinstance(report.fields, dict) else {}
+    command = ({"command_id": str(fields.get("commandId", "")),
+                "status": str(fields.get("status", ""))}
+               if report.kind == "command_result" else {})
+    signed = statement(kind=report.kind, report_id=str(fields.get("reportId", "")),
+                       epoch=report.epoch, body=str(fields.get("body", "")), **command)
+    return bool(public_key) and verify_bytes(public_key, signed,
+                                             str(fields.get("reportSignature", "")))
 
 
 @audited
@@ -154,7 +217,7 @@ def inventory_report_record(*, node_id: str, epoch: int, report_id: str, body: s
     """
     report = parse_inventory(json.loads(body))
     node = _guard(node_id, epoch)
-    if not _claim(report_id=report_id, node_id=node_id, kind="inventory"):
+    if not report_claim(report_id=report_id, node_id=node_id, kind="inventory", epoch=epoch):
         return False
     summary: dict[str, Any] = node_inventory_ingest_locked(node, report)
     if node.provision_state in (PS.ADOPTING, PS.DEPLOYED) and not node.acceptance:
@@ -176,7 +239,8 @@ def command_result_record(*, node_id: str, epoch: int, report_id: str, command_i
     if not verify_bytes(node.public_key, f"{command_id}\n{status}\n{body}".encode(),
                         signature):
         raise PermissionError(f"result of {command_id} is not signed by {node_id}'s key")
-    if not _claim(report_id=report_id, node_id=node_id, kind="command_result"):
+    if not report_claim(report_id=report_id, node_id=node_id, kind="command_result",
+                        epoch=epoch):
         return False
     summary = command_result_locked(node, command_id=command_id, status=status,
                                     output=json.loads(body or "{}"))
@@ -202,6 +266,7 @@ def commands_to_send(node_epochs: dict[str, int], limit: int = 500) -> list[dict
     if not wanted:
         return []
     rows = list(NodeCommand.objects.select_for_update(skip_locked=True)
+                .only("id", "node_id", "kind", "signed", "state", "sent_at", "created_at")
                 .filter(pk__in=wanted, state=CommandState.QUEUED)
                 .order_by("created_at")[:limit])
     now = timezone.now()
@@ -233,9 +298,6 @@ def node_mark_unreachable(*, node_id: str) -> Node | None:
                  target=node.id, data={"lastHeartbeatAt": node.last_heartbeat_at},
                  reason="no heartbeat within the lease")
     return node
-
-
-REPORT_KINDS = ("inventory", "telemetry", "command_result", "bound", "released", "failed", "vm")
 
 
 @transaction.atomic(durable=True)

@@ -12,7 +12,7 @@ from django.db import transaction
 from compute.db import database_now
 from compute.errors import InvalidArgument
 from fleet.models import Device, DeviceClass, GpuSample, Node
-from fleet.services.sessions import StaleSession
+from fleet.services.sessions import StaleSession, report_claim
 from fleet.work import node_telemetry_recorded
 
 KEPT = timedelta(days=1)
@@ -46,13 +46,16 @@ def _number(value: Any) -> bool:
 
 
 @transaction.atomic
-def telemetry_record(*, node_id: str, epoch: int, body: str) -> int:
+def telemetry_record(*, node_id: str, epoch: int, report_id: str, body: str) -> int:
     """Store a node's readings of its own present GPUs (others are ignored) at the database's
-    now, and queue the idle check of its holds; returns how many samples were stored."""
+    now, and queue the idle check of its holds; returns how many samples were stored (0
+    for a report received before: a replayed reading is not a new one)."""
     readings = parse_telemetry(body)
     # Without the node row's lock, which bookers of the node take: samples change nothing.
     if not Node.objects.filter(pk=node_id, session_epoch=epoch).exists():
         raise StaleSession(node_id)
+    if not report_claim(report_id=report_id, node_id=node_id, kind="telemetry", epoch=epoch):
+        return 0
     now = database_now()
     devices = Device.objects.filter(node_id=node_id, present=True, device_class=DeviceClass.GPU,
                                     uuid__in=list(readings)).values_list("id", "uuid")

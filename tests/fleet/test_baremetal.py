@@ -199,13 +199,13 @@ def test_power_and_provision_steps_refuse_machines_without_a_bmc(root, pool):
 def test_a_provisioner_that_lost_its_journal_ends_the_step_unknown(root, pool):
     """The provisioner comes back with a new journal: the command it had is marked unknown
     (never sent again) and the machine's step fails saying so."""
-    from fleet.services.sessions import session_open
+    from tests.factories import open_session
 
     provisioner, _ = make_provisioner(pool["id"])
     machine = enroll(root, pool).body["result"]["id"]
-    session_open(node_id=provisioner.id, journal_epoch=1)
+    open_session(provisioner.id, 1)
     NodeCommand.objects.filter(node=provisioner).update(state="sent")  # delivered, no answer
-    session_open(node_id=provisioner.id, journal_epoch=2)
+    open_session(provisioner.id, 2)
     assert last_command(provisioner).state == "unknown"
     assert node(machine).provision_state == "verifying"  # the gateway may not settle it
     run_due_work()

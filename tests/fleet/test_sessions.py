@@ -16,9 +16,9 @@ from fleet.services.sessions import (
     command_result_record,
     inventory_report_record,
     node_reconnect,
-    session_open,
 )
-from tests.factories import inventory, lapse_lease, make_bare_node, make_node
+from reservations.reports import reconcile_reports
+from tests.factories import inventory, lapse_lease, make_bare_node, make_node, open_session
 from tests.support.writes import assert_wrote
 
 
@@ -39,11 +39,11 @@ def keyed(pool):
 
 def test_an_older_sessions_reports_are_refused_by_the_database(keyed):
     key, node = keyed
-    first = session_open(node_id=node.id)
+    first = open_session(node.id)
     inventory_report_record(node_id=node.id, epoch=first, report_id="inv-1",
                             body=json.dumps(inventory()))
     command = NodeCommand.objects.get(node=node, kind="diag.nvml")
-    second = session_open(node_id=node.id)  # the node reconnected: epoch 1 may not act
+    second = open_session(node.id)  # the node reconnected: epoch 1 may not act
     assert second == first + 1
     with pytest.raises(StaleSession), assert_wrote(audit=None):
         inventory_report_record(node_id=node.id, epoch=first, report_id="inv-2",
@@ -62,7 +62,7 @@ def test_an_older_sessions_reports_are_refused_by_the_database(keyed):
 
 def test_a_report_is_claimed_with_its_write_and_a_resend_changes_nothing(keyed):
     _, node = keyed
-    epoch = session_open(node_id=node.id)
+    epoch = open_session(node.id)
     body = json.dumps(inventory())
     with assert_wrote(audit="node.inventory",
                       events=["node.inventory.updated", "node.acceptance.started"]):
@@ -76,7 +76,7 @@ def test_a_report_is_claimed_with_its_write_and_a_resend_changes_nothing(keyed):
 
 def test_a_result_not_signed_by_the_node_is_refused(keyed):
     _, node = keyed
-    epoch = session_open(node_id=node.id)
+    epoch = open_session(node.id)
     inventory_report_record(node_id=node.id, epoch=epoch, report_id=secrets.token_hex(4),
                             body=json.dumps(inventory()))
     command = NodeCommand.objects.get(node=node, kind="diag.nvml")
@@ -88,13 +88,15 @@ def test_a_result_not_signed_by_the_node_is_refused(keyed):
 
 def test_liveness_turns_a_quiet_node_unreachable_and_a_heartbeat_brings_it_back(pool):
     node = make_node(pool["id"])
-    epoch = session_open(node_id=node.id)
+    epoch = open_session(node.id)
     with assert_wrote(audit="node.unreachable", events=["node.unreachable"]):
         assert lapse_lease(node.id) is not None
     with assert_wrote(audit="node.reconnect", events=["node.reconnected"]):
-        node_reconnect(node_id=node.id, epoch=epoch)
+        assert node_reconnect(node_id=node.id, epoch=epoch) is True
+        reconcile_reports(node.id)  # the worker records what the gateway filed
     with assert_wrote(audit=None):
-        node_reconnect(node_id=node.id, epoch=epoch)  # already connected: nothing to do
+        assert node_reconnect(node_id=node.id, epoch=epoch) is False  # already connected
+        reconcile_reports(node.id)
     with pytest.raises(StaleSession):
         node_reconnect(node_id=node.id, epoch=epoch - 1)
 

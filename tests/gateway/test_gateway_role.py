@@ -9,6 +9,9 @@ import hashlib
 import hmac
 import io
 import json
+import os
+import re
+import secrets
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -22,6 +25,7 @@ from audit.models import AuditEvent
 from audit.sealing import KekUnavailable, kek
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
+from bcd.contract.reports import statement
 from fleet.models import Node, NodeSpec, ReportInbox
 from reservations.models import Reservation
 from reservations.reports import reconcile_reports
@@ -35,12 +39,21 @@ ROLE = "bc_gateway_test"
 
 
 @pytest.fixture
-def as_gateway():
-    """A connection as the gateway's role, made as `dev` and operators make it."""
-    call_command("bc_gateway_role", "--role", ROLE, stdout=io.StringIO())
+def gateway_url(tmp_path):
+    """The database URL of the gateway's role, made as `dev` and operators make it."""
+    password = secrets.token_urlsafe(18)
+    (tmp_path / "gateway-password").write_text(password)
+    call_command("bc_gateway_role", "--role", ROLE, "--password-file",
+                 str(tmp_path / "gateway-password"), stdout=io.StringIO())
     url = urlsplit(database_url())
-    netloc = f"{ROLE}@{url.netloc.rpartition('@')[2]}"
-    with psycopg.connect(urlunsplit(url._replace(netloc=netloc)), autocommit=True) as conn:
+    netloc = f"{ROLE}:{password}@{url.netloc.rpartition('@')[2]}"
+    return urlunsplit(url._replace(netloc=netloc))
+
+
+@pytest.fixture
+def as_gateway(gateway_url):
+    """A connection as the gateway's role."""
+    with psycopg.connect(gateway_url, autocommit=True) as conn:
         assert conn.execute("SELECT current_user").fetchone()[0] == ROLE
         yield conn
 
@@ -59,6 +72,13 @@ def as_gateway():
     "UPDATE audit_auditevent SET reason = 'rewritten'",
     "SELECT payload FROM compute_event",
     "SELECT secret_sha256 FROM compute_apitoken",
+    "INSERT INTO audit_auditevent (tenant_id, actor_id, action) VALUES ('t', 'a', 'forged')",
+    "INSERT INTO compute_event (tenant_id, type, subject) VALUES ('t', 'forged', 's')",
+    "UPDATE audit_audithead SET size = 0",
+    "SELECT cordoned FROM fleet_node",
+    "SELECT result FROM fleet_nodecommand",
+    "SELECT tenant_id FROM fleet_pool",
+    "SELECT kind FROM fleet_nodereport",
 ])
 def test_the_gateway_role_cannot(as_gateway, pool, statement):
     make_node(pool["id"])
@@ -108,8 +128,10 @@ def file_bound(conn, node_id, key, hold):
     """What a gateway does with an AllocationBound: file it in the node's inbox."""
     binding = Hold.from_wire(hold).binding()
     body = canonical({**binding, "generation": 2, "nodeId": node_id}).decode()
-    fields = {"reportId": "r-" + sign_bytes(key, body.encode())[:12], "body": body,
-              "signature": sign_bytes(key, body.encode())}
+    report_id = "r-" + secrets.token_hex(6)
+    fields = {"reportId": report_id, "body": body, "signature": sign_bytes(key, body.encode()),
+              "reportSignature": sign_bytes(key, statement(
+                  kind="bound", report_id=report_id, epoch=1, body=body))}
     conn.execute("INSERT INTO fleet_reportinbox (node_id, epoch, kind, fields, received_at) "
                  "VALUES (%s, 1, 'bound', %s, now())", [node_id, json.dumps(fields)])
 
@@ -129,10 +151,146 @@ def test_a_binding_the_gateway_forges_is_refused_and_the_nodes_own_is_taken(
                            "WHERE id = %s", [rsv["id"]])
     reconcile_reports(node.id)
     assert Reservation.objects.get(pk=rsv["id"]).state == "binding"
-    refusal = AuditEvent.objects.get(action="reservation.activate", allowed=False)
+    refusal = AuditEvent.objects.get(action="node.report", allowed=False)
     assert "not signed by" in refusal.reason
     assert not ReportInbox.objects.filter(node=node).exists()
 
     file_bound(as_gateway, node.id, node_key, hold)  # what the node itself signed
     reconcile_reports(node.id)
     assert Reservation.objects.get(pk=rsv["id"]).state == "active"
+
+
+def held_privileges(conn, role: str) -> set[tuple[str, str, str]]:
+    """What Postgres' catalogs say `role` holds on tables (column "" for a whole table)."""
+    tables = conn.execute(
+        "SELECT c.relname, a.privilege_type, '' FROM pg_class c, aclexplode(c.relacl) a "
+        "WHERE a.grantee = %s::regrole AND c.relkind IN ('r', 'p', 'v', 'm')", [role])
+    columns = conn.execute(
+        "SELECT c.relname, a.privilege_type, att.attname FROM pg_attribute att "
+        "JOIN pg_class c ON c.oid = att.attrelid, aclexplode(att.attacl) a "
+        "WHERE a.grantee = %s::regrole", [role])
+    return set(tables.fetchall()) | set(columns.fetchall())
+
+
+def readme_grants() -> dict[str, str]:
+    """The README's table of the gateway's grants: table -> privileges."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("The gateway's role holds exactly these grants", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|$", section.split("\n\n", 2)[1], re.M)
+    return {table: privileges.strip() for table, privileges in rows}
+
+
+def test_the_roles_grants_in_the_catalogs_are_the_declared_ones(as_gateway):
+    from fleet.gateway_role import GRANTS, declared_privileges, inserted_tables
+
+    assert held_privileges(as_gateway, ROLE) == declared_privileges()
+    assert readme_grants() == GRANTS
+    history = {"audit_", "compute_event", "reservations_", "fleet_device", "fleet_pool",
+               "compute_apitoken", "fleet_nodereport"}
+    assert not [table for table, _, _ in held_privileges(as_gateway, ROLE)
+                if any(table.startswith(prefix) for prefix in history)]
+    sequences = as_gateway.execute(
+        "SELECT c.relname FROM pg_class c, aclexplode(c.relacl) a "
+        "WHERE a.grantee = %s::regrole AND c.relkind = 'S'", [ROLE]).fetchall()
+    assert {name for (name,) in sequences} <= {f"{table}_id_seq" for table in inserted_tables()}
+    attributes = as_gateway.execute(
+        "SELECT rolsuper OR rolcreaterole OR rolcreatedb OR rolbypassrls OR rolreplication, "
+        "(SELECT count(*) FROM pg_auth_members WHERE member = r.oid) "
+        "FROM pg_roles r WHERE rolname = %s", [ROLE]).fetchone()
+    assert attributes == (False, 0)
+
+
+def signed_report(key, kind, node_id, epoch, body, **command):
+    """A report as a node's agent sends it: its id, body and signature over its statement."""
+    report_id = secrets.token_hex(8)
+    fields = {"reportId": report_id, "body": body, "reportSignature": sign_bytes(
+        key, statement(kind=kind, report_id=report_id, epoch=epoch, body=body,
+                       **command))}
+    if command:
+        fields.update(commandId=command["command_id"], status=command["status"])
+    return fields
+
+
+def test_a_gateway_taken_over_changes_nothing_and_its_forgeries_are_refused_and_audited(
+        gateway_url, root, pool):
+    """The gateway process replaced by one that forges, with the gateway's database role:
+    a binding, an inventory, telemetry and a command result no node signed, a session it
+    never opened, an audit row, an event."""
+    import subprocess
+    import sys
+
+    from audit.checkpoints import audit_verify
+    from compute.events.models import Event
+    from fleet.models import Device, GpuSample, NodeCommand
+    from tests.factories import inventory, open_session
+
+    node_key, forger = (ec.generate_private_key(ec.SECP256R1()) for _ in range(2))
+    node = make_node(pool["id"])
+    Node.objects.filter(pk=node.pk).update(public_key=public_pem(node_key.public_key()))
+    epoch = open_session(node.id)
+    rsv = reserve(root, pool, 4).result
+    reservation_bind(reservation_id=rsv["id"])
+    hold = NodeSpec.objects.filter(node=node).latest("generation").spec["allocations"][0]
+    command = NodeCommand.objects.create(node=node, kind="diag.disk", state="sent")
+    gpus = list(Device.objects.filter(node=node, device_class="gpu").values_list("uuid",
+                                                                                flat=True))
+    sick = inventory(hostname=node.hostname)
+    for gpu in sick["gpus"]:
+        gpu.update(health="unhealthy", healthReason="FORGED-BY-GATEWAY-ROLE")
+    bound = canonical({**Hold.from_wire(hold).binding(), "generation": 2,
+                       "nodeId": node.id}).decode()
+    idle = json.dumps({"gpus": {uuid: {"utilization": 0} for uuid in gpus}})
+    unsigned_inventory = {"reportId": "inv-forged", "body": json.dumps(sick)}
+    altered = signed_report(node_key, "telemetry", node.id, epoch, json.dumps(
+        {"gpus": {uuid: {"utilization": 100} for uuid in gpus}}))
+    altered["body"] = idle  # the node's signature, over another body
+    forgeries = [
+        ("bound", {**signed_report(forger, "bound", node.id, epoch, bound),
+                   "signature": sign_bytes(forger, bound.encode())}),
+        ("inventory", unsigned_inventory),
+        ("telemetry", signed_report(forger, "telemetry", node.id, epoch, idle)),
+        ("telemetry", altered),
+        ("command_result", {**signed_report(forger, "command_result", node.id, epoch,
+                                            '{"ok": true}', command_id=command.id,
+                                            status="succeeded"), "signature": "x"}),
+    ]
+    before = {"audit": AuditEvent.objects.filter(allowed=True).count(),
+              "events": Event.objects.count(),
+              "health": sorted(Device.objects.values_list("uuid", "health")),
+              "reservation": Reservation.objects.get(pk=rsv["id"]).state}
+    plan = {"nodeId": node.id, "epoch": epoch, "tenantId": rsv["tenantId"],
+            "target": rsv["id"], "reports": forgeries}
+    env = {**os.environ, "DATABASE_URL": gateway_url}
+    answered = subprocess.run([sys.executable, "-m", "tests.support.forging_gateway"],
+                              input=json.dumps(plan), capture_output=True, text=True,
+                              env=env, timeout=60, check=True)
+    answers = json.loads(answered.stdout.strip().splitlines()[-1])
+    assert answers == {"user": ROLE, "audit": "InsufficientPrivilege",
+                       "event": "InsufficientPrivilege",
+                       "reservation": "InsufficientPrivilege"}
+
+    reconcile_reports(node.id)  # the worker: verifies each report, applies none of them
+    assert not ReportInbox.objects.filter(node=node).exists()
+    assert Reservation.objects.get(pk=rsv["id"]).state == before["reservation"] == "binding"
+    assert sorted(Device.objects.values_list("uuid", "health")) == before["health"]
+    assert not GpuSample.objects.exists()
+    assert NodeCommand.objects.get(pk=command.pk).state == "sent"
+    assert AuditEvent.objects.filter(allowed=True).count() == before["audit"]
+    assert Event.objects.count() == before["events"]
+    refusals = list(AuditEvent.objects.filter(allowed=False, target=node.id)
+                    .values_list("action", "reason"))
+    assert sorted(action for action, _ in refusals) == ["node.report"] * 5 + ["node.session"]
+    assert all("not signed by" in reason for action, reason in refusals
+               if action == "node.report")
+    assert audit_verify(tenant_id=rsv["tenantId"]).ok
+
+    genuine = signed_report(node_key, "telemetry", node.id, epoch, idle)
+    with psycopg.connect(gateway_url, autocommit=True) as conn:
+        for _ in range(3):  # the node's own reading, replayed twice by the gateway
+            conn.execute("INSERT INTO fleet_reportinbox (node_id, epoch, kind, fields, "
+                         "received_at) VALUES (%s, %s, 'telemetry', %s, now())",
+                         [node.id, epoch, json.dumps(genuine)])
+    reconcile_reports(node.id)
+    assert GpuSample.objects.count() == len(gpus)  # taken once

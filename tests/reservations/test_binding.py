@@ -13,7 +13,6 @@ from audit.models import AuditEvent
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
 from fleet.models import CommandState, Node, NodeCommand, NodeSpec
-from fleet.services.sessions import session_open
 from reservations.services.binding import (
     BindingRefused,
     StaleReport,
@@ -21,7 +20,7 @@ from reservations.services.binding import (
     allocation_released_record,
     reservation_bind,
 )
-from tests.factories import make_node, make_unreachable
+from tests.factories import make_node, make_unreachable, open_session
 from tests.reservations.conftest import reserve
 from tests.support.writes import assert_wrote, recorded
 
@@ -125,15 +124,15 @@ def test_the_nodes_signed_report_makes_it_active_once(root, bound):
 
 def test_unanswered_commands_are_redelivered_to_the_same_journal_only(pool):
     node = make_node(pool["id"])
-    session_open(node_id=node.id, journal_epoch=111)
+    open_session(node.id, 111)
     command = NodeCommand.objects.create(node=node, kind="diag.disk", state=CommandState.SENT)
     with assert_wrote(audit="node.session.open"):
-        session_open(node_id=node.id, journal_epoch=111)  # same journal: deliver again
+        open_session(node.id, 111)  # same journal: deliver again
     command.refresh_from_db()
     assert command.state == CommandState.QUEUED
     NodeCommand.objects.filter(pk=command.pk).update(state=CommandState.SENT)
     with assert_wrote(audit="node.session.open", events=["node.journal.lost"]):
-        session_open(node_id=node.id, journal_epoch=222)  # journal lost: never again
+        open_session(node.id, 222)  # journal lost: never again
     command.refresh_from_db()
     assert command.state == CommandState.UNKNOWN
     assert Node.objects.get(pk=node.pk).journal_epoch == 222
@@ -144,15 +143,15 @@ def test_a_command_queued_again_after_a_lost_session_is_never_run_by_a_new_journ
     never taken: the journal that may have run it is gone, so journal 222 never gets it; a
     command never sent still goes to the new journal."""
     node = make_node(pool["id"])
-    session_open(node_id=node.id, journal_epoch=111)
+    open_session(node.id, 111)
     sent = NodeCommand.objects.create(node=node, kind="diag.disk", state=CommandState.SENT,
                                       sent_at=timezone.now())
     fresh = NodeCommand.objects.create(node=node, kind="diag.disk")
-    session_open(node_id=node.id, journal_epoch=111)
+    open_session(node.id, 111)
     sent.refresh_from_db()
     assert sent.state == CommandState.QUEUED
     with assert_wrote(audit="node.session.open", events=["node.journal.lost"]):
-        session_open(node_id=node.id, journal_epoch=222)
+        open_session(node.id, 222)
     sent.refresh_from_db()
     fresh.refresh_from_db()
     assert (sent.state, fresh.state) == (CommandState.UNKNOWN, CommandState.QUEUED)

@@ -5,6 +5,7 @@ are never reclaimed."""
 from __future__ import annotations
 
 import json
+import secrets
 import time
 
 import pytest
@@ -14,11 +15,10 @@ from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
 from compute.errors import InvalidArgument
 from fleet.models import GpuSample, Node, NodeSpec
-from fleet.services.sessions import session_open
 from fleet.services.telemetry import telemetry_record
 from reservations.models import Quota, Reservation
 from reservations.services.binding import allocation_bound_record, reservation_bind
-from tests.factories import make_node
+from tests.factories import make_node, open_session
 from tests.reservations.conftest import reserve
 from tests.support.work import run_due_work
 from tests.support.writes import assert_wrote
@@ -54,7 +54,8 @@ def active(client, pool, key, node, gpus=2):
 def send(node, utilization: dict[str, int]) -> int:
     """The node's readings, as the gateway records them."""
     epoch = Node.objects.get(pk=node.pk).session_epoch
-    return telemetry_record(node_id=node.id, epoch=epoch, body=json.dumps(
+    return telemetry_record(node_id=node.id, epoch=epoch, report_id=secrets.token_hex(8),
+                            body=json.dumps(
         {"gpus": {uuid: {"utilization": u, "memoryUsedMiB": 512} for uuid, u in
                   utilization.items()}}))
 
@@ -72,7 +73,7 @@ def every_gpu(node, utilization: int) -> dict[str, int]:
 def test_an_idle_reservation_is_warned_then_released_with_its_reason(root, pool, acme,
                                                                       reclaiming):
     key, node = reclaiming
-    session_open(node_id=node.id)
+    open_session(node.id)
     idle = active(acme, pool, key, node)
     busy = active(acme, pool, key, node)
     readings = {**every_gpu(node, 1), **dict.fromkeys(gpu_uuids(busy), 80)}
@@ -107,7 +108,7 @@ def test_a_busy_sample_clears_the_flag(root, pool, acme, reclaiming):
     key, node = reclaiming
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8},
          limits={"idleReclaim": {"belowPercent": 5, "forMinutes": 0.1}})  # warn only
-    session_open(node_id=node.id)
+    open_session(node.id)
     rsv = active(acme, pool, key, node)
     send(node, every_gpu(node, 0))
     time.sleep(WATCH_S + 0.5)
@@ -126,10 +127,10 @@ def test_gpus_never_reported_are_never_reclaimed(root, pool, acme, reclaiming):
     """No telemetry is no evidence: an agent that sends none (or a node cut off) keeps its
     holds, whatever the rule says."""
     key, node = reclaiming
-    session_open(node_id=node.id)
+    open_session(node.id)
     rsv = active(acme, pool, key, node)
     other = make_node(pool["id"])  # reports; the reservation's node does not
-    session_open(node_id=other.id)
+    open_session(other.id)
     time.sleep(WATCH_S + 0.5)
     send(other, every_gpu(other, 0))
     run_due_work()
@@ -145,9 +146,9 @@ def test_gpus_never_reported_are_never_reclaimed(root, pool, acme, reclaiming):
 ])
 def test_malformed_telemetry_names_its_field_and_stores_nothing(pool, body, field):
     node = make_node(pool["id"])
-    epoch = session_open(node_id=node.id)
+    epoch = open_session(node.id)
     with pytest.raises(InvalidArgument) as refused:
-        telemetry_record(node_id=node.id, epoch=epoch, body=json.dumps(body))
+        telemetry_record(node_id=node.id, epoch=epoch, report_id="t-1", body=json.dumps(body))
     assert refused.value.details["field"] == field
     assert not GpuSample.objects.exists()
 

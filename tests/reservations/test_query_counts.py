@@ -6,9 +6,9 @@ from __future__ import annotations
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from fleet.services.sessions import heartbeats_record, session_open
+from fleet.services.sessions import heartbeats_record
 from reservations.services.binding import allocation_bound_record
-from tests.factories import make_node
+from tests.factories import make_node, open_session
 from tests.reservations.conftest import reserve
 from tests.reservations.test_binding import bound, report  # noqa: F401  (a fixture)
 
@@ -43,7 +43,7 @@ def test_reservations_release_through_the_api(root, pool):
 
 def test_heartbeats_of_many_nodes_are_one_statement(pool):
     nodes = [make_node(pool["id"]) for _ in range(5)]
-    beats = {node.id: session_open(node_id=node.id) for node in nodes}
+    beats = {node.id: open_session(node.id) for node in nodes}
     pinned(lambda: heartbeats_record(beats), 1)
 
 
