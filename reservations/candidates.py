@@ -40,6 +40,20 @@ def moment(now: datetime, at: datetime | None, in_ms: int | None, *,
     return now + timedelta(milliseconds=in_ms) if in_ms is not None else at
 
 
+LATEST_END = MAX_START_AHEAD * 2  # a window's end: the latest start, and a longest hold
+
+
+def end_by(now: datetime, before: datetime | None, before_in_ms: int | None
+           ) -> datetime | None:
+    """The time a window must end by, from `before` or `beforeIn`; refused unless it is
+    after now and within the latest start plus the longest hold."""
+    before = moment(now, before, before_in_ms, field="before")
+    if before is not None and not now < before <= now + LATEST_END:
+        raise InvalidArgument(f"before: {before.isoformat()} is not between now and "
+                              f"{LATEST_END.days} days ahead", field="before")
+    return before
+
+
 def later_start(now: datetime, start: datetime | None, start_in_ms: int | None, *,
                 field: str = "start") -> datetime | None:
     """A request's start from `start` or `startIn`, None for now; refused when in the past
@@ -87,7 +101,10 @@ def host_fraction(pool: Pool, device_class: str, profile: str) -> float:
 def device_filter_q(rsv: Reservation) -> Q:
     """The reservation's product, MIG profile and selector as a filter over devices
     (validated names, parameterised values: nothing from the request reaches SQL as text)."""
-    q = parse_selector(rsv.selector).to_q()
+    try:
+        q = parse_selector(rsv.selector).to_q()
+    except InvalidArgument:  # stored before selectors were type-checked: it matches nothing
+        q = Q(pk__isnull=True)
     if rsv.profile:
         q &= Q(profile=rsv.profile)
     return q & Q(product=rsv.product) if rsv.product else q

@@ -27,8 +27,8 @@ from reservations.candidates import (
     IN_THE_WAY,
     MAX_START_AHEAD,
     device_filter_q,
+    end_by,
     later_start,
-    moment,
     pending_reason,
     placement_request,
     propose,
@@ -166,7 +166,7 @@ def capacity_earliest(pool: Pool, rsv: Reservation, *, after: datetime | None = 
     the start horizon), and where. Books nothing and takes no locks."""
     now = database_now()
     search = search_for(rsv, now, later_start(now, after, after_in_ms, field="after"),
-                        moment(now, before, before_in_ms, field="before"))
+                        end_by(now, before, before_in_ms))
     slot = search.slot()
     if slot is None:
         return {"found": False, "poolId": pool.id, "gpus": rsv.gpu_count,

@@ -23,11 +23,13 @@ ATTRIBUTES: dict[str, str] = {  # wire name -> field of fleet.Device
 }
 _LOOKUPS = {"==": "exact", "!=": "exact", ">=": "gte", "<=": "lte", ">": "gt", "<": "lt"}
 _TEXT_FIELDS = {"product", "model", "nvlink_domain"}
-_NOTHING = Q(pk__in=[])
 _CLAUSE = re.compile(
     r"""^\s*(?P<attr>[A-Za-z]+)\s*(?P<op>==|!=|>=|<=|>|<)\s*"""
     r"""(?P<value>-?\d+(?:\.\d+)?|"[^"]*"|'[^']*')\s*$""")
 _AND = re.compile(r"\s*(?:&&|\band\b)\s*")
+
+
+_NUMBER_RANGE = (-(2**31), 2**31 - 1)  # the numeric attributes are integer columns
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,30 @@ class Clause:
     value: float | str
 
     def to_q(self) -> Q:
-        if isinstance(self.value, str) != (self.attribute in _TEXT_FIELDS):
-            return _NOTHING  # a number compared with text (or the reverse) matches nothing
         q = Q(**{f"{self.attribute}__{_LOOKUPS[self.op]}": self.value})
         return ~q if self.op == "!=" else q
+
+
+def _typed(attr: str, raw: str) -> float | str:
+    """The clause's value, checked against the attribute it compares (a clear refusal
+    naming both, never a query that cannot run)."""
+    field = ATTRIBUTES[attr]
+    if raw[0] in "\"'":
+        text = raw[1:-1]
+        if field not in _TEXT_FIELDS:
+            raise InvalidArgument(f"selector: {attr} is a number; compare it with one, "
+                                  f"e.g. {attr} >= 80, not with {raw}", field="selector")
+        if "\x00" in text or not text.isprintable():
+            raise InvalidArgument(f"selector: the value of {attr} has a control character",
+                                  field="selector")
+        return text
+    if field in _TEXT_FIELDS:
+        raise InvalidArgument(f"selector: {attr} is text; quote the value, e.g. "
+                              f"{attr} == \"{raw}\"", field="selector")
+    number = float(raw)
+    if not _NUMBER_RANGE[0] <= number <= _NUMBER_RANGE[1]:
+        raise InvalidArgument(f"selector: {raw} is out of range for {attr}", field="selector")
+    return number
 
 
 @dataclass(frozen=True)
@@ -71,7 +93,5 @@ def parse_selector(text: str) -> DeviceFilter:
             raise InvalidArgument(
                 f"selector: unknown attribute {attr!r} (known: {', '.join(ATTRIBUTES)})",
                 field="selector")
-        raw = match["value"]
-        value: float | str = raw[1:-1] if raw[0] in "\"'" else float(raw)
-        clauses.append(Clause(ATTRIBUTES[attr], match["op"], value))
+        clauses.append(Clause(ATTRIBUTES[attr], match["op"], _typed(attr, match["value"])))
     return DeviceFilter(tuple(clauses))

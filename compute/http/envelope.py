@@ -93,6 +93,9 @@ def call(principal: Principal, action: str, body: dict[str, Any], request_id: st
     endpoint = REGISTRY.get((group, method))
     if endpoint is None:
         raise NotFound(f"unknown method {action}", method=action)
+    if (where := unstorable(body)) is not None:
+        raise InvalidArgument(f"{where}: has a NUL character or a lone surrogate",
+                              field=where)
     who = acting_as(principal, tenant_ref=body.pop("tenantId", None), request_id=request_id,
                     action=endpoint.action)
     data = validate(endpoint, body)
@@ -100,6 +103,33 @@ def call(principal: Principal, action: str, body: dict[str, Any], request_id: st
     stamp = decide_once(who, endpoint.action, endpoint.draft(ctx, data))
     with stamped(stamp):
         return endpoint.handler(ctx, data)
+
+
+def unstorable(value: Any, path: str = "") -> str | None:
+    """The path of the first string (key or value) Postgres cannot store as text: one with a
+    NUL, or a lone surrogate (not UTF-8); None when there is none."""
+    if isinstance(value, str):
+        return (path or "body") if "\x00" in value or not _encodable(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if not _encodable(str(key)) or "\x00" in str(key):
+                return path or "body"
+            if (found := unstorable(item, where)) is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if (found := unstorable(item, f"{path}[{index}]")) is not None:
+                return found
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -99,10 +101,14 @@ def tenant_resolve(value: object, *, principal: Principal) -> Tenant:
     return tenant
 
 
+_TENANT_REF = re.compile(r"[A-Za-z0-9_-]{1,63}")
+
+
 def tenant_by_ref(value: object) -> Tenant:
     """A tenant named by its id (`tnt_…`) or its slug."""
-    if not isinstance(value, str) or len(value) > 63:
-        raise InvalidArgument("tenantId: must be a tenant id or slug", field="tenantId")
+    if not isinstance(value, str) or not _TENANT_REF.fullmatch(value):
+        raise InvalidArgument("tenantId: must be a tenant id or slug (letters, digits, - and _, "
+                              "at most 63)", field="tenantId")
     field = "pk" if value.startswith("tnt_") else "slug"
     tenant = Tenant.objects.filter(**{field: value}).first()
     if tenant is None:

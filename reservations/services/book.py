@@ -31,8 +31,8 @@ from fleet.models import DeviceClass, Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
     device_filter_q,
+    end_by,
     later_start,
-    moment,
     pending_reason,
     placement_request,
     propose,
@@ -250,7 +250,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     check_atoms(pool, device_class=device_class, profile=profile, topology=topology)
     parse_selector(selector)
     now = database_now()
-    before = moment(now, before, before_in_ms, field="before")
+    before = end_by(now, before, before_in_ms)
     if before is not None and not at_earliest:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)

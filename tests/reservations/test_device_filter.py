@@ -22,8 +22,6 @@ def devices(root):
     ('model == "H100" and index < 1', 2),
     ("model != 'H100'", 0),
     ("product != 'H100-PCIE-40GB'", 2),
-    ("vramGiB == 'x'", 0),
-    ("product > 3", 0),
     ("", 4),
 ])
 def test_selector_filters_devices_in_sql(devices, text, expected):
@@ -33,6 +31,7 @@ def test_selector_filters_devices_in_sql(devices, text, expected):
 @pytest.mark.parametrize("text", [
     "__import__('os').system('true')", "vramGiB >= ", "colour == 'red'", "vramGiB ~ 3",
     "vramGiB >= 80 || index == 1", "a" * 301, "vramGiB >= 80; DROP TABLE fleet_device",
+    "vramGiB == 'x'", "product > 3", "index < 99999999999",
 ])
 def test_bad_selectors_are_invalid_argument(text):
     with pytest.raises(InvalidArgument) as caught:
