@@ -27,6 +27,7 @@ from pathlib import Path
 
 DATABASE_NAME = "better_compute"
 SERVER_USER = "embedded_postgres"
+PASSWORD_FILE = "superuser.password"  # noqa: S105 (the name of the file that keeps it)
 # A throw-away server skips flushing to disk (a crash of the machine loses it, which a
 # throw-away database may), but never acknowledges a commit before its WAL is written: a
 # kill -9 of the server (not of the machine) loses no acknowledged write.
@@ -65,10 +66,20 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@/{DATABASE_NAME}?host={self.data_dir}"
+        return self.admin_url(DATABASE_NAME)
 
     def admin_url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@/{database}?host={self.data_dir}"
+        password = self.password()
+        user = f"postgres:{password}" if password else "postgres"  # URL-safe characters
+        return f"postgresql://{user}@/{database}?host={self.data_dir}"
+
+    def password(self) -> str:
+        """The superuser's password, kept in the data directory (and so in its copies);
+        "" for a cluster made before every role needed one."""
+        try:
+            return (self.data_dir / PASSWORD_FILE).read_text().strip()
+        except OSError:
+            return ""
 
     def postmaster_pid(self) -> int | None:
         """The pid its postmaster wrote, None when it wrote none (stopped or never run)."""
@@ -106,10 +117,7 @@ class EmbeddedPostgres:
             except OSError:  # none (or another start took it): copy now
                 subprocess.run(["cp", "-a", f"{seed}/.", str(self.data_dir)], check=True)
         if not (self.data_dir / "PG_VERSION").exists():
-            self._run([
-                _bin("initdb"), "-D", str(self.data_dir), "--auth=trust", "--encoding=utf8",
-                "-U", "postgres", "--no-instructions",
-            ])
+            self._initdb()
         if not self.is_running():
             options = f"-h '' -k {self.data_dir} -c max_connections=200"
             if self.throwaway:
@@ -146,6 +154,26 @@ class EmbeddedPostgres:
             shutil.rmtree(partial, ignore_errors=True)
         finally:
             self.start()
+
+    def _initdb(self) -> None:
+        """A new cluster where every role logs in with a password (SCRAM), the superuser's
+        a random one kept in the data directory, readable by its owner only."""
+        password_file = self.data_dir.parent / f".{self.data_dir.name}.{secrets.token_hex(4)}"
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32))
+        try:
+            if _running_as_root():
+                user = pwd.getpwnam(SERVER_USER)
+                os.chown(password_file, user.pw_uid, user.pw_gid)
+            self._run([
+                _bin("initdb"), "-D", str(self.data_dir), "--auth=scram-sha-256",
+                f"--pwfile={password_file}", "--encoding=utf8", "-U", "postgres",
+                "--no-instructions",
+            ])
+            os.replace(password_file, self.data_dir / PASSWORD_FILE)
+        finally:
+            password_file.unlink(missing_ok=True)
 
     def _ensure_database(self) -> None:
         import psycopg

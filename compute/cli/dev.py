@@ -218,7 +218,7 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     for root in roots:
         if root not in newcomers:
             stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                        {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                        agent_environment(env),
                         name=f"sim-{root.name}")
     if newcomers:  # each joins, then runs, in one process
         start_joining(stack, api, newcomers, variant=variant, pool_id=pool_id,
@@ -240,6 +240,15 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
                    f"{READY_TIMEOUT:.0f}s")
 
 
+def agent_environment(env: dict[str, str], *, join_token: str = "") -> dict[str, str]:
+    """What a simulated machine's agent runs with: the stack's environment without the
+    database URL or the control plane's secrets (an agent speaks only to the gateway), and
+    a join token only when it is to join."""
+    kept = {name: value for name, value in env.items() if name != "DATABASE_URL"
+            and name != "BCD_JOIN_TOKEN" and not name.startswith("BETTER_COMPUTE_")}
+    return {**kept, "BCD_JOIN_TOKEN": join_token} if join_token else kept
+
+
 def join_argvs(api: Client, roots: list[Path], *, variant: str, pool_id: str, server: str,
                env: dict[str, str], role: str = "node") -> tuple[dict[str, str], list[list[str]]]:
     """One new join token for `roots`, in the environment the joins run with, and the
@@ -257,7 +266,7 @@ def join_argvs(api: Client, roots: list[Path], *, variant: str, pool_id: str, se
                      "--join-signing-pin", pins["joinSigningKeyPin"],
                      "--join-encryption-pin", pins["joinEncryptionKeyPin"], "--sim",
                      "--sim-variant", variant, "--hostname", hostname])
-    return {**env, "BCD_JOIN_TOKEN": minted["token"]}, argv
+    return agent_environment(env, join_token=minted["token"]), argv
 
 
 def start_joining(stack: Stack, api: Client, roots: list[Path], *, variant: str,
@@ -358,7 +367,7 @@ def _provisioner_start(stack: Stack, api: Client, *, pool_id: str, server: str,
     else:
         before = api.call("nodes.get", {"nodeId": _node_id(root)})["sessionEpoch"]
         stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node", *options],
-                    {k: v for k, v in env.items() if k != "BCD_JOIN_TOKEN"},
+                    agent_environment(env),
                     name="provisioner")
     return _node_id(root), before
 

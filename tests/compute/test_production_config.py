@@ -38,8 +38,8 @@ def test_several_hosts_and_every_libpq_parameter_reach_both_connections():
 
 @pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="needs the embedded server")
 def test_a_host_that_is_down_is_skipped_for_the_next_writable_one(embedded_postgres, tmp_path):
-    url = (f"postgresql://postgres@/better_compute?host={tmp_path}/gone,"
-           f"{embedded_postgres.data_dir}&target_session_attrs=read-write")
+    url = (f"postgresql://postgres:{embedded_postgres.password()}@/better_compute?host="
+           f"{tmp_path}/gone,{embedded_postgres.data_dir}&target_session_attrs=read-write")
     with psycopg.connect(conninfo(parse_database_url(url))) as connection:
         [(read_only,)] = connection.execute("SHOW transaction_read_only").fetchall()
     assert read_only == "off"
@@ -53,8 +53,7 @@ SETTINGS_SHOWN = ["-c", "import django; django.setup(); from django.db import co
 
 @pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="needs the embedded server")
 def test_prepared_statements_are_planned_once_and_the_urls_own_options_stay(embedded_postgres):
-    url = (f"postgresql://postgres@/better_compute?host={embedded_postgres.data_dir}"
-           "&options=-c%20statement_timeout%3D7s")
+    url = embedded_postgres.url + "&options=-c%20statement_timeout%3D7s"
     prepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.settings", DATABASE_URL=url)
     assert prepared.stdout.split() == ["force_generic_plan", "7s"], prepared.stderr[-2000:]
     # Without prepared statements (a pooler that cannot follow them) the option is not sent.
@@ -99,3 +98,16 @@ def test_the_gateway_starts_no_embedded_server_behind_the_operators_back(tmp_pat
     assert refused.returncode != 0
     assert "DATABASE_URL is not set and no embedded server runs" in refused.stderr
     assert not (home / "pg").exists()
+
+
+@pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="needs the embedded server")
+def test_the_embedded_server_asks_every_role_for_its_password(embedded_postgres):
+    """SCRAM on its socket too: no role gets in on the socket's say-so."""
+    with psycopg.connect(embedded_postgres.url) as connection:
+        [(method,)] = connection.execute(
+            "SELECT DISTINCT auth_method FROM pg_hba_file_rules").fetchall()
+    assert method == "scram-sha-256"
+    for user in ("postgres", f"postgres:{'x' * 43}"):
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(f"postgresql://{user}@/better_compute?host="
+                            f"{embedded_postgres.data_dir}", connect_timeout=5)

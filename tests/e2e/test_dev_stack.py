@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
+import psycopg
+import pytest
+
 from tests.e2e.conftest import start_stack, stop_stack
 
 
@@ -11,6 +14,13 @@ def processes_mentioning(text: str) -> list[str]:
     listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
                              check=True).stdout
     return [line for line in listing.splitlines() if text in line and "ps -eww" not in line]
+
+
+def environment_of(pid: int) -> set[str]:
+    """The names in a process's environment."""
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        return {entry.split(b"=", 1)[0].decode() for entry in handle.read().split(b"\0")
+                if entry}
 
 
 def test_dev_with_eight_simulated_agents_comes_up_and_stops_cleanly(tmp_path):
@@ -28,6 +38,17 @@ def test_dev_with_eight_simulated_agents_comes_up_and_stops_cleanly(tmp_path):
         assert f"{logs}/<name>.log" in "".join(stack.output)
         assert {"api.log", "gateway.log", "worker-1.log", "sim-node-01.log"} <= {
             p.name for p in logs.iterdir()}
+        for line in processes_mentioning(f"{state}/sim/"):  # an agent speaks to the gateway
+            names = environment_of(int(line.split()[0]))
+            assert "DATABASE_URL" not in names
+            assert {name for name in names if name.startswith("BETTER_COMPUTE_")} <= {
+                "BETTER_COMPUTE_PROCESS"}  # its name in dev's supervisor, and no secret
+        superuser = stack.env["DATABASE_URL"]
+        assert ":" in superuser.split("@")[0].removeprefix("postgresql://")  # a password
+        no_password = superuser.replace(superuser.split("@")[0], "postgresql://postgres")
+        for url in (no_password, superuser.replace("@", "x@", 1)):
+            with pytest.raises(psycopg.OperationalError, match="password"):
+                psycopg.connect(url, connect_timeout=5)
     finally:
         assert stop_stack(stack) == 0
     assert processes_mentioning(data_dir) == []

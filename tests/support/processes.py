@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from urllib.parse import quote
 
 from django.conf import settings
 
@@ -16,6 +17,7 @@ def free_port() -> int:
 def database_url() -> str:
     """The test database as a URL another process can use."""
     db = settings.DATABASES["default"]
+    user = f"{db['USER']}:{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else db["USER"]
     if db["HOST"].startswith("/"):
-        return f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
+        return f"postgresql://{user}@/{db['NAME']}?host={db['HOST']}"
     return f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"

@@ -30,6 +30,7 @@ from compute.cli.client import CliError
 from compute.cli.dev import (
     DatabaseWatch,
     Stack,
+    agent_environment,
     default_image,
     free_port,
     join_simulated,
@@ -147,7 +148,7 @@ class Run:
                 time.sleep(2.0)
         for root in roots:
             link = self.network.link(root.name, (HOST, self.plane.gateway_port))
-            env = {k: v for k, v in self.env.items() if k != "BCD_JOIN_TOKEN"}
+            env = agent_environment(self.env)
             env["BCD_SIM_GATEWAY"] = f"{HOST}:{link.port}"
             if "journal" in self.options.without:
                 env["BCD_SIM_FORGET_COMMANDS"] = "1"
