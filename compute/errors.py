@@ -93,6 +93,12 @@ class PayloadTooLarge(ComputeError):
     grpc_status = "RESOURCE_EXHAUSTED"
 
 
+class RequestTimeout(ComputeError):
+    code = "request_timeout"
+    http_status = 408
+    grpc_status = "DEADLINE_EXCEEDED"
+
+
 class PreconditionFailed(ComputeError):
     code = "failed_precondition"
     http_status = 412

@@ -6,18 +6,28 @@ Here each process keeps `threads` threads, each with its own persistent connecti
 request borrows one for its whole life (middleware, view, response), as a WSGI thread would.
 A request waits for a free thread when all are busy; event streams are asynchronous and
 borrow none.
+
+A request's body is read whole before it borrows a thread, within a deadline that asks for
+a minimum rate (`body_deadline`): a client that trickles its body holds no thread that
+others need, and is answered 408 when it falls behind; one that announces more than the
+largest body is answered 413 before anything is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
+
+from compute.errors import ComputeError, PayloadTooLarge, RequestTimeout
+from compute.http.edge import new_request_id
 
 
 class ThreadPoolHandler(ASGIHandler):
@@ -44,10 +54,87 @@ class ThreadPoolHandler(ASGIHandler):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django serves HTTP, not {scope['type']}")
+        try:
+            body = await read_body(scope, receive)
+        except ComputeError as refusal:
+            await refuse(send, refusal)
+            return
+        except ClientGone:
+            return
         free = self._free_threads()
         executor = await free.get()
         try:
             async with ThreadSensitiveContext(executor=executor):
-                await self.handle(scope, receive, send)
+                await self.handle(scope, replayed(body, receive), send)
         finally:
             free.put_nowait(executor)
+
+
+BODY_SECONDS = 10.0  # a body's deadline: this long, and 1 s more per MIN_BODY_RATE bytes
+MIN_BODY_RATE = 64 * 1024  # bytes per second
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was whole."""
+
+
+def body_deadline(length: int) -> float:
+    """Seconds a body of `length` bytes may take to arrive."""
+    return BODY_SECONDS + length / MIN_BODY_RATE
+
+
+async def read_body(scope: dict[str, Any], receive: Any) -> bytes:
+    """The whole body, or PayloadTooLarge (announced or sent beyond the largest), or
+    RequestTimeout (not whole within its deadline)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    announced = next((value for name, value in scope.get("headers", [])
+                      if name == b"content-length"), b"")
+    if announced.isdigit() and int(announced) > limit:
+        raise PayloadTooLarge(f"the body is larger than {limit} bytes", limit=limit)
+    deadline = body_deadline(int(announced) if announced.isdigit() else limit)
+    chunks: list[bytes] = []
+    size = 0
+
+    async def whole() -> None:
+        nonlocal size
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"the body is larger than {limit} bytes", limit=limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return
+
+    try:
+        await asyncio.wait_for(whole(), deadline)
+    except TimeoutError:
+        raise RequestTimeout(f"the body did not arrive within {deadline:.0f} s (it must come at "
+                             f"{MIN_BODY_RATE // 1024} KiB/s or faster)",
+                             seconds=round(deadline, 1)) from None
+    return b"".join(chunks)
+
+
+def replayed(body: bytes, receive: Any) -> Any:
+    """A `receive` that gives the body read ahead as one message, then the client's own
+    messages (its disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive_again() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return receive_again
+
+
+async def refuse(send: Any, refusal: ComputeError) -> None:
+    """Answer a refusal before Django saw the request, in the envelope's shape; the
+    connection is closed after it."""
+    body = json.dumps({"ok": False, "requestId": (request_id := new_request_id()), "error": {
+        "code": refusal.code, "message": refusal.message, "details": refusal.details}}).encode()
+    await send({"type": "http.response.start", "status": refusal.http_status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

@@ -174,3 +174,54 @@ def test_workers_stop_when_their_master_is_killed(served):
                                       for pid in workers), timeout=30)
     with pytest.raises(httpx.ConnectError):
         served.whoami()
+
+
+def test_slow_bodies_hold_no_thread_and_are_cut_off_when_they_fall_behind(served):
+    """Two unauthenticated clients announce 100,000 bytes and send one every 5 s, for 20 s:
+    every other call meanwhile is answered within a second, and each trickler gets a 408
+    once its deadline (10 s, and 1 s per 64 KiB) has passed."""
+    import threading
+
+    tricklers = []
+    for _ in range(2):
+        sock = socket.create_connection(("127.0.0.1", served.port), timeout=30)
+        sock.sendall(b"POST /api/compute/system/whoami HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+        tricklers.append(sock)
+    stop = threading.Event()
+
+    def trickle(sock: socket.socket) -> None:
+        while not stop.wait(5):
+            with contextlib.suppress(OSError):
+                sock.sendall(b" ")
+
+    threads = [threading.Thread(target=trickle, args=(sock,), daemon=True) for sock in tricklers]
+    for thread in threads:
+        thread.start()
+    slowest, started = 0.0, time.monotonic()
+    try:
+        while time.monotonic() - started < 20:
+            began = time.monotonic()
+            assert served.whoami().status_code == 200
+            slowest = max(slowest, time.monotonic() - began)
+            time.sleep(0.2)
+    finally:
+        stop.set()
+    assert slowest < 1.0, f"a call took {slowest:.2f} s while bodies trickled"
+    for sock in tricklers:
+        answer = sock.recv(65536)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b'"request_timeout"' in answer
+    from compute.http.threads import body_deadline
+
+    assert body_deadline(100_000) < 20
+
+
+def test_a_body_announced_larger_than_the_limit_is_refused_before_it_is_read(served):
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    sock.sendall(b"POST /api/compute/system/whoami HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 999999999\r\n\r\n{")
+    answer = sock.recv(65536)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
