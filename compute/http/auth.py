@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from compute.errors import CsrfHeaderMissing, Unauthenticated
+from compute.errors import CsrfHeaderMissing, PermissionDenied, Unauthenticated
 from compute.tenancy.models import Principal
 from compute.tenancy.selectors import (
     principal_for_token,
@@ -20,6 +21,7 @@ from compute.tenancy.selectors import (
 )
 
 CSRF_HEADER = "X-Better-Compute"
+CSRF_VALUE = "1"
 SESSION_TOKEN_KEY = "console_token_id"  # noqa: S105  (a session key name, no secret)
 
 
@@ -52,7 +54,11 @@ def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any
     signed_in = bool(session and session.get(SESSION_TOKEN_KEY)) or bool(
         user is not None and user.is_authenticated)
     if signed_in:
-        if CSRF_HEADER.lower() not in lowered:
-            raise CsrfHeaderMissing(f"browser sessions must send the {CSRF_HEADER} header")
+        if lowered.get(CSRF_HEADER.lower()) != CSRF_VALUE:
+            raise CsrfHeaderMissing(f"browser sessions must send {CSRF_HEADER}: {CSRF_VALUE}")
+        origin = lowered.get("origin")
+        if origin is not None and urlsplit(origin).netloc != lowered.get("host"):
+            raise PermissionDenied(f"a call from {origin[:100]!r} may not use this site's "
+                                   "session")
         return session_principal(session, user)
     raise Unauthenticated("missing credentials: send Authorization: Bearer biam_…")

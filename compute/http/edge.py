@@ -65,13 +65,20 @@ def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,
     try:
         who = Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
     except TenantOutOfReach:
-        with stamped(CallStamp(request_id=request_id, origin="api")):
-            refusal_recorded(principal_id=principal.id, tenant_id=principal.tenant_id,
-                             action=action, target="",
-                             reason="a tenant outside the caller's reach")
+        probe_recorded(principal, request_id=request_id, action=action, target="",
+                       reason="a tenant outside the caller's reach")
         raise
     CALLER.set((principal.id, who.tenant.id))
     return who
+
+
+def probe_recorded(principal: Principal, *, request_id: str, action: str, target: str,
+                   reason: str) -> None:
+    """A call answered 404 for what lies outside the caller's reach (or nowhere: the answer
+    is the same), audited in the caller's own log and counted against its refusals."""
+    with stamped(CallStamp(request_id=request_id, origin="api")):
+        refusal_recorded(principal_id=principal.id, tenant_id=principal.tenant_id,
+                         action=action, target=target[:64], reason=reason)
 
 
 def decide_once(who: Caller, action: str, resource: Resource) -> CallStamp:

@@ -19,7 +19,15 @@ from compute.api.registry import REGISTRY, CallContext, Endpoint
 from compute.db import connection_lost
 from compute.errors import InvalidArgument, NotFound
 from compute.http.auth import authenticate
-from compute.http.edge import CALLER, acting_as, decide_once, error_answer, new_request_id, respond
+from compute.http.edge import (
+    CALLER,
+    acting_as,
+    decide_once,
+    error_answer,
+    new_request_id,
+    probe_recorded,
+    respond,
+)
 from compute.metrics import API_REQUESTS, API_SECONDS
 from compute.tenancy.models import Principal
 
@@ -100,7 +108,14 @@ def call(principal: Principal, action: str, body: dict[str, Any], request_id: st
                     action=endpoint.action)
     data = validate(endpoint, body)
     ctx = CallContext(principal=who.principal, tenant=who.tenant, request_id=request_id)
-    stamp = decide_once(who, endpoint.action, endpoint.draft(ctx, data))
+    try:
+        resource = endpoint.draft(ctx, data)
+    except NotFound as missing:
+        probe_recorded(who.principal, request_id=request_id, action=endpoint.action,
+                       target=str(next(iter(missing.details.values()), "")),
+                       reason=f"not found in tenant {who.tenant.id}")
+        raise
+    stamp = decide_once(who, endpoint.action, resource)
     with stamped(stamp):
         return endpoint.handler(ctx, data)
 

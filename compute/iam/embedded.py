@@ -28,6 +28,8 @@ SELECT b.tenant_id, b.role, t.slug FROM compute_rolebinding b
 
 # Actions that only a binding on the root tenant grants, whatever the role elsewhere.
 ROOT_ONLY = ("tenants.create", "sites.create")
+# Actions of admins only, though they read: who holds which tokens.
+ADMIN_ONLY = ("tokens.*",)
 
 
 class EmbeddedIAM:
@@ -55,4 +57,6 @@ class EmbeddedIAM:
 
     @staticmethod
     def _allows(role: str, action: str) -> bool:
+        if role != Role.ADMIN and any(fnmatchcase(action, p) for p in ADMIN_ONLY):
+            return False
         return any(fnmatchcase(action, pattern) for pattern in ROLE_ACTIONS.get(role, ()))

@@ -68,12 +68,15 @@ def _mint(principal: Principal, *, name: str, ttl: timedelta | None) -> MintedTo
 @audited
 def token_create(*, tenant: Tenant, actor: Principal, name: str, role: str,
                  ttl: timedelta | None = None, principal_id: str | None = None) -> MintedToken:
-    """Mint an API token: for an existing principal of `tenant`, or for a new service principal
-    holding `role` in `tenant`. The plaintext is returned once and never stored."""
+    """Mint an API token: for an existing principal of `tenant` (it holds that principal's
+    role, whatever `role` says), or for a new service principal holding `role` in `tenant`.
+    The plaintext is returned once and never stored; the audit row names the role held."""
     if principal_id:
         principal = Principal.objects.filter(pk=principal_id, tenant=tenant).first()
         if principal is None:
             raise NotFound(f"principal {principal_id} not found", principalId=principal_id)
+        role = (RoleBinding.objects.filter(principal=principal, tenant=tenant)
+                .values_list("role", flat=True).first() or "")  # what the token will hold
     else:
         principal = Principal.objects.create(tenant=tenant, name=name,
                                              kind=Principal.Kind.SERVICE)

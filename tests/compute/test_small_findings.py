@@ -1,0 +1,69 @@
+"""Who sees tokens, what a token's audit row says, what a browser session must send, the
+console's policy, and probes that answer 404 being audited at home."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from audit.models import AuditEvent
+from compute.tenancy.models import Principal
+
+
+def test_only_admins_list_tokens(root, acme):
+    viewer = root.new_tenant("initech", role="viewer")
+    answer = viewer.call("tokens.list")
+    assert (answer.status, answer.code) == (403, "permission_denied")
+    assert acme.call("tokens.list").status == 200
+
+
+def test_a_token_for_an_existing_principal_is_audited_with_the_role_it_holds(root):
+    viewer = root.new_tenant("initech", role="viewer")
+    me = viewer("system.whoami")
+    minted = root("tokens.create", tenantId=viewer.tenant_id, name="more",
+                  principalId=me["principalId"], role="admin")
+    row = AuditEvent.objects.get(action="token.create", target=minted["id"])
+    assert row.data["role"] == "viewer"
+
+
+@pytest.fixture
+def signed_in(client, root):
+    me = root("system.whoami")
+    user = User.objects.create_user("ops", password="pw-123456789")
+    Principal.objects.filter(pk=me["principalId"]).update(user=user)
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize(("headers", "code"), [
+    ({"X-Better-Compute": "yes"}, "csrf_header_missing"),
+    ({"X-Better-Compute": "1", "Origin": "https://evil.example"}, "permission_denied"),
+])
+def test_a_session_call_needs_the_documented_header_and_its_own_origin(signed_in, headers,
+                                                                       code):
+    refused = signed_in.post("/api/compute/system/whoami", data="{}",
+                             content_type="application/json", headers=headers)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, code)
+    same = signed_in.post("/api/compute/system/whoami", data="{}",
+                          content_type="application/json",
+                          headers={"X-Better-Compute": "1", "Origin": "http://testserver",
+                                   "Host": "testserver"})
+    assert same.status_code == 200, same.json()
+
+
+def test_console_pages_carry_a_content_security_policy(signed_in):
+    page = signed_in.get("/console/")
+    policy = page.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy
+
+
+def test_a_probe_of_another_tenants_object_is_audited_in_the_callers_log(root, acme, pool):
+    from tests.factories import make_node
+
+    make_node(pool["id"])
+    site = root("sites.get", siteId=pool["siteId"])
+    answer = acme.call("sites.get", siteId=site["id"])
+    assert (answer.status, answer.code) == (404, "not_found")
+    row = AuditEvent.objects.get(allowed=False, action="sites.get")
+    assert (row.tenant_id, row.target) == (acme.tenant_id, site["id"])
