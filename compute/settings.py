@@ -160,6 +160,9 @@ BC_DOWNLOADS_DIR = env("DOWNLOADS_DIR")
 BC_HEARTBEAT_SECONDS = int(env("HEARTBEAT_SECONDS", "10"))
 # Refused calls a caller may make: a burst, then so many a minute (compute.iam.refusals).
 BC_REFUSAL_BURST = int(env("REFUSAL_BURST", "100"))
+# Event streams one caller, and one tenant, may hold at once (across every API process).
+BC_STREAMS_PER_CALLER = int(env("STREAMS_PER_CALLER", "8"))
+BC_STREAMS_PER_TENANT = int(env("STREAMS_PER_TENANT", "64"))
 BC_REFUSALS_PER_MINUTE = int(env("REFUSALS_PER_MINUTE", "60"))
 BC_NODE_LEASE_SECONDS = int(env("NODE_LEASE_SECONDS", "40"))
 BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))

@@ -3,16 +3,16 @@
 A watcher subscribes for its tenant and waits on its own asyncio.Event; the hub's one
 connection to Postgres sets the events of a tenant's watchers when a commit in that tenant
 notifies. If the connection drops, the hub reconnects with backoff and wakes every watcher,
-which re-reads from its cursor, so nothing is lost. Watchers are counted per principal and
-per process: past either limit a new stream is refused (429), so no one can exhaust the
-database's connections by opening streams.
+which re-reads from its cursor, so nothing is lost. Watchers are counted per process here
+(past the limit a new stream is refused, 429), and per caller and per tenant across every
+process by their leases (compute.iam.streams), so no one can take every stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -24,31 +24,28 @@ CHANNEL = "bc_events"
 
 @dataclass
 class Hub:
-    per_principal: int = 8
     per_process: int = 256
     waiters: dict[str, set[asyncio.Event]] = field(default_factory=lambda: defaultdict(set))
-    streams: Counter[str] = field(default_factory=Counter)
+    streams: int = 0
     listener: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
-    def subscription(self, *, tenant_id: str, principal_id: str) -> Iterator[asyncio.Event]:
+    def subscription(self, *, tenant_id: str) -> Iterator[asyncio.Event]:
         """An event set whenever the tenant's events may have changed (or the hub
-        reconnected); refuses past the limits."""
-        if self.streams[principal_id] >= self.per_principal:
-            raise TooManyRequests(f"at most {self.per_principal} event streams per caller",
-                                  limit=self.per_principal)
-        if sum(self.streams.values()) >= self.per_process:
+        reconnected); refuses past the process's limit."""
+        if self.streams >= self.per_process:
             raise TooManyRequests("this server has as many event streams as it takes; "
-                                  "retry later or on another server", limit=self.per_process)
+                                  "retry later or on another server", limit=self.per_process,
+                                  retryAfterSeconds=5)
         self._ensure_listening()
         woken = asyncio.Event()
-        self.streams[principal_id] += 1
+        self.streams += 1
         self.waiters[tenant_id].add(woken)
         try:
             yield woken
         finally:
             self.waiters[tenant_id].discard(woken)
-            self.streams[principal_id] -= 1
+            self.streams -= 1
 
     def _ensure_listening(self) -> None:
         loop = asyncio.get_running_loop()

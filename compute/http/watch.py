@@ -33,6 +33,7 @@ from compute.events.types import parse_type_globs
 from compute.http.auth import session_principal
 from compute.http.edge import caller, decide_once, error_answer, new_request_id
 from compute.http.hub import HUB
+from compute.iam.streams import stream_lease_drop, stream_lease_renew, stream_lease_take
 from compute.tenancy.models import Tenant
 from compute.tenancy.selectors import principal_for_token
 
@@ -48,6 +49,7 @@ class Watch:
     recheck: Callable[[], object]  # raises Unauthenticated once the caller's standing ends
     since: int
     types: str
+    lease_id: int  # its lease among the caller's and the tenant's streams
 
 
 def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str,
@@ -71,7 +73,16 @@ def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str,
         recheck: Callable[[], object] = (
             functools.partial(principal_for_token, credential) if credential
             else functools.partial(session_principal, session, user))
-        return Watch(who.tenant, who.principal.id, recheck, max(0, since), types)
+        lease_id = stream_lease_take(principal_id=who.principal.id, tenant_id=who.tenant.id)
+        return Watch(who.tenant, who.principal.id, recheck, max(0, since), types, lease_id)
+    finally:
+        close_old_connections()
+
+
+def _lease_dropped(watch: Watch) -> None:
+    close_old_connections()
+    try:
+        stream_lease_drop(watch.lease_id)
     finally:
         close_old_connections()
 
@@ -81,6 +92,7 @@ def _still_allowed(watch: Watch) -> bool:
     close_old_connections()
     try:
         watch.recheck()
+        stream_lease_renew(watch.lease_id)
         return True
     except Unauthenticated:
         return False
@@ -102,34 +114,47 @@ async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
     request_id = new_request_id()
     headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
     query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+    watch: Watch | None = None
     with contextlib.ExitStack() as held:
         try:
             watch = await sync_to_async(_authorize, thread_sensitive=False)(
                 headers, query, request_id, scope)
-            woken = held.enter_context(HUB.subscription(tenant_id=watch.tenant.id,
-                                                        principal_id=watch.principal_id))
+            woken = held.enter_context(HUB.subscription(tenant_id=watch.tenant.id))
         except Exception as error:
+            if watch is not None:
+                await sync_to_async(_lease_dropped, thread_sensitive=False)(watch)
             status, body = error_answer(error, request_id)
+            wait = body["error"]["details"].get("retryAfterSeconds")
             await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json")]})
+                        "headers": [(b"content-type", b"application/json"),
+                                    *([(b"retry-after", str(wait).encode())] if wait else [])]})
             await send({"type": "http.response.body",
                         "body": json.dumps(body, cls=DjangoJSONEncoder).encode()})
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/x-ndjson"),
-                                (b"cache-control", b"no-store")]})
-        # A keep-alive line at once: the server sends the headers with the first bytes, and
-        # a watcher learns that it is connected without waiting for an event.
-        await send({"type": "http.response.body", "body": b"\n", "more_body": True})
-        stream = asyncio.create_task(_stream(send, watch, woken))
-        hangup = asyncio.create_task(_hangup(receive))
-        done, _ = await asyncio.wait({stream, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stream, hangup):
-            task.cancel()
-        if stream in done and not stream.cancelled() and stream.exception() is not None:
-            logger.error("events watch %s ended", request_id, exc_info=stream.exception())
-        if hangup not in done:  # the stream ended: end the response (a client reconnects)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            await _serve(send, receive, watch, woken, request_id)
+        finally:
+            await asyncio.shield(sync_to_async(_lease_dropped, thread_sensitive=False)(watch))
+
+
+async def _serve(send: Any, receive: Any, watch: Watch, woken: asyncio.Event,
+                 request_id: str) -> None:
+    """Stream to the watcher until it hangs up or its standing ends."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/x-ndjson"),
+                            (b"cache-control", b"no-store")]})
+    # A keep-alive line at once: the server sends the headers with the first bytes, and
+    # a watcher learns that it is connected without waiting for an event.
+    await send({"type": "http.response.body", "body": b"\n", "more_body": True})
+    stream = asyncio.create_task(_stream(send, watch, woken))
+    hangup = asyncio.create_task(_hangup(receive))
+    done, _ = await asyncio.wait({stream, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stream, hangup):
+        task.cancel()
+    if stream in done and not stream.cancelled() and stream.exception() is not None:
+        logger.error("events watch %s ended", request_id, exc_info=stream.exception())
+    if hangup not in done:  # the stream ended: end the response (a client reconnects)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _hangup(receive: Any) -> None:

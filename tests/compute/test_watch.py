@@ -109,7 +109,7 @@ def test_an_unknown_event_type_is_a_clear_400(root_token):
 
 
 def test_streams_share_one_connection_and_a_caller_past_its_limit_gets_429(root, acme):
-    from compute.http.hub import HUB
+    from django.conf import settings
 
     viewer = acme("tokens.create", name="viewer", role="viewer")["token"]
 
@@ -124,7 +124,7 @@ def test_streams_share_one_connection_and_a_caller_past_its_limit_gets_429(root,
 
     async def scenario() -> tuple[list[int], int, int]:
         before = await asyncio.to_thread(backends)
-        watchers = [Watcher(viewer, "") for _ in range(HUB.per_principal + 5)]
+        watchers = [Watcher(viewer, "") for _ in range(settings.BC_STREAMS_PER_CALLER + 5)]
         apps = [asyncio.create_task(watch.events_watch(w.scope, w.receive, w.send))
                 for w in watchers]
         assert await eventually(lambda: all(w.sent for w in watchers), 30)
@@ -140,7 +140,7 @@ def test_streams_share_one_connection_and_a_caller_past_its_limit_gets_429(root,
         return [w.sent[0]["status"] for w in watchers], during - before, other.sent[0]["status"]
 
     statuses, extra_connections, other_status = asyncio.run(scenario())
-    assert statuses.count(200) == HUB.per_principal
+    assert statuses.count(200) == settings.BC_STREAMS_PER_CALLER
     assert statuses.count(429) == 5
     assert other_status == 200
     # The hub's one LISTEN connection (and this test's own), not one per stream.
@@ -189,3 +189,41 @@ def test_a_stream_loses_nothing_when_the_hubs_connection_is_cut(root, root_token
     arrived = before_and_after(watcher, site_maker(root), cut_the_listener)
     assert arrived, "an event committed while the hub reconnected was lost"
     assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]
+
+
+def open_streams(watchers: list[Watcher]) -> list[int]:
+    """Open every watcher's stream; the statuses they were answered, then hang up."""
+
+    async def scenario() -> list[int]:
+        apps = [asyncio.create_task(watch.events_watch(w.scope, w.receive, w.send))
+                for w in watchers]
+        assert await eventually(lambda: all(w.sent for w in watchers), 30)
+        statuses = [w.sent[0]["status"] for w in watchers]
+        for w in watchers:
+            w.inbox.put_nowait({"type": "http.disconnect"})
+        await asyncio.wait_for(asyncio.gather(*apps), 30)
+        return statuses
+
+    return asyncio.run(scenario())
+
+
+def test_one_tenant_cannot_take_every_stream_and_the_limits_hold_across_processes(
+        root, acme, settings):
+    from compute.iam.streams import StreamLease, stream_lease_take
+
+    settings.BC_STREAMS_PER_CALLER, settings.BC_STREAMS_PER_TENANT = 3, 5
+    viewers = [acme("tokens.create", name=f"viewer-{n}", role="viewer")["token"]
+               for n in range(4)]
+    crowd = [Watcher(token, "") for token in viewers for _ in range(3)]
+    other = Watcher(root.token, "")
+    statuses = open_streams([*crowd, other])
+    assert statuses[:-1].count(200) == 5  # the tenant's limit, whoever holds them
+    assert statuses[-1] == 200  # another tenant is still served
+    refused = [w for w in crowd if w.sent[0]["status"] == 429]
+    assert all(dict(w.sent[0]["headers"]).get(b"retry-after") for w in refused)
+    assert not StreamLease.objects.exists()  # every stream gave its lease back
+
+    me = root("system.whoami")["principalId"]
+    for _ in range(3):  # streams of this caller held by another API process
+        stream_lease_take(principal_id=me, tenant_id=root("system.whoami")["tenantId"])
+    assert open_streams([Watcher(root.token, "")]) == [429]
