@@ -160,9 +160,14 @@ BC_DOWNLOADS_DIR = env("DOWNLOADS_DIR")
 BC_HEARTBEAT_SECONDS = int(env("HEARTBEAT_SECONDS", "10"))
 # Refused calls a caller may make: a burst, then so many a minute (compute.iam.refusals).
 BC_REFUSAL_BURST = int(env("REFUSAL_BURST", "100"))
+# Failed authentications one source address may make at once, and per minute after.
+BC_AUTH_FAILURE_BURST = int(env("AUTH_FAILURE_BURST", "20"))
+BC_AUTH_FAILURES_PER_MINUTE = int(env("AUTH_FAILURES_PER_MINUTE", "10"))
 # Event streams one caller, and one tenant, may hold at once (across every API process).
 BC_STREAMS_PER_CALLER = int(env("STREAMS_PER_CALLER", "8"))
 BC_STREAMS_PER_TENANT = int(env("STREAMS_PER_TENANT", "64"))
+# Calls of one tenant in flight (running or waiting for a thread) in one API process.
+BC_TENANT_CALLS_IN_FLIGHT = int(env("TENANT_CALLS_IN_FLIGHT", "16"))
 BC_REFUSALS_PER_MINUTE = int(env("REFUSALS_PER_MINUTE", "60"))
 BC_NODE_LEASE_SECONDS = int(env("NODE_LEASE_SECONDS", "40"))
 BC_BINDING_TIMEOUT_SECONDS = int(env("BINDING_TIMEOUT_SECONDS", "300"))

@@ -102,3 +102,12 @@ def cpu_pool(root):
     site = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site")
     return with_default_image(root, root("pools.create", siteId=site["id"],
                                          **{"class": "cpu-host"}))
+
+
+@pytest.fixture(autouse=True)
+def no_address_throttled_before() -> None:
+    """Every test's calls come from 127.0.0.1: one test's bad tokens do not throttle the
+    next test's calls."""
+    from compute.iam.refusals import _THROTTLED
+
+    _THROTTLED.clear()

@@ -13,6 +13,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from compute.errors import CsrfHeaderMissing, PermissionDenied, Unauthenticated
+from compute.http.fair import learn
+from compute.iam.refusals import authentication_failed, authentication_throttled
 from compute.tenancy.models import Principal
 from compute.tenancy.selectors import (
     principal_for_token,
@@ -41,16 +43,24 @@ def session_principal(session: MutableMapping[str, Any] | None, user: Any = None
 
 
 def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any] | None = None,
-                 user: Any = None) -> Principal:
+                 user: Any = None, address: str = "") -> Principal:
     """The caller named by `Authorization: Bearer biam_…`, else by a console session whose
-    request carries the CSRF header. `headers` match case-insensitively."""
+    request carries the CSRF header. `headers` match case-insensitively. A bad token counts
+    against its source `address` (compute.iam.refusals): past the limit, 429."""
     lowered = {key.lower(): value for key, value in headers.items()}
     header = lowered.get("authorization", "")
     if header:
         scheme, _, credential = header.partition(" ")
         if scheme.lower() != "bearer" or not credential.strip():
             raise Unauthenticated("Authorization must be 'Bearer biam_…'")
-        return principal_for_token(credential.strip())
+        authentication_throttled(address)
+        try:
+            principal = principal_for_token(credential.strip())
+        except Unauthenticated:
+            authentication_failed(address)
+            raise
+        learn(credential.strip(), principal.tenant_id)
+        return principal
     signed_in = bool(session and session.get(SESSION_TOKEN_KEY)) or bool(
         user is not None and user.is_authenticated)
     if signed_in:

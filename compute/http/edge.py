@@ -50,11 +50,12 @@ class Caller:
 
 
 def caller(headers: Mapping[str, str], *, tenant_ref: object, request_id: str, action: str,
-           session: MutableMapping[str, Any] | None = None, user: Any = None) -> Caller:
+           session: MutableMapping[str, Any] | None = None, user: Any = None,
+           address: str = "") -> Caller:
     """Who calls (bearer token, or a console session with the CSRF header) and in which
     tenant (`tenant_ref`, by default the caller's own)."""
-    return acting_as(authenticate(headers, session=session, user=user), tenant_ref=tenant_ref,
-                     request_id=request_id, action=action)
+    return acting_as(authenticate(headers, session=session, user=user, address=address),
+                     tenant_ref=tenant_ref, request_id=request_id, action=action)
 
 
 def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,

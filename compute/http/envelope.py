@@ -73,7 +73,8 @@ class EnvelopeView(APIView):
         django_request: HttpRequest = request._request
         principal = authenticate(django_request.headers,
                                  session=getattr(django_request, "session", None),
-                                 user=getattr(django_request, "user", None))
+                                 user=getattr(django_request, "user", None),
+                                 address=django_request.META.get("REMOTE_ADDR") or "")
         if not django_request.body.strip():
             raise InvalidArgument("the body must be a JSON object ({} when there is nothing "
                                   "to send)")

@@ -7,7 +7,8 @@ request borrows one for its whole life (middleware, view, response), as a WSGI t
 A request waits for a free thread when all are busy; event streams are asynchronous and
 borrow none.
 
-A request's body is read whole before it borrows a thread, within a deadline that asks for
+Threads are shared fairly between tenants (compute.http.fair). A request's body is read
+whole before it borrows a thread, within a deadline that asks for
 a minimum rate (`body_deadline`): a client that trickles its body holds no thread that
 others need, and is answered 408 when it falls behind; one that announces more than the
 largest body is answered 413 before anything is read.
@@ -28,6 +29,7 @@ from django.http.response import HttpResponseBase
 
 from compute.errors import ComputeError, PayloadTooLarge, RequestTimeout
 from compute.http.edge import new_request_id
+from compute.http.fair import FairSlots, request_key
 
 
 class ThreadPoolHandler(ASGIHandler):
@@ -37,16 +39,10 @@ class ThreadPoolHandler(ASGIHandler):
         # the borrowed thread, not in three hops through the event loop (middleware, then
         # Django's async core, then the view).
         self.load_middleware(is_async=False)
-        self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"api-{n}")
-                           for n in range(threads)]
-        self._free: asyncio.Queue[ThreadPoolExecutor] | None = None
-
-    def _free_threads(self) -> asyncio.Queue[ThreadPoolExecutor]:
-        if self._free is None:  # made inside the server's event loop
-            self._free = asyncio.Queue()
-            for executor in self._executors:
-                self._free.put_nowait(executor)
-        return self._free
+        self._threads = FairSlots([ThreadPoolExecutor(max_workers=1,
+                                                      thread_name_prefix=f"api-{n}")
+                                   for n in range(threads)],
+                                  limit=settings.BC_TENANT_CALLS_IN_FLIGHT)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
@@ -61,13 +57,17 @@ class ThreadPoolHandler(ASGIHandler):
             return
         except ClientGone:
             return
-        free = self._free_threads()
-        executor = await free.get()
+        key = request_key(scope)
+        try:
+            executor = await self._threads.acquire(key)
+        except ComputeError as refusal:
+            await refuse(send, refusal)
+            return
         try:
             async with ThreadSensitiveContext(executor=executor):
                 await self.handle(scope, replayed(body, receive), send)
         finally:
-            free.put_nowait(executor)
+            self._threads.release(key, executor)
 
 
 BODY_SECONDS = 10.0  # a body's deadline: this long, and 1 s more per MIN_BODY_RATE bytes
@@ -134,7 +134,9 @@ async def refuse(send: Any, refusal: ComputeError) -> None:
     connection is closed after it."""
     body = json.dumps({"ok": False, "requestId": (request_id := new_request_id()), "error": {
         "code": refusal.code, "message": refusal.message, "details": refusal.details}}).encode()
+    wait = refusal.details.get("retryAfterSeconds")
     await send({"type": "http.response.start", "status": refusal.http_status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode()), (b"connection", b"close")]})
+        (b"x-request-id", request_id.encode()), (b"connection", b"close"),
+        *([(b"retry-after", str(wait).encode())] if wait else [])]})
     await send({"type": "http.response.body", "body": body})

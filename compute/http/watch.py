@@ -60,7 +60,8 @@ def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str,
     try:
         session, user = scope.get("session"), scope.get("user")
         who = caller(headers, tenant_ref=query.get("tenantId"), request_id=request_id,
-                     action="events.watch", session=session, user=user)
+                     action="events.watch", session=session, user=user,
+                     address=(scope.get("client") or ("",))[0] or "")
         try:
             since = int(query.get("since") or 0)
         except ValueError:

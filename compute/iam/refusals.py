@@ -2,11 +2,15 @@
 API process shares it). Each refused call takes a token; with none left the caller is
 answered 429 and its refusals stop being written to the audit log one by one (a flood of
 probes would otherwise fill it): the refusal that empties the bucket is audited as the start
-of the throttling. Allowed calls are never limited here."""
+of the throttling. Allowed calls are never limited here. Failed authentications (a bad or
+revoked token) are limited the same way per source address; once throttled, an address is
+answered 429 before any token it sends is looked at."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import time
 
 from django.conf import settings
 from django.db import connection, models, transaction
@@ -27,11 +31,13 @@ class RefusalBudget(models.Model):
         return f"{self.principal_id}: {self.tokens:.1f} refusals left"
 
 
-def _take_token(principal_id: str) -> tuple[float, float]:
-    """Refill the caller's bucket for the time since its last refusal and take one token
-    (never below -1, so a throttled caller is back within one refill interval); the tokens
-    before the take (refilled) and after."""
-    burst, per_second = settings.BC_REFUSAL_BURST, settings.BC_REFUSALS_PER_MINUTE / 60
+def _take_token(principal_id: str, burst: int | None = None,
+                per_minute: int | None = None) -> tuple[float, float]:
+    """Refill the bucket `principal_id` (a caller's, or an address's) for the time since its
+    last take and take one token (never below -1, so a throttled caller is back within one
+    refill interval); the tokens before the take (refilled) and after."""
+    burst = settings.BC_REFUSAL_BURST if burst is None else burst
+    per_second = (settings.BC_REFUSALS_PER_MINUTE if per_minute is None else per_minute) / 60
     table = RefusalBudget._meta.db_table
 
     def refilled(row: str) -> str:
@@ -68,3 +74,35 @@ def refusal_recorded(*, principal_id: str, tenant_id: str, action: str, target: 
                      data={"throttled": True})
     raise TooManyRequests(f"too many refused calls from this caller; try again in {wait} s",
                           retryAfterSeconds=wait)
+
+
+# Addresses whose failed authentications emptied their bucket: until when (monotonic), so a
+# throttled address is answered 429 here without its token being looked at.
+_THROTTLED: dict[str, float] = {}
+
+
+def authentication_throttled(address: str) -> None:
+    """TooManyRequests while `address` is throttled for failed authentications."""
+    until = _THROTTLED.get(address)
+    if until is not None:
+        left = until - time.monotonic()
+        if left > 0:
+            raise TooManyRequests("too many failed authentications from this address; try "
+                                  f"again in {math.ceil(left)} s",
+                                  retryAfterSeconds=math.ceil(left))
+        del _THROTTLED[address]
+
+
+def authentication_failed(address: str) -> None:
+    """Count a failed authentication of `address` (a bucket per address shared by every
+    process); TooManyRequests once it has had too many lately."""
+    per_minute = settings.BC_AUTH_FAILURES_PER_MINUTE
+    key = "address:" + hashlib.sha256(address.encode()).hexdigest()[:24]
+    _, after = _take_token(key, settings.BC_AUTH_FAILURE_BURST, per_minute)
+    if after < 0:
+        wait = math.ceil(-after * 60 / per_minute)
+        _THROTTLED[address] = time.monotonic() + wait
+        if len(_THROTTLED) > 100_000:
+            _THROTTLED.clear()
+        raise TooManyRequests("too many failed authentications from this address; try "
+                              f"again in {wait} s", retryAfterSeconds=wait)

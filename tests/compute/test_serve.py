@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -42,11 +43,13 @@ class Served:
                           headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
 
 
-@pytest.fixture
-def served() -> Iterator[Served]:
+@contextlib.contextmanager
+def serving(**env_extra: str) -> Iterator[Served]:
+    """`better-compute serve` with two workers on the test database."""
     token = root_bootstrap().plaintext
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url(), "BETTER_COMPUTE_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "DATABASE_URL": database_url(), "BETTER_COMPUTE_LOG_LEVEL": "WARNING",
+           **env_extra}
     process = subprocess.Popen(
         ["better-compute", "serve", "--port", str(port), "--workers", "2",
          "--graceful-timeout", "20"], env=env, stdout=subprocess.DEVNULL,
@@ -61,6 +64,12 @@ def served() -> Iterator[Served]:
             with contextlib.suppress(ProcessLookupError, psutil.Error):
                 os.kill(pid, signal.SIGKILL)
         process.wait(10)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    with serving() as server:
+        yield server
 
 
 def _answers(server: Served) -> bool:
@@ -225,3 +234,73 @@ def test_a_body_announced_larger_than_the_limit_is_refused_before_it_is_read(ser
     answer = sock.recv(65536)
     sock.close()
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
+@pytest.fixture
+def served_small() -> Iterator[Served]:
+    """The API with at most 6 calls of one tenant in flight per process."""
+    with serving(BETTER_COMPUTE_TENANT_CALLS_IN_FLIGHT="6") as server:
+        yield server
+
+
+def test_one_tenants_burst_does_not_hold_up_another_tenants_calls(served_small):
+    """32 threads of one tenant call capacity.preview without pause: another tenant's calls
+    wait for at most the calls already running, and the burst past its share gets 429 (and
+    waits as Retry-After says)."""
+    import statistics
+    import threading
+
+    from tests.factories import make_node
+
+    url = f"http://127.0.0.1:{served_small.port}/api/compute"
+    root = {"Authorization": f"Bearer {served_small.token}"}
+    site = httpx.post(f"{url}/sites/create", json={"kind": "shared", "region": "eu-1"},
+                      headers=root).json()["result"]
+    pool = httpx.post(f"{url}/pools/create", headers=root, json={
+        "siteId": site["id"], "gpuModel": "H100", "class": "metal-host",
+        "policy": {"acceptance": [], "expect": {"gpuCount": 8}}}).json()["result"]
+    for _ in range(16):
+        make_node(pool["id"])
+    tenant = httpx.post(f"{url}/tenants/create", json={"slug": "other"}, headers=root).json()
+    other = {"Authorization": "Bearer " + httpx.post(f"{url}/tokens/create", headers=root, json={
+        "tenantId": tenant["result"]["id"], "name": "o", "role": "viewer"}).json()["result"][
+            "token"]}
+
+    def timed(n: int) -> list[float]:
+        times = []
+        with httpx.Client(headers=other, timeout=30) as http:
+            for _ in range(n):
+                began = time.monotonic()
+                assert http.post(f"{url}/system/whoami", json={}).status_code == 200
+                times.append(time.monotonic() - began)
+                time.sleep(0.05)
+        return times
+
+    alone = statistics.median(timed(20))
+    stop, statuses = threading.Event(), Counter()
+    preview = {"poolId": pool["id"], "duration": 3_600_000,
+               "devices": [{"class": "gpu", "count": 2}]}
+
+    def burst() -> None:
+        with httpx.Client(headers=root, timeout=30) as http:
+            while not stop.is_set():
+                answer = http.post(f"{url}/capacity/preview", json=preview)
+                statuses[answer.status_code] += 1
+                if answer.status_code == 429:  # as the client does: wait as told
+                    stop.wait(float(answer.headers["Retry-After"]))
+
+    threads = [threading.Thread(target=burst, daemon=True) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)
+    try:
+        loaded = statistics.median(timed(40))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert statuses[200] > 0
+    assert statuses[429] > 0, statuses
+    assert set(statuses) <= {200, 429}, statuses
+    assert loaded < max(0.12, 8 * alone), (f"p50 {alone * 1000:.0f} ms alone, "
+                                          f"{loaded * 1000:.0f} ms under the burst")

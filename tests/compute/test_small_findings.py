@@ -67,3 +67,20 @@ def test_a_probe_of_another_tenants_object_is_audited_in_the_callers_log(root, a
     assert (answer.status, answer.code) == (404, "not_found")
     row = AuditEvent.objects.get(allowed=False, action="sites.get")
     assert (row.tenant_id, row.target) == (acme.tenant_id, site["id"])
+
+
+def test_bad_tokens_are_limited_per_source_address(api, root, settings):
+    settings.BC_AUTH_FAILURE_BURST, settings.BC_AUTH_FAILURES_PER_MINUTE = 5, 10
+    guesses = [api.as_token(f"biam_tok_01guess{n:020d}.x").call("system.whoami")
+               for n in range(8)]
+    assert [g.status for g in guesses] == [401] * 5 + [429] * 3
+    throttled = root.client.post("/api/compute/system/whoami", data="{}",
+                                 content_type="application/json",
+                                 headers={"Authorization": "Bearer biam_tok_01guess.x"})
+    assert int(throttled.headers["Retry-After"]) > 0
+    assert root.call("system.whoami").status == 429  # a good token waits too: no oracle
+    elsewhere = root.client.post("/api/compute/system/whoami", data="{}",
+                                 content_type="application/json",
+                                 headers={"Authorization": f"Bearer {root.token}"},
+                                 REMOTE_ADDR="10.1.2.3")
+    assert elsewhere.status_code == 200
