@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import RegexValidator
 from django.http import HttpRequest, JsonResponse
 from rest_framework import fields, serializers
 
@@ -16,6 +17,7 @@ _SCALARS: list[tuple[type, dict[str, Any]]] = [
     (fields.IntegerField, {"type": "integer"}),
     (fields.FloatField, {"type": "number"}),
     (fields.DateTimeField, {"type": "string", "format": "date-time"}),
+    (fields.DateField, {"type": "string", "format": "date"}),
     (fields.JSONField, {}),
     (fields.DictField, {"type": "object"}),
 ]
@@ -40,6 +42,10 @@ def field_schema(field: fields.Field) -> dict[str, Any]:
     else:
         schema = next((dict(s) for cls, s in _SCALARS if isinstance(field, cls)),
                       {"type": "string"})
+        if (pattern := _pattern(field)) is not None:  # what its validator checks, stated
+            blank = isinstance(field, fields.CharField) and field.allow_blank
+            schema["pattern"] = f"^$|{pattern}" if blank else pattern
+            _bounded(field, schema, ("min_length", "minLength"), ("max_length", "maxLength"))
     if schema.get("type") == "array":
         _bounded(field, schema, ("min_length", "minItems"), ("max_length", "maxItems"))
     elif schema.get("type") == "string" and "pattern" not in schema:
@@ -56,6 +62,16 @@ def field_schema(field: fields.Field) -> dict[str, Any]:
     if default is not fields.empty and not callable(default):
         schema["default"] = default
     return schema
+
+
+def _pattern(field: fields.Field) -> str | None:
+    """The pattern of the field's regular-expression validator (RegexField, SlugField), as
+    the document states it."""
+    for validator in field.validators:
+        if isinstance(validator, RegexValidator) and not validator.inverse_match:
+            regex = validator.regex
+            return regex if isinstance(regex, str) else regex.pattern
+    return None
 
 
 def _bounded(field: fields.Field, schema: dict[str, Any], *pairs: tuple[str, str]
@@ -78,6 +94,7 @@ def input_schema(input_class: type[Input], *, with_tenant: bool = False) -> dict
     if with_tenant:
         properties["tenantId"] = {
             "type": "string", "nullable": True, "maxLength": 63,
+            "pattern": "^[A-Za-z0-9_-]{0,63}$",
             "description": "Tenant id or slug; the caller's own when absent, null or empty."}
     schema: dict[str, Any] = {"type": "object", "properties": properties,
                               "additionalProperties": False}
