@@ -191,11 +191,15 @@ class Run:
     def stop(self, *, keep_ledger: bool = False) -> None:
         """Stop everything; with `keep_ledger`, a stopped copy of the database is left in
         the state folder's `postgres` (start it with `pg_ctl -D` to read what went wrong)."""
+        if not hasattr(self, "server"):  # the start failed before anything ran: its error
+            return  # is what the caller sees, not this stop's
         with contextlib.suppress(Exception):
             self.workload.close()
-        self.stack.stop()
+        if hasattr(self, "stack"):
+            self.stack.stop()
         power_off_simulated_vms(self.state_dir)
-        self.network.close()
+        if hasattr(self, "network"):
+            self.network.close()
         if keep_ledger:  # this run's, never an earlier run's in the same folder
             shutil.rmtree(self.state_dir / "postgres", ignore_errors=True)
             self.server.save_copy(self.state_dir / "postgres")
