@@ -54,8 +54,8 @@ def stream_lease_take(*, principal_id: str, tenant_id: str) -> int:
                                   limit=per_tenant, retryAfterSeconds=5)
         cursor.execute(f"DELETE FROM {table} WHERE expires_at < now() - interval '1 minute'")  # noqa: S608
         cursor.execute(f"INSERT INTO {table} (principal_id, tenant_id, expires_at) "  # noqa: S608
-                       "VALUES (%s, %s, now() + %s) RETURNING id",
-                       [principal_id, tenant_id, LEASE])
+                       "VALUES (%s, %s, now() + make_interval(secs => %s)) RETURNING id",
+                       [principal_id, tenant_id, LEASE.total_seconds()])
         return int(cursor.fetchone()[0])
 
 
