@@ -30,6 +30,7 @@ from compute.models import (
     RefusalBudget,
     RoleBinding,
     ShardLease,
+    StreamLease,
     Tenant,
     WorkerPresence,
     WorkItem,
@@ -149,6 +150,12 @@ class WorkerPresenceAdmin(ReadOnlyAdmin):
 class RefusalBudgetAdmin(ReadOnlyAdmin):
     list_display = ("principal_id", "tokens", "updated_at")
     search_fields = ("principal_id",)
+
+
+@admin.register(StreamLease)
+class StreamLeaseAdmin(ReadOnlyAdmin):
+    list_display = ("principal_id", "tenant_id", "expires_at")
+    search_fields = ("principal_id", "tenant_id")
 
 
 def _read_only_everywhere(app_label: str) -> None:

@@ -27,11 +27,17 @@ from bcd.contract import ids
 from compute import iam
 from compute.api.registry import Resource
 from compute.db import connection_lost, constraint_name
-from compute.errors import ComputeError, InvalidArgument, PayloadTooLarge, Unavailable
+from compute.errors import (
+    ComputeError,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+)
 from compute.http.auth import authenticate
 from compute.iam.refusals import refusal_recorded
 from compute.tenancy.models import Principal, Tenant
-from compute.tenancy.selectors import TenantOutOfReach, tenant_resolve
+from compute.tenancy.selectors import tenant_resolve
 from reservations.constraints import LEDGER_CONSTRAINTS
 
 logger = logging.getLogger("compute.http")
@@ -61,11 +67,12 @@ def caller(headers: Mapping[str, str], *, tenant_ref: object, request_id: str, a
 def acting_as(principal: Principal, *, tenant_ref: object, request_id: str,
               action: str) -> Caller:
     """The caller in the tenant it names. A tenant outside its reach answers as a missing
-    one, and the attempt is audited in the caller's own tenant, not in the one it probed."""
+    one, and the attempt (at either) is audited in the caller's own tenant, not in the one
+    it probed."""
     CALLER.set((principal.id, principal.tenant_id))
     try:
         who = Caller(principal, tenant_resolve(tenant_ref, principal=principal), request_id)
-    except TenantOutOfReach:
+    except NotFound:  # out of reach or missing: audited alike, so the log leaks nothing
         probe_recorded(principal, request_id=request_id, action=action, target="",
                        reason="a tenant outside the caller's reach")
         raise

@@ -13,7 +13,8 @@ from django.db import connections
 from reservations.ledger import Allocation
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
-from tests.reservations.test_group_gaps import _url, waiting
+from tests.reservations.test_group_gaps import waiting
+from tests.support.processes import database_url
 from tests.support.waiting import wait_until
 
 
@@ -47,7 +48,7 @@ def booked_node(result: dict) -> str:
 def test_a_booker_takes_the_next_node_while_the_best_is_held(root, pool):
     best, second = sorted([make_node(pool["id"]), make_node(pool["id"])], key=lambda n: n.id)
     assert booked_node(reserve(root, pool, 1).result) == best.id  # the placer's choice
-    with holding(_url(), best.id):  # held until the end of this block, never committed
+    with holding(database_url(), best.id):  # held until the end of this block, never committed
         booker, results = booking(root, pool)
         booker.join(20)
         done = not booker.is_alive()
@@ -61,7 +62,7 @@ def test_a_booker_takes_the_next_node_while_the_best_is_held(root, pool):
 @pytest.mark.django_db(transaction=True)
 def test_a_booker_waits_for_the_best_when_every_fitting_node_is_held(root, pool):
     node = make_node(pool["id"])
-    url = _url()
+    url = database_url()
     holder = holding(url, node.id)
     try:
         booker, results = booking(root, pool)

@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
@@ -28,6 +27,7 @@ from reservations.ledger import Allocation, Booking, Reservation
 from reservations.models import GroupGap, StaleGaps
 from reservations.placement import Request
 from tests.factories import make_node
+from tests.support.processes import database_url
 from tests.support.waiting import wait_until
 
 H = timedelta(hours=1)
@@ -202,14 +202,6 @@ def test_whole_groups_answer_as_the_sweep_over_every_booking_does(pool, t0):
     assert whole_found > 10  # read from the gaps, and not merely "at once"
 
 
-def _url() -> str:
-    base = settings.DATABASES["default"]
-    if base["HOST"].startswith("/"):
-        return f"postgresql://{base['USER']}@/{base['NAME']}?host={base['HOST']}"
-    return (f"postgresql://{base['USER']}:{base['PASSWORD']}@{base['HOST']}:"
-            f"{base['PORT'] or 5432}/{base['NAME']}")
-
-
 def mender(url: str) -> psycopg.Connection:
     """A connection in the middle of mending every marked node: it holds their locks."""
     conn = psycopg.connect(url)
@@ -236,7 +228,7 @@ def race_two_menders(node: Node, t0: datetime) -> None:
     commits, then the second."""
     gpus = list(Device.objects.filter(node=node).order_by("index"))
     book(node, gpus[:1], hour(t0, 0, 1))
-    url = _url()
+    url = database_url()
     with mender(url) as first, psycopg.connect(url) as second:
         assert book(node, gpus[1:2], hour(t0, 1, 2)) is not None
         assert StaleGaps.objects.filter(node_id=node.id).exists()

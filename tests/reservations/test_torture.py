@@ -20,6 +20,7 @@ from django.conf import settings
 
 from reservations.gaps import gaps_mend
 from tests.reservations import torture
+from tests.support.processes import database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -70,23 +71,14 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
         assert outcomes[done] > 0, (done, outcomes)
 
 
-def _url(database: str) -> str:
-    base = settings.DATABASES["default"]
-    host = base["HOST"]
-    if host.startswith("/"):
-        return f"postgresql://{base['USER']}@/{database}?host={host}"
-    return (f"postgresql://{base['USER']}:{base['PASSWORD']}@{host}:{base['PORT'] or 5432}/"
-            f"{database}")
-
-
 @pytest.fixture
 def scratch_url():
     """A database of its own, dropped afterwards."""
     name = f"scratch_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(_url("postgres"), autocommit=True) as conn:
+    with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield _url(name)
-    with psycopg.connect(_url("postgres"), autocommit=True) as conn:
+    yield database_url(name)
+    with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 

@@ -14,10 +14,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def database_url() -> str:
-    """The test database as a URL another process can use."""
+def database_url(database: str | None = None) -> str:
+    """The test database (or another of its server) as a URL another process can use."""
     db = settings.DATABASES["default"]
+    name = database or db["NAME"]
     user = f"{db['USER']}:{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else db["USER"]
     if db["HOST"].startswith("/"):
-        return f"postgresql://{user}@/{db['NAME']}?host={db['HOST']}"
-    return f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+        return f"postgresql://{user}@/{name}?host={db['HOST']}"
+    return f"postgresql://{user}@{db['HOST']}:{db['PORT'] or 5432}/{name}"
