@@ -33,9 +33,12 @@ class Input(serializers.Serializer):
     """Base of every method's input. Wire names are camelCase; Python names are snake_case.
 
     `aliases` maps a wire name that cannot be a Python name (such as `class`) to its field.
+    `rules` states in the OpenAPI document what is checked across fields (JSON Schema
+    keywords such as `oneOf`, over wire names), so that the document is the validator.
     """
 
     aliases: ClassVar[dict[str, str]] = {}
+    rules: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

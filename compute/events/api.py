@@ -11,11 +11,14 @@ from compute.api.registry import CallContext, endpoint
 from compute.api.shapes import INTEGER, items_of
 from compute.events.selectors import event_list
 from compute.events.serializers import EVENT, present_event
+from compute.events.types import TYPE_GLOBS, TYPE_GLOBS_HELP
 
 
 class EventListIn(Input):
-    types = serializers.CharField(required=False, max_length=500,
-                                  help_text="Comma-separated globs such as 'node.*,pool.*'.")
+    types = serializers.RegexField(TYPE_GLOBS, required=False, allow_blank=True, max_length=500,
+                                   error_messages={"invalid": TYPE_GLOBS_HELP},
+                                   help_text="Comma-separated: `*`, event types, or groups "
+                                             "such as 'node.*,pool.*'.")
     since = serializers.IntegerField(required=False, min_value=0, default=0,
                                      help_text="Return events after this sequence.")
     subject = serializers.CharField(required=False, max_length=32)

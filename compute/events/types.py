@@ -3,7 +3,7 @@ globs against it. A retired type is kept (commented as such), never reused."""
 
 from __future__ import annotations
 
-import fnmatch
+import re
 
 from django.db import models
 
@@ -70,11 +70,23 @@ class EventType(models.TextChoices):
     IMAGE_DELETED = "image.deleted"
 
 
+def _type_globs_pattern() -> str:
+    """`*`, a type, or a group of them (`node.*`, `node.acceptance.*`), comma-separated."""
+    forms = {r"\*"} | {re.escape(t) for t in EventType.values}
+    for known in EventType.values:
+        parts = known.split(".")
+        forms |= {re.escape(".".join(parts[:n])) + r"\.\*" for n in range(1, len(parts))}
+    item = f" *(?:{'|'.join(sorted(forms))}) *"
+    return f"^(?:{item}(?:,{item})*)?$"
+
+
+TYPE_GLOBS = _type_globs_pattern()
+TYPE_GLOBS_HELP = ("`*`, an event type, or a group such as `node.*`, comma-separated "
+                   f"(known: {', '.join(EventType.values)})")
+
+
 def parse_type_globs(types: str | None) -> list[str]:
-    """`node.*,reservation.placed` as a list of globs, each matching at least one type."""
-    globs = [t.strip() for t in (types or "").split(",") if t.strip()]
-    for glob in globs:
-        if not fnmatch.filter(EventType.values, glob):
-            raise InvalidArgument(f"types: {glob!r} matches no event type (known: "
-                                  f"{', '.join(EventType.values)})", field="types")
-    return globs
+    """`node.*,reservation.placed` as a list of globs, each `*`, a type or a group."""
+    if not re.fullmatch(TYPE_GLOBS, types or ""):
+        raise InvalidArgument(f"types: {TYPE_GLOBS_HELP}", field="types")
+    return [t.strip() for t in (types or "").split(",") if t.strip()]

@@ -23,6 +23,11 @@ _SCALARS: list[tuple[type, dict[str, Any]]] = [
 ]
 
 
+# Text is stored in Postgres, which takes no NUL character: the document says so.
+NO_NUL = r"^[^\u0000]*$"
+NON_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+
+
 def field_schema(field: fields.Field) -> dict[str, Any]:
     if isinstance(field, serializers.ListSerializer):
         schema = {"type": "array", "items": field_schema(field.child)}
@@ -52,7 +57,9 @@ def field_schema(field: fields.Field) -> dict[str, Any]:
         _bounded(field, schema, ("min_length", "minLength"), ("max_length", "maxLength"))
         if isinstance(field, fields.CharField) and not field.allow_blank:
             schema.setdefault("minLength", 1)
-            schema["pattern"] = r"\S"  # only spaces is blank (DRF trims)
+            schema["pattern"] = NON_BLANK  # only spaces is blank (DRF trims)
+        elif isinstance(field, fields.CharField):
+            schema["pattern"] = NO_NUL
     _bounded(field, schema, ("min_value", "minimum"), ("max_value", "maximum"))
     if field.allow_null:
         schema["nullable"] = True
@@ -97,7 +104,7 @@ def input_schema(input_class: type[Input], *, with_tenant: bool = False) -> dict
             "pattern": "^[A-Za-z0-9_-]{0,63}$",
             "description": "Tenant id or slug; the caller's own when absent, null or empty."}
     schema: dict[str, Any] = {"type": "object", "properties": properties,
-                              "additionalProperties": False}
+                              "additionalProperties": False, **input_class.rules}
     if required:
         schema["required"] = required
     return schema

@@ -35,6 +35,11 @@ class PoolCreateIn(Input):
     name = serializers.CharField(max_length=200, required=False, default="")
     idempotency_key = IdempotencyKeyField()
     aliases = {"class": "pool_class"}
+    rules = {"oneOf": [  # a GPU pool names its model; a CPU pool names none
+        {"properties": {"class": {"enum": [PoolClass.METAL_HOST]},
+                        "gpuModel": {"minLength": 1}}, "required": ["gpuModel"]},
+        {"properties": {"class": {"enum": [PoolClass.CPU_HOST]},
+                        "gpuModel": {"maxLength": 0}}}]}
 
 
 @endpoint("pools", "create", returns=POOL, input=PoolCreateIn, mutating=True,
