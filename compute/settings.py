@@ -166,6 +166,9 @@ BC_AUTH_FAILURES_PER_MINUTE = int(env("AUTH_FAILURES_PER_MINUTE", "10"))
 # Event streams one caller, and one tenant, may hold at once (across every API process).
 BC_STREAMS_PER_CALLER = int(env("STREAMS_PER_CALLER", "8"))
 BC_STREAMS_PER_TENANT = int(env("STREAMS_PER_TENANT", "64"))
+# Calls one tenant, and one caller, may have running at once across every API process.
+BC_CALLS_PER_TENANT = int(env("CALLS_PER_TENANT", "32"))
+BC_CALLS_PER_CALLER = int(env("CALLS_PER_CALLER", "16"))
 # Calls of one tenant in flight (running or waiting for a thread) in one API process.
 BC_TENANT_CALLS_IN_FLIGHT = int(env("TENANT_CALLS_IN_FLIGHT", "16"))
 BC_REFUSALS_PER_MINUTE = int(env("REFUSALS_PER_MINUTE", "60"))

@@ -28,6 +28,7 @@ from compute.http.edge import (
     probe_recorded,
     respond,
 )
+from compute.iam.calls import call_slot
 from compute.metrics import API_REQUESTS, API_SECONDS
 from compute.tenancy.models import Principal
 
@@ -109,16 +110,17 @@ def call(principal: Principal, action: str, body: dict[str, Any], request_id: st
                     action=endpoint.action)
     data = validate(endpoint, body)
     ctx = CallContext(principal=who.principal, tenant=who.tenant, request_id=request_id)
-    try:
-        resource = endpoint.draft(ctx, data)
-    except NotFound as missing:
-        probe_recorded(who.principal, request_id=request_id, action=endpoint.action,
-                       target=str(next(iter(missing.details.values()), "")),
-                       reason=f"not found in tenant {who.tenant.id}")
-        raise
-    stamp = decide_once(who, endpoint.action, resource)
-    with stamped(stamp):
-        return endpoint.handler(ctx, data)
+    with call_slot(principal_id=who.principal.id, tenant_id=who.tenant.id):
+        try:
+            resource = endpoint.draft(ctx, data)
+        except NotFound as missing:
+            probe_recorded(who.principal, request_id=request_id, action=endpoint.action,
+                           target=str(next(iter(missing.details.values()), "")),
+                           reason=f"not found in tenant {who.tenant.id}")
+            raise
+        stamp = decide_once(who, endpoint.action, resource)
+        with stamped(stamp):
+            return endpoint.handler(ctx, data)
 
 
 def unstorable(value: Any, path: str = "") -> str | None:

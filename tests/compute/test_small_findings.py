@@ -84,3 +84,31 @@ def test_bad_tokens_are_limited_per_source_address(api, root, settings):
                                  headers={"Authorization": f"Bearer {root.token}"},
                                  REMOTE_ADDR="10.1.2.3")
     assert elsewhere.status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_calls_running_at_once_are_limited_per_tenant_across_processes(root, acme, settings):
+    """Slots held by other API processes (here, other connections) count: past the tenant's,
+    its calls get 429 at once, and another tenant's are served."""
+    import psycopg
+
+    from tests.support.processes import database_url
+
+    settings.BC_CALLS_PER_TENANT = 2
+    key = f"bc_calls_tenant:{acme.tenant_id}"
+    others = [psycopg.connect(database_url(), autocommit=True) for _ in range(2)]
+    try:
+        for slot, conn in enumerate(others):  # two calls of acme running elsewhere
+            assert conn.execute("SELECT pg_try_advisory_lock(hashtext(%s), %s)",
+                                [key, slot]).fetchone()[0]
+        refused = acme.client.post("/api/compute/system/whoami", data="{}",
+                                   content_type="application/json",
+                                   headers={"Authorization": f"Bearer {acme.token}"})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["message"].startswith("at most 2 per tenant")
+        assert refused.headers["Retry-After"] == "1"
+        assert root.call("system.whoami").status == 200
+    finally:
+        for conn in others:
+            conn.close()
+    assert acme.call("system.whoami").status == 200  # their slots came back with them

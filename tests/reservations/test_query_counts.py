@@ -30,15 +30,17 @@ def test_reservations_create_through_the_api(root, pool):
     for _ in range(8):
         make_node(pool["id"])
     reserve(root, pool, 2)  # warm: the token's first use, plans
-    # token, pool, IAM, now(), reservation, placement, node lock, booking (which also marks
-    # it placed), work item (with its NOTIFY), event (with its NOTIFY), audit row (no lock)
-    pinned(lambda: reserve(root, pool, 2).result, 11)
+    # token, the call's running slots (taken, given back), pool, IAM, now(), reservation,
+    # placement, node lock, booking (which also marks it placed), work item (with its
+    # NOTIFY), event (with its NOTIFY), audit row (no lock)
+    pinned(lambda: reserve(root, pool, 2).result, 13)
 
 
 def test_reservations_release_through_the_api(root, pool):
     make_node(pool["id"])
     rsv = reserve(root, pool, 2).result
-    pinned(lambda: root("reservations.release", reservationId=rsv["id"]), 15)  # node lock, recount
+    # node lock, recount, and the call's running slots (taken, given back)
+    pinned(lambda: root("reservations.release", reservationId=rsv["id"]), 17)
 
 
 def test_heartbeats_of_many_nodes_are_one_statement(pool):
