@@ -15,7 +15,7 @@ from typing import Any
 from bcd.contract import ids
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-URL = re.compile(r"^(https?|file)://[^\s]{1,2000}$")
+URL = re.compile(r"^(https?|file)://[^\s\u0000-\u001f\u007f]{1,2000}$")  # no control characters
 LISTEN = ("127.0.0.1", "0.0.0.0")  # noqa: S104 (0.0.0.0 only where the pool policy says)
 MAX_VCPUS = 256
 MAX_MEMORY_MIB = 4 * 1024 * 1024
