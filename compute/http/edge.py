@@ -9,6 +9,7 @@ is a logged 500 `internal` that names the request id and nothing more.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -129,9 +130,30 @@ def respond(request_id: str, work: Callable[[], Any]) -> JsonResponse:
         status, body = error_answer(error, request_id)
     response = JsonResponse(body, encoder=DjangoJSONEncoder, status=status)
     response["X-Request-Id"] = request_id
-    if wait := (body.get("error") or {}).get("details", {}).get("retryAfterSeconds"):
-        response["Retry-After"] = str(wait)
+    if wait := _retry_after(body):
+        response["Retry-After"] = wait
     return response
+
+
+def _retry_after(body: dict[str, Any]) -> str:
+    return str((body.get("error") or {}).get("details", {}).get("retryAfterSeconds") or "")
+
+
+async def send_error(send: Any, error: BaseException, request_id: str, *,
+                     close: bool = False) -> None:
+    """Answer an error over ASGI, as `respond` does (where Django does not answer: before
+    a request has a thread, and on the event stream); `close` ends the connection after."""
+    status, body = error_answer(error, request_id)
+    payload = json.dumps(body, cls=DjangoJSONEncoder).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(payload)).encode()),
+               (b"x-request-id", request_id.encode())]
+    if wait := _retry_after(body):
+        headers.append((b"retry-after", wait.encode()))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def new_request_id() -> str:

@@ -20,6 +20,8 @@ import hashlib
 from collections import Counter, OrderedDict, deque
 from typing import Any, Generic, TypeVar
 
+from django.conf import settings
+
 from compute.errors import TooManyRequests
 
 Slot = TypeVar("Slot")
@@ -44,8 +46,9 @@ def request_key(scope: dict[str, Any]) -> str:
         token_id = authorization[7:].strip().partition(".")[0][:64]
         return LEARNED.get(token_id) or f"token:{token_id}"
     cookies = headers.get(b"cookie", b"")
-    if b"sessionid=" in cookies:
-        session = cookies.split(b"sessionid=", 1)[1].split(b";", 1)[0]
+    name = settings.SESSION_COOKIE_NAME.encode() + b"="
+    if name in cookies:
+        session = cookies.split(name, 1)[1].split(b";", 1)[0]
         return "session:" + hashlib.sha256(session).hexdigest()[:16]
     client = scope.get("client") or ("", 0)
     return f"address:{client[0]}"

@@ -17,7 +17,6 @@ largest body is answered 413 before anything is read.
 from __future__ import annotations
 
 import asyncio
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,7 +27,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from compute.errors import ComputeError, PayloadTooLarge, RequestTimeout
-from compute.http.edge import new_request_id
+from compute.http.edge import new_request_id, send_error
 from compute.http.fair import FairSlots, request_key
 
 
@@ -52,16 +51,12 @@ class ThreadPoolHandler(ASGIHandler):
             raise ValueError(f"Django serves HTTP, not {scope['type']}")
         try:
             body = await read_body(scope, receive)
-        except ComputeError as refusal:
-            await refuse(send, refusal)
+            key = request_key(scope)
+            executor = await self._threads.acquire(key)
+        except ComputeError as refusal:  # before Django saw it: the connection ends after
+            await send_error(send, refusal, new_request_id(), close=True)
             return
         except ClientGone:
-            return
-        key = request_key(scope)
-        try:
-            executor = await self._threads.acquire(key)
-        except ComputeError as refusal:
-            await refuse(send, refusal)
             return
         try:
             async with ThreadSensitiveContext(executor=executor):
@@ -127,16 +122,3 @@ def replayed(body: bytes, receive: Any) -> Any:
         return pending.pop() if pending else await receive()
 
     return receive_again
-
-
-async def refuse(send: Any, refusal: ComputeError) -> None:
-    """Answer a refusal before Django saw the request, in the envelope's shape; the
-    connection is closed after it."""
-    body = json.dumps({"ok": False, "requestId": (request_id := new_request_id()), "error": {
-        "code": refusal.code, "message": refusal.message, "details": refusal.details}}).encode()
-    wait = refusal.details.get("retryAfterSeconds")
-    await send({"type": "http.response.start", "status": refusal.http_status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode()), (b"connection", b"close"),
-        *([(b"retry-after", str(wait).encode())] if wait else [])]})
-    await send({"type": "http.response.body", "body": body})

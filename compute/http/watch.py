@@ -31,7 +31,7 @@ from compute.events.selectors import event_list
 from compute.events.serializers import present_event
 from compute.events.types import parse_type_globs
 from compute.http.auth import session_principal
-from compute.http.edge import caller, decide_once, error_answer, new_request_id
+from compute.http.edge import caller, decide_once, new_request_id, send_error
 from compute.http.hub import HUB
 from compute.iam.streams import stream_lease_drop, stream_lease_renew, stream_lease_take
 from compute.tenancy.models import Tenant
@@ -124,13 +124,7 @@ async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
         except Exception as error:
             if watch is not None:
                 await sync_to_async(_lease_dropped, thread_sensitive=False)(watch)
-            status, body = error_answer(error, request_id)
-            wait = body["error"]["details"].get("retryAfterSeconds")
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"),
-                                    *([(b"retry-after", str(wait).encode())] if wait else [])]})
-            await send({"type": "http.response.body",
-                        "body": json.dumps(body, cls=DjangoJSONEncoder).encode()})
+            await send_error(send, error, request_id)
             return
         try:
             await _serve(send, receive, watch, woken, request_id)

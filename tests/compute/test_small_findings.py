@@ -112,3 +112,20 @@ def test_calls_running_at_once_are_limited_per_tenant_across_processes(root, acm
         for conn in others:
             conn.close()
     assert acme.call("system.whoami").status == 200  # their slots came back with them
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_call_gives_its_slots_back_whether_it_succeeds_or_fails(root, pool, settings):
+    """Two slots per tenant and per caller: forty calls one after another, half of them
+    refused (404), are all answered, and no advisory lock outlives them."""
+    from django.db import connection
+
+    settings.BC_CALLS_PER_TENANT = settings.BC_CALLS_PER_CALLER = 2
+    for n in range(20):
+        assert root.call("sites.get", siteId=pool["siteId"]).status == 200
+        assert root.call("reservations.get",
+                         reservationId=f"rsv_01jbx0000000000000000000{n:02d}").status == 404
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                       "AND pid = pg_backend_pid()")
+        assert cursor.fetchone()[0] == 0
