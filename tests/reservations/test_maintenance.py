@@ -4,6 +4,8 @@ or none); capacity and the board show the GPUs in maintenance; sandboxes stay of
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.db import connection
 
@@ -203,7 +205,10 @@ def test_windows_and_bookings_racing_never_share_a_gpu(root, pool):
                threading.Thread(target=sample)]
     for thread in threads:
         thread.start()
-    stop.wait(20)
+    began = time.monotonic()  # 20 s, and on until both sides have won (60 s at most):
+    while time.monotonic() - began < 60 and not (  # a loaded machine races more slowly
+            time.monotonic() - began >= 20 and min(won.values()) > 5):
+        stop.wait(0.5)
     stop.set()
     for thread in threads:
         thread.join(60)
