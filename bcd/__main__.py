@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
-from bcd.config import Config, Paths, joined_config
+from bcd.config import Config, Paths, forget_join_token, joined_config
 from bcd.contract.version import version
 from bcd.inventory import SIM_VARIANTS
 from bcd.inventory.faults import FAULTS
@@ -30,12 +29,12 @@ def cmd_join(args: argparse.Namespace) -> int:
         return 2
     joined = joined_config(Paths(_root(args)))
     if joined is not None:
-        os.environ.pop("BCD_JOIN_TOKEN", None)  # not needed: what the agent starts never sees it
+        forget_join_token()  # not needed
         print(f"already joined as {joined.node_id}", flush=True)
         return cmd_node(args) if args.run else 0
     try:
         token = read_token(Path(args.token_file) if args.token_file else None)
-        os.environ.pop("BCD_JOIN_TOKEN", None)  # read: what the agent starts never sees it
+        forget_join_token()  # read
         config, not_after = join(
             server=args.server, token=token, root=_root(args), sim=args.sim,
             sim_gpus=args.sim_gpus, sim_variant=args.sim_variant, hostname=args.hostname,

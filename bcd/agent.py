@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd import checks
 from bcd.cdi import BadCdiSpec, vendor_spec
-from bcd.config import Config, SimFaults, Tuning, write_private
+from bcd.config import VARIABLES, Config, SimFaults, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Hold
 from bcd.contract.vms import Vm
@@ -431,7 +431,7 @@ class Agent:
     async def device_plugin(self) -> None:
         """The Kubernetes device plugin: idle until a kubelet's socket appears in its
         device-plugins folder (BCD_DEVICE_PLUGIN_DIR, default /var/lib/kubelet/...)."""
-        folder = os.environ.get("BCD_DEVICE_PLUGIN_DIR")
+        folder = VARIABLES.text("BCD_DEVICE_PLUGIN_DIR")
         await run_device_plugin(GpuSource(self.held, self.current_inventory),
                                 root=self.paths.root,
                                 directory=Path(folder) if folder else None)

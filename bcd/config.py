@@ -2,7 +2,8 @@
 
 Every host path hangs off a root ("/" on a real server, a private directory for simulated
 agents), so many simulated agents can run side by side without touching the real /etc.
-Environment variables (all `BCD_…`) are read here, once, when the agent starts.
+Environment variables (all `BCD_…`, and systemd's) are declared and read here, once, when
+the agent starts (`VARIABLES`: the settings reference is generated from it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,59 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import ModuleType
+
+from bcd.contract.variables import Declared, Variable
+
+AGENT = "agent"
+VARIABLES = Declared(
+    Variable("BCD_JOIN_TOKEN", "str", None,
+             "the join token `bcd join` spends (never an argument; removed from the "
+             "environment once read)", reader=AGENT, secret=True),
+    Variable("BCD_RENEW_MARGIN_HOURS", "float", 8.0,
+             "renew the node certificate once this little of its 24 h is left", reader=AGENT),
+    Variable("BCD_RENEW_CHECK_SECONDS", "float", 300.0,
+             "how often to look at the certificate's expiry", reader=AGENT),
+    Variable("BCD_INVENTORY_CHECK_SECONDS", "float", 2.0,
+             "how often to read inventory and health (sent when they change)", reader=AGENT),
+    Variable("BCD_TELEMETRY_SECONDS", "float", 30.0,
+             "how often GPU utilization is sent (idle reclaim reads it)", reader=AGENT),
+    Variable("BCD_BACKOFF_MAX_SECONDS", "float", 30.0,
+             "the longest wait between two attempts to reach the gateway (jittered)",
+             reader=AGENT),
+    Variable("BCD_VM_BOOT_TIMEOUT_SECONDS", "float", 180.0,
+             "a sandbox VM that has not said it booted by then fails", reader=AGENT),
+    Variable("BCD_VM_SHUTDOWN_SECONDS", "float", 20.0,
+             "ACPI shutdown's grace before QEMU is told to quit", reader=AGENT),
+    Variable("BCD_VIRTUALIZATION", "str", None,
+             "the accelerator sandbox VMs use (`kvm`, `tcg` or `none`), instead of probing "
+             "the host", reader=AGENT),
+    Variable("BCD_DEVICE_PLUGIN_DIR", "path", None,
+             "the kubelet's device-plugin folder (default "
+             "`/var/lib/kubelet/device-plugins`)", reader=AGENT),
+    Variable("BCD_SIM_VCPUS", "int", None,
+             "vCPUs of a simulated machine's host (32 for `cpu`, else 96)", reader=AGENT),
+    Variable("BCD_SIM_MEMORY_GIB", "int", None,
+             "memory of a simulated machine's host, GiB (128 for `cpu`, else 1024)",
+             reader=AGENT),
+    Variable("BCD_SIM_GATEWAY", "str", None,
+             "a simulated agent's session address, pinned (the fleet simulator's proxy)",
+             reader=AGENT),
+    Variable("BCD_SIM_CLOCK_SKEW_SECONDS", "float", 0.0,
+             "moves a simulated agent's wall clock (the fleet simulator's fault)", reader=AGENT),
+    Variable("BCD_SIM_FORGET_COMMANDS", "bool", False,
+             "a broken simulated agent that ignores its journal (the simulator shows it "
+             "catches commands run twice)", reader=AGENT),
+    Variable("NOTIFY_SOCKET", "str", None, "systemd's notification socket (`Type=notify`)",
+             reader=AGENT),
+    Variable("WATCHDOG_USEC", "str", None, "systemd's watchdog timeout", reader=AGENT),
+    Variable("WATCHDOG_PID", "str", None, "the process systemd's watchdog is meant for",
+             reader=AGENT),
+)
+
+
+def forget_join_token() -> None:
+    """What the agent starts never sees the join token."""
+    os.environ.pop("BCD_JOIN_TOKEN", None)
 
 
 @dataclass(frozen=True)
@@ -29,12 +83,10 @@ class Tuning:
 
     @classmethod
     def from_env(cls) -> Tuning:
-        return cls(float(os.environ.get("BCD_RENEW_MARGIN_HOURS", cls.renew_margin_hours)),
-                   float(os.environ.get("BCD_RENEW_CHECK_SECONDS", cls.renew_check_seconds)),
-                   float(os.environ.get("BCD_INVENTORY_CHECK_SECONDS",
-                                        cls.inventory_check_seconds)),
-                   float(os.environ.get("BCD_TELEMETRY_SECONDS", cls.telemetry_seconds)),
-                   float(os.environ.get("BCD_BACKOFF_MAX_SECONDS", cls.backoff_max_seconds)))
+        number = VARIABLES.number
+        return cls(number("BCD_RENEW_MARGIN_HOURS"), number("BCD_RENEW_CHECK_SECONDS"),
+                   number("BCD_INVENTORY_CHECK_SECONDS"), number("BCD_TELEMETRY_SECONDS"),
+                   number("BCD_BACKOFF_MAX_SECONDS"))
 
 
 @dataclass(frozen=True)
@@ -53,9 +105,9 @@ class SimFaults:
     def from_env(cls, sim: bool) -> SimFaults:
         if not sim:
             return cls()
-        return cls(os.environ.get("BCD_SIM_GATEWAY", ""),
-                   float(os.environ.get("BCD_SIM_CLOCK_SKEW_SECONDS", "0")),
-                   os.environ.get("BCD_SIM_FORGET_COMMANDS") == "1")
+        return cls(VARIABLES.text("BCD_SIM_GATEWAY"),
+                   VARIABLES.number("BCD_SIM_CLOCK_SKEW_SECONDS"),
+                   VARIABLES.flag("BCD_SIM_FORGET_COMMANDS"))
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import socket
 
+from bcd.config import VARIABLES
+
 
 def sd_notify(state: str) -> bool:
     """Send `state` (such as READY=1) to $NOTIFY_SOCKET; False when there is none."""
-    address = os.environ.get("NOTIFY_SOCKET", "")
+    address = VARIABLES.text("NOTIFY_SOCKET")
     if not address:
         return False
     if address.startswith("@"):  # the abstract namespace
@@ -27,8 +29,8 @@ def sd_notify(state: str) -> bool:
 def watchdog_seconds() -> float | None:
     """How often to ping systemd's watchdog (half its timeout), or None when it is off or
     meant for another process."""
-    usec = os.environ.get("WATCHDOG_USEC", "")
-    pid = os.environ.get("WATCHDOG_PID", "")
+    usec = VARIABLES.text("WATCHDOG_USEC")
+    pid = VARIABLES.text("WATCHDOG_PID")
     if not usec.isdigit() or int(usec) == 0 or (pid.isdigit() and int(pid) != os.getpid()):
         return None
     return int(usec) / 1_000_000 / 2

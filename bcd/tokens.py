@@ -10,6 +10,8 @@ import stat
 import sys
 from pathlib import Path
 
+from bcd.config import VARIABLES
+
 
 class TokenError(Exception):
     pass
@@ -34,8 +36,8 @@ def read_token_file(path: Path) -> str:
 def read_token(token_file: Path | None) -> str:
     if token_file is not None:
         token = read_token_file(token_file)
-    elif os.environ.get("BCD_JOIN_TOKEN"):
-        token = os.environ["BCD_JOIN_TOKEN"].strip()
+    elif VARIABLES.is_set("BCD_JOIN_TOKEN"):
+        token = VARIABLES.text("BCD_JOIN_TOKEN")
     elif not sys.stdin.isatty():
         token = sys.stdin.read().strip()
     else:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bcd import images, qemu
-from bcd.config import Paths
+from bcd.config import VARIABLES, Paths
 from bcd.contract.vms import Vm
 from bcd.holds import systemd_present
 from bcd.journal import Journal
@@ -38,8 +37,8 @@ class VmTuning:
 
     @classmethod
     def from_env(cls) -> VmTuning:
-        return cls(float(os.environ.get("BCD_VM_BOOT_TIMEOUT_SECONDS", cls.boot_timeout)),
-                   float(os.environ.get("BCD_VM_SHUTDOWN_SECONDS", cls.shutdown_grace)))
+        return cls(VARIABLES.number("BCD_VM_BOOT_TIMEOUT_SECONDS"),
+                   VARIABLES.number("BCD_VM_SHUTDOWN_SECONDS"))
 
 
 def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
@@ -79,7 +78,7 @@ class VmKeeper:
         self.tuning = tuning or VmTuning.from_env()
         self.wanted: dict[str, Vm] | None = None  # unknown until this run's first spec
         self.stopping: dict[str, Vm] = {}  # released: desired stopped
-        self.accelerator = os.environ.get("BCD_VIRTUALIZATION", "")
+        self.accelerator = VARIABLES.text("BCD_VIRTUALIZATION")
         self.reports: dict[str, Report] = {}
         self.wake = asyncio.Event()
         self._rebuild_reports()

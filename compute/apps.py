@@ -1,7 +1,10 @@
+import contextlib
 from importlib import import_module
 from importlib.util import find_spec
+from pathlib import Path
 
 from django.apps import AppConfig, apps
+from django.conf import settings
 
 
 class ComputeConfig(AppConfig):
@@ -10,6 +13,8 @@ class ComputeConfig(AppConfig):
 
     def ready(self) -> None:
         """Discover every app's `api.py` (and compute's own API modules), as the admin does."""
+        with contextlib.suppress(OSError):  # WhiteNoise serves collectstatic's output from here
+            Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
         for module in ("compute.tenancy.api", "compute.events.api"):
             import_module(module)
         for config in apps.get_app_configs():

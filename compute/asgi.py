@@ -1,8 +1,8 @@
-import os
-
 import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+from compute import config
+
+config.export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
 django.setup(set_prefix=False)
 
 from compute.http.threads import ThreadPoolHandler  # noqa: E402  (after Django setup)
@@ -10,7 +10,7 @@ from compute.http.threads import ThreadPoolHandler  # noqa: E402  (after Django 
 # Threads per process that run synchronous views, each with its own database connection.
 # One by default: a second thread in a process only adds switching between them (the GIL)
 # and a Postgres backend; more processes (`serve --workers`) are the way to add room.
-django_app = ThreadPoolHandler(threads=int(os.environ.get("BETTER_COMPUTE_API_THREADS") or 1))
+django_app = ThreadPoolHandler(threads=config.whole("BETTER_COMPUTE_API_THREADS"))
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django setup)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

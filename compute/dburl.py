@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from compute.config import flag
+
 # Whether the hot paths' statements are prepared on their connection
 # (`BETTER_COMPUTE_DB_PREPARE=0` for a pooler that cannot follow prepared statements).
-PREPARING = os.environ.get("BETTER_COMPUTE_DB_PREPARE", "1") != "0"
+PREPARING = flag("BETTER_COMPUTE_DB_PREPARE")
 
 
 def _hosts_and_ports(hostlist: str) -> tuple[str, str]:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from compute import config
+
 DATABASE_NAME = "better_compute"
 SERVER_USER = "embedded_postgres"
 PASSWORD_FILE = "superuser.password"  # noqa: S105 (the name of the file that keeps it)
@@ -49,11 +51,11 @@ def _running_as_root() -> bool:
 def state_root() -> Path:
     """Where persistent embedded data lives: `BETTER_COMPUTE_HOME`, else a system folder for
     root and the user's data folder for everyone else."""
-    if home := os.environ.get("BETTER_COMPUTE_HOME"):
+    if home := config.text("BETTER_COMPUTE_HOME"):
         return Path(home)
     if _running_as_root():
         return Path("/var/lib/better-compute")
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    base = config.text("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "better-compute"
 
 
@@ -285,10 +287,10 @@ NO_DATABASE = ("DATABASE_URL is not set and no embedded server runs in {where}: 
 def database_url() -> str | None:
     """`DATABASE_URL`, else the persistent embedded server's while it runs (`better-compute
     dev` started it). Nothing but `dev` starts an embedded server."""
-    url = os.environ.get("DATABASE_URL")
+    url = config.text("DATABASE_URL")
     if not url and (server := persistent()).is_running():
         url = server.url
-        os.environ["DATABASE_URL"] = url
+        config.export("DATABASE_URL", url)
     return url
 
 

@@ -1,6 +1,6 @@
-import os
-
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+from compute import config
+
+config.export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
 application = get_wsgi_application()

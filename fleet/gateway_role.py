@@ -4,7 +4,7 @@ The gateway keeps node sessions (epochs, heartbeats, connectivity), delivers the
 commands the control plane signed, and files reports in the inbox. It may not change a
 reservation, a booking, a device or a node's provisioning, and writes no history (the audit
 log, the event outbox): a gateway that is taken over can delay or drop messages, but cannot
-make the ledger say something no node signed. GRANTS is the whole list; the README repeats
+make the ledger say something no node signed. GRANTS is the whole list; the security page repeats
 it and a test compares it with what Postgres' catalogs say the role holds.
 """
 

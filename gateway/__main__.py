@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 
 import click
 
 from bcd.contract.version import version
+from compute import config
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,10 +36,10 @@ def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
     """Run the gateway: it holds node sessions, files their reports in Postgres and relays
     joins and renewals to the API. It holds no CA, no signing key and no KEK, and never
     calls IAM."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    config.export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
     for name in ("BETTER_COMPUTE_KEK", "BETTER_COMPUTE_KEK_FILE"):
-        os.environ.pop(name, None)
-    os.environ["BETTER_COMPUTE_WITHOUT_KEK"] = "1"
+        config.unset(name)
+    config.export("BETTER_COMPUTE_WITHOUT_KEK", "1")
     from compute.pg import require_database_url
 
     require_database_url()
@@ -51,7 +51,7 @@ def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
     from fleet.pki import trust_domain
     from gateway.server import serve
 
-    logging.basicConfig(level=env("LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=env("LOG_LEVEL"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if metrics_listen:
         serve_metrics(metrics_listen)

@@ -4,9 +4,10 @@ a private root)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Protocol
+
+from bcd.config import VARIABLES
 
 
 class InventorySource(Protocol):
@@ -38,8 +39,8 @@ def inventory_for(*, sim: bool, sim_gpus: int, sim_variant: str, hostname: str,
         # BCD_SIM_VCPUS and BCD_SIM_MEMORY_GIB size a simulated machine's host (its VMs are
         # real, so a small host lets sandboxes and GPU host shares compete for it).
         cpu = sim_variant == "cpu"
-        vcpus = int(os.environ.get("BCD_SIM_VCPUS", 32 if cpu else 96))
-        memory_gib = int(os.environ.get("BCD_SIM_MEMORY_GIB", 128 if cpu else 1024))
+        vcpus = int(VARIABLES.text("BCD_SIM_VCPUS") or (32 if cpu else 96))
+        memory_gib = int(VARIABLES.text("BCD_SIM_MEMORY_GIB") or (128 if cpu else 1024))
         if cpu:
             return SimulatedInventory(hostname, gpus=0, root=root, vcpus=vcpus,
                                       memory_gib=memory_gib)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from compute import config
 from compute.client.transport import ApiError as LibraryApiError
 from compute.client.transport import ClientError, Transport
 
@@ -58,12 +58,12 @@ class Config:
 
     @classmethod
     def from_env(cls) -> Config:
-        url = os.environ.get("BETTER_COMPUTE_URL", "").strip()
+        url = config.text("BETTER_COMPUTE_URL")
         if not url:
             raise CliError("BETTER_COMPUTE_URL is not set: export the API URL printed by "
                            "`better-compute dev`, e.g. http://127.0.0.1:3000/api/compute")
-        token = os.environ.get("BETTER_COMPUTE_TOKEN", "").strip()
-        token_file = os.environ.get("BETTER_COMPUTE_TOKEN_FILE", "").strip()
+        token = config.text("BETTER_COMPUTE_TOKEN")
+        token_file = config.text("BETTER_COMPUTE_TOKEN_FILE")
         if not token and token_file:
             try:
                 with open(token_file) as handle:
@@ -75,10 +75,10 @@ class Config:
                            "(or BETTER_COMPUTE_TOKEN_FILE naming a file that holds one)")
         if not TOKEN_SHAPE.match(token):
             raise CliError("BETTER_COMPUTE_TOKEN is malformed: an API token looks like "
-                           "biam_tok_<id>.<secret> (the README's biam_… is a placeholder; "
+                           "biam_tok_<id>.<secret> (the docs' biam_… is a placeholder; "
                            "`better-compute dev` writes a real one to its env file)")
         return cls(url=check_url(url), token=token,
-                   tenant=os.environ.get("BETTER_COMPUTE_TENANT") or None)
+                   tenant=config.text("BETTER_COMPUTE_TENANT") or None)
 
 
 TOKEN_SHAPE = re.compile(r"^biam_[a-z]+_[0-9a-z]{26}\.[A-Za-z0-9_-]{20,200}$")

@@ -30,7 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import click
 
 from bcd.config import Paths, joined_config
-from compute import pg
+from compute import config, pg
 from compute.cli import guestimage
 from compute.cli.artifact import served_artifacts, write_artifacts
 from compute.cli.client import Client, CliError, Config
@@ -418,7 +418,7 @@ def default_image(api: Client, pool_ids: list[str], downloads: Path,
             "GUEST_INITRD": str(downloads / "guest-initrd.gz")}
 
 
-# Also in the README's tutorial, which a test runs as written.
+# Also in the tutorial (docs/tutorial.md), which a test runs as written.
 JOIN_ONE_MORE = """\
   better-compute join-tokens create --pool $POOL --ttl 1h --out ./join-token
   bcd --root ./machine-1 join --server "$BETTER_COMPUTE_URL" --sim --token-file ./join-token \\
@@ -479,7 +479,7 @@ def start_throwaway() -> tuple[pg.EmbeddedPostgres, bool]:
     """A throw-away embedded Postgres, started from the migrated copy when there is one;
     True when it was (it needs no migration)."""
     copy = pg.migrated_copy()
-    seeded = copy.exists() and "DATABASE_URL" not in os.environ
+    seeded = copy.exists() and not config.is_set("DATABASE_URL")
     return pg.throwaway().start(seed=copy if seeded else None), seeded
 
 
@@ -516,11 +516,10 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
     stack.log_dir = state_dir / "logs"
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     gateway_port, join_port = _gateway_ports(state_dir, host)
-    downloads = Path(os.environ.get("BETTER_COMPUTE_DOWNLOADS_DIR")
-                     or state_dir / "downloads")
+    downloads = Path(config.text("BETTER_COMPUTE_DOWNLOADS_DIR") or state_dir / "downloads")
     write_artifacts(downloads)  # the agent's wheel; executables that were built stay
-    env = {**os.environ, **(env_extra or {}),
-           "DATABASE_URL": os.environ.get("DATABASE_URL") or server.url,
+    env = {**config.environment(**(env_extra or {})),
+           "DATABASE_URL": config.text("DATABASE_URL") or server.url,
            "DJANGO_SETTINGS_MODULE": "compute.settings",
            "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
            "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
@@ -530,7 +529,7 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
     else:
         click.echo("migrating …", err=True)
         _django(["migrate", "--no-input"], env)
-        if server.throwaway and "DATABASE_URL" not in os.environ:
+        if server.throwaway and not config.is_set("DATABASE_URL"):
             _save_migrated_copy(server)
     # The API as `serve` runs it (a short drain keeps Ctrl-C quick); its workers start
     # while the set-up below runs.
@@ -581,7 +580,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     signal.signal(signal.SIGTERM, _interrupted)  # TERM while starting: stop what started
     click.echo("starting embedded Postgres …", err=True)
-    stack = Stack(restart_delay=float(os.environ.get("BETTER_COMPUTE_DEV_RESTART_SECONDS", "1")))
+    stack = Stack(restart_delay=config.number("BETTER_COMPUTE_DEV_RESTART_SECONDS"))
     env_file: Path | None = None
     kept = None if memory else pg.persistent()
     started_here = kept is None or not kept.is_running()  # a kept server already running stays
@@ -639,7 +638,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo(f"  . {env_file}")
         click.echo("to join one more simulated machine to a pool ($POOL) with a join token:")
         click.echo(JOIN_ONE_MORE)
-        if memory and "DATABASE_URL" not in os.environ:  # for the next run to start from
+        if memory and not config.is_set("DATABASE_URL"):  # for the next run to start from
             threading.Thread(target=pg.make_spare, args=(pg.migrated_copy(),),
                              daemon=True).start()
         click.echo("Ctrl-C stops everything.")

@@ -70,12 +70,12 @@ def api(method: str, fields: tuple[str, ...], output: str | None, query: str | N
 def mcp_command(http: str | None) -> None:
     """Serve the API as Model Context Protocol tools and resources."""
     import asyncio
-    import os
 
+    from compute import config
     from compute.cli.client import check_url
     from compute.cli.mcp import serve_http, serve_stdio
 
-    url = check_url(os.environ.get("BETTER_COMPUTE_URL", "").strip() or
+    url = check_url(config.text("BETTER_COMPUTE_URL") or
                     "http://127.0.0.1:3000/api/compute")
     if http is None:
         asyncio.run(serve_stdio(url))
@@ -99,14 +99,14 @@ def gateway(ctx: click.Context) -> None:
               help="Work-queue workers (they share the 256 shards).")
 def workers(count: int) -> None:
     """Run the reconcilers: queue workers plus the django-q2 cluster for periodic jobs."""
-    import os
     import time
 
+    from compute import config
     from compute.cli.dev import Stack
     from compute.pg import require_database_url
 
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "compute.settings",
-           "DATABASE_URL": require_database_url()}
+    env = config.environment(DJANGO_SETTINGS_MODULE="compute.settings",
+                             DATABASE_URL=require_database_url())
     argv = [sys.executable, "-m", "django"]
     stack = Stack()  # a worker that dies is restarted, with backoff
     for n in range(1, count + 1):

@@ -12,7 +12,6 @@ and better-compute://reservations/{id}.
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from typing import Any
@@ -22,6 +21,7 @@ from mcp import types
 from mcp.server.lowlevel import Server
 
 from bcd.contract.version import version
+from compute import config
 from compute.client.transport import ApiError, ClientError, Transport
 
 DESTRUCTIVE = ("release", "revoke")
@@ -143,7 +143,7 @@ def bearer_of(ctx: Any) -> str:
 async def serve_stdio(url: str) -> None:
     from mcp.server.stdio import stdio_server
 
-    token = os.environ.get("BETTER_COMPUTE_TOKEN", "").strip()
+    token = config.text("BETTER_COMPUTE_TOKEN")
     server = Bridge(url, lambda ctx: token).server()
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())

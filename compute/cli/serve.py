@@ -14,6 +14,8 @@ import sys
 
 import click
 
+from compute import config
+
 DEFAULT_PORT = 3000
 
 
@@ -47,8 +49,8 @@ def serve(host: str, port: int, workers: int | None, graceful_timeout: int) -> N
     """Serve the API (envelope, console, event streams) with several worker processes."""
     from compute.pg import require_database_url
 
-    os.environ["DATABASE_URL"] = require_database_url()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    config.export("DATABASE_URL", require_database_url())
+    config.export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
     count = workers or default_workers()
     click.echo(f"serving the API on http://{host}:{port} with {count} worker processes "
                "(HUP reloads, TERM drains)", err=True)

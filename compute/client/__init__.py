@@ -14,10 +14,10 @@ writes that carry an idempotency key, are retried when the connection drops.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
+from compute import config
 from compute.client.methods import GROUPS, Events
 from compute.client.transport import ApiError, ClientError, Transport
 
@@ -44,8 +44,10 @@ class Client:
     @classmethod
     def from_env(cls) -> Client:
         """From BETTER_COMPUTE_URL, BETTER_COMPUTE_TOKEN and BETTER_COMPUTE_TENANT."""
-        return cls(os.environ["BETTER_COMPUTE_URL"], os.environ["BETTER_COMPUTE_TOKEN"],
-                   tenant=os.environ.get("BETTER_COMPUTE_TENANT") or None)
+        url, token = config.text("BETTER_COMPUTE_URL"), config.text("BETTER_COMPUTE_TOKEN")
+        if not url or not token:
+            raise ValueError("set BETTER_COMPUTE_URL and BETTER_COMPUTE_TOKEN")
+        return cls(url, token, tenant=config.text("BETTER_COMPUTE_TENANT") or None)
 
     def call(self, method: str, **body: Any) -> Any:
         """Any API method by name with its wire-form fields (for new methods)."""

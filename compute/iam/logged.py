@@ -10,9 +10,9 @@ makes none.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from compute import config
 from compute.api.registry import Resource
 from compute.iam import Decision
 from compute.iam.embedded import EmbeddedIAM
@@ -22,9 +22,8 @@ class LoggedIAM(EmbeddedIAM):
     def decide(self, principal: Any, action: str, resource: Resource,
                context: dict[str, Any]) -> Decision:
         decision = super().decide(principal, action, resource, context)
-        path = os.environ.get("BETTER_COMPUTE_IAM_DECISION_LOG")
-        if path:
-            line = json.dumps({"origin": os.environ.get("BETTER_COMPUTE_PROCESS", "unknown"),
+        if path := config.text("BETTER_COMPUTE_IAM_DECISION_LOG"):
+            line = json.dumps({"origin": config.text("BETTER_COMPUTE_PROCESS"),
                                "action": action, "allowed": decision.allowed})
             with open(path, "a", encoding="utf-8") as log:  # one short line: one write
                 log.write(line + "\n")

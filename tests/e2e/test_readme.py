@@ -1,5 +1,5 @@
-"""The README's tutorial runs as written against `dev`: its `sh` blocks, extracted from the
-README itself, run top to bottom in one shell, so the README cannot drift from what works."""
+"""The tutorial page runs as written against `dev`: its `sh` blocks, extracted from the page
+itself, run top to bottom in one shell, so the tutorial cannot drift from what works."""
 
 from __future__ import annotations
 
@@ -11,17 +11,15 @@ from pathlib import Path
 from compute.cli.dev import JOIN_ONE_MORE
 from tests.e2e.conftest import start_stack, stop_stack
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
 DEV_ENV = "/var/lib/better-compute/dev/env"  # dev's default; this test gives dev its own dir
 
 
 def tutorial_blocks() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## The tutorial flow"):text.index("## Running it for real")]
-    return re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```sh\n(.*?)```", TUTORIAL.read_text(), flags=re.S)
 
 
-def test_the_readme_tutorial_runs_as_written_against_dev(tmp_path):
+def test_the_tutorial_runs_as_written_against_dev(tmp_path):
     blocks = tutorial_blocks()
     assert len(blocks) >= 6
     assert DEV_ENV in blocks[0]
@@ -39,7 +37,7 @@ def test_the_readme_tutorial_runs_as_written_against_dev(tmp_path):
         printed = "".join(stack.output)  # dev prints the same join command
         for line in JOIN_ONE_MORE.splitlines():
             assert line.strip() in printed, line
-            assert line.strip() in README.read_text(), line
+            assert line.strip() in TUTORIAL.read_text(), line
     finally:
         subprocess.run(["pkill", "-f", "machine-1 node"], check=False)  # the agent it started
         assert stop_stack(stack) == 0

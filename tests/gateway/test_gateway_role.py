@@ -172,12 +172,12 @@ def held_privileges(conn, role: str) -> set[tuple[str, str, str]]:
     return set(tables.fetchall()) | set(columns.fetchall())
 
 
-def readme_grants() -> dict[str, str]:
-    """The README's table of the gateway's grants: table -> privileges."""
+def documented_grants() -> dict[str, str]:
+    """The security page's table of the gateway's grants: table -> privileges."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("The gateway's role holds exactly these grants", 1)[1]
+    page = Path(__file__).resolve().parents[2] / "docs" / "operations" / "security.md"
+    section = page.read_text().split("The gateway's role holds exactly these grants", 1)[1]
     rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|$", section.split("\n\n", 2)[1], re.M)
     return {table: privileges.strip() for table, privileges in rows}
 
@@ -186,7 +186,7 @@ def test_the_roles_grants_in_the_catalogs_are_the_declared_ones(as_gateway):
     from fleet.gateway_role import GRANTS, declared_privileges, inserted_tables
 
     assert held_privileges(as_gateway, ROLE) == declared_privileges()
-    assert readme_grants() == GRANTS
+    assert documented_grants() == GRANTS
     history = {"audit_", "compute_event", "reservations_", "fleet_device", "fleet_pool",
                "compute_apitoken", "fleet_nodereport"}
     assert not [table for table, _, _ in held_privileges(as_gateway, ROLE)
