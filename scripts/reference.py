@@ -122,9 +122,9 @@ def api_page(document: dict[str, Any]) -> str:
 
 
 def event_types() -> list[str]:
-    from compute.events.types import EventType
+    from compute.events.types import known_types
 
-    return sorted(EventType.values)
+    return known_types()
 
 
 def events_page(document: dict[str, Any]) -> str:

@@ -11,12 +11,12 @@ from compute.api.registry import CallContext, endpoint
 from compute.api.shapes import INTEGER, items_of
 from compute.events.selectors import event_list
 from compute.events.serializers import EVENT, present_event
-from compute.events.types import TYPE_GLOBS, TYPE_GLOBS_HELP
+from compute.events.types import type_globs_help, type_globs_pattern
 
 
 class EventListIn(Input):
-    types = serializers.RegexField(TYPE_GLOBS, required=False, allow_blank=True, max_length=500,
-                                   error_messages={"invalid": TYPE_GLOBS_HELP},
+    types = serializers.RegexField(type_globs_pattern(), required=False, allow_blank=True,
+                                   max_length=500, error_messages={"invalid": type_globs_help()},
                                    help_text="Comma-separated: `*`, event types, or groups "
                                              "such as 'node.*,pool.*'.")
     since = serializers.IntegerField(required=False, min_value=0, default=0,

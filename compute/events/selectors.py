@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from compute.events.models import Event
 from compute.events.sequencer import event_sequence
-from compute.events.types import EventType, parse_type_globs
+from compute.events.types import known_types, parse_type_globs
 from compute.tenancy.models import Tenant
 
 
@@ -18,7 +18,7 @@ def type_filter(types: str | None) -> Q:
     globs = parse_type_globs(types)
     if not globs:
         return Q()
-    return Q(type__in=sorted({t for g in globs for t in fnmatch.filter(EventType.values, g)}))
+    return Q(type__in=sorted({t for g in globs for t in fnmatch.filter(known_types(), g)}))
 
 
 def latest_events(*, tenant: Tenant, count: int) -> list[Event]:

@@ -9,7 +9,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from compute.db import prepared_cursor
 from compute.events.models import Event
-from compute.events.types import EventType
+from compute.events.types import EventType, known
 
 
 def event_emit(*, tenant_id: str, type: EventType, subject: str,
@@ -19,7 +19,7 @@ def event_emit(*, tenant_id: str, type: EventType, subject: str,
     A NOTIFY in the same transaction wakes the tenant's watchers at commit (and never for a
     rolled-back change).
     """
-    event = Event(tenant_id=tenant_id, type=EventType(type), subject=subject,
+    event = Event(tenant_id=tenant_id, type=known(type), subject=subject,
                   payload=payload or {})
     with prepared_cursor() as cursor:
         cursor.execute(EMIT_SQL, [event.id, event.type, tenant_id, subject,

@@ -13,8 +13,8 @@ from compute import secrets
 from compute.db import constraint_errors
 from compute.errors import AlreadyExists, InvalidArgument, InvalidState, NotFound
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
+from compute.tenancy.events import TenancyEvent
 from compute.tenancy.models import (
     ROOT_TENANT_SLUG,
     TOKEN_SCHEME,
@@ -52,7 +52,7 @@ def tenant_create(*, actor: Principal, slug: str, name: str = "",
                         inputs=inputs, object_id=tenant.id)
     audit_record(tenant_id=root.id, actor_id=actor.id, action="tenant.create",
                  target=tenant.id, data={"slug": slug})
-    event_emit(tenant_id=root.id, type=EventType.TENANT_CREATED, subject=tenant.id,
+    event_emit(tenant_id=root.id, type=TenancyEvent.TENANT_CREATED, subject=tenant.id,
                payload={"slug": slug})
     return tenant
 
@@ -84,7 +84,7 @@ def token_create(*, tenant: Tenant, actor: Principal, name: str, role: str,
     minted = _mint(principal, name=name, ttl=ttl)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="token.create",
                  target=minted.token.id, data={"principalId": principal.id, "role": role})
-    event_emit(tenant_id=tenant.id, type=EventType.TOKEN_CREATED, subject=minted.token.id,
+    event_emit(tenant_id=tenant.id, type=TenancyEvent.TOKEN_CREATED, subject=minted.token.id,
                payload={"principalId": principal.id})
     return minted
 
@@ -98,7 +98,7 @@ def token_revoke(*, tenant: Tenant, actor: Principal, token_id: str) -> ApiToken
     token.revoked_at = timezone.now()
     token.save(update_fields=["revoked_at"])
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="token.revoke", target=token.id)
-    event_emit(tenant_id=tenant.id, type=EventType.TOKEN_REVOKED, subject=token.id)
+    event_emit(tenant_id=tenant.id, type=TenancyEvent.TOKEN_REVOKED, subject=token.id)
     return token
 
 
@@ -113,7 +113,7 @@ def root_bootstrap(*, admin_name: str = "admin") -> MintedToken:
     minted = _mint(principal, name=admin_name, ttl=None)
     audit_record(tenant_id=root.id, actor_id=principal.id, action="root.bootstrap",
                  target=minted.token.id, data={"tenantCreated": created}, reason="bootstrap")
-    event_emit(tenant_id=root.id, type=EventType.TOKEN_CREATED, subject=minted.token.id,
+    event_emit(tenant_id=root.id, type=TenancyEvent.TOKEN_CREATED, subject=minted.token.id,
                payload={"principalId": principal.id, "bootstrap": True})
     return minted
 
@@ -139,6 +139,6 @@ def user_create(*, tenant_slug: str, username: str, password: str, role: str,
     audit_record(tenant_id=tenant.id, actor_id=principal.id, action="user.create",
                  target=principal.id, data={"username": username, "role": role,
                                             "staff": staff}, reason="server command")
-    event_emit(tenant_id=tenant.id, type=EventType.USER_CREATED, subject=principal.id,
+    event_emit(tenant_id=tenant.id, type=TenancyEvent.USER_CREATED, subject=principal.id,
                payload={"username": username, "role": role})
     return principal

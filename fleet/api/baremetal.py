@@ -10,9 +10,9 @@ from rest_framework import serializers
 
 from compute.api.inputs import Input, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
-from compute.events.types import EventType
 from fleet import serializers as wire
 from fleet.api.nodes import NODE, NodeIdIn
+from fleet.events import FleetEvent
 from fleet.selectors import access_pool_by_id
 from fleet.serializers import present_node
 from fleet.services.baremetal import (
@@ -47,7 +47,7 @@ class NodeEnrollIn(Input):
 
 @endpoint("nodes", "enroll", returns=wire.NODE, input=NodeEnrollIn, mutating=True,
           subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
-          emits=(EventType.NODE_ENROLLED, EventType.NODE_PROVISION_STATE))
+          emits=(FleetEvent.NODE_ENROLLED, FleetEvent.NODE_PROVISION_STATE))
 def nodes_enroll(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Enroll a machine by its BMC; the site's provisioner verifies, then inspects it."""
     credentials = data.pop("credentials")
@@ -57,14 +57,14 @@ def nodes_enroll(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 @endpoint("nodes", "verify", returns=wire.NODE, input=NodeIdIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_PROVISION_STATE,))
+          emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_verify(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Check again that an enrolled machine's BMC answers (after verify-failed)."""
     return present_node(node_verify(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
 @endpoint("nodes", "inspect", returns=wire.NODE, input=NodeIdIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_PROVISION_STATE,))
+          emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_inspect(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Read a machine's identity and size from its BMC again."""
     return present_node(node_inspect(tenant=ctx.tenant, actor=ctx.principal, **data))
@@ -77,7 +77,7 @@ class NodePowerIn(NodeIdIn):
 
 
 @endpoint("nodes", "power", returns=wire.NODE, input=NodePowerIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_POWER_REQUESTED,))
+          emits=(FleetEvent.NODE_POWER_REQUESTED,))
 def nodes_power(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Power a machine on, off or cycle it through its BMC (answered once queued)."""
     return present_node(node_power(tenant=ctx.tenant, actor=ctx.principal, **data))
@@ -95,7 +95,7 @@ class NodeDeployIn(NodeIdIn):
 
 
 @endpoint("nodes", "deploy", returns=wire.NODE, input=NodeDeployIn, mutating=True,
-          subject=NODE, emits=(EventType.NODE_PROVISION_STATE,))
+          subject=NODE, emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_deploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Write an image to a machine through the deploy ramdisk; it is adopted when the
     OS's agent joins and passes acceptance."""
@@ -108,7 +108,7 @@ class NodeUndeployIn(NodeIdIn):
 
 
 @endpoint("nodes", "undeploy", returns=wire.NODE, input=NodeUndeployIn, mutating=True,
-          subject=NODE, emits=(EventType.NODE_PROVISION_STATE,))
+          subject=NODE, emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_undeploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Eject the media and power a deployed machine off: available again (refused while it
     holds reservations or sandboxes)."""
@@ -120,7 +120,7 @@ class NodeAbortIn(NodeIdIn):
 
 
 @endpoint("nodes", "abort", returns=wire.NODE, input=NodeAbortIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_PROVISION_STATE,))
+          emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_abort(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop a machine's provision step, or clear its failure: back to where it was."""
     return present_node(node_abort(tenant=ctx.tenant, actor=ctx.principal, **data))

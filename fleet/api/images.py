@@ -10,9 +10,9 @@ from bcd.contract.vms import SHA256, URL
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
-from compute.events.types import EventType
 from compute.paging import page
 from fleet import serializers as wire
+from fleet.events import FleetEvent
 from fleet.selectors import access_image_by_id, access_pool_by_id, image_list
 from fleet.serializers import present_image
 from fleet.services.images import image_create, image_delete
@@ -41,7 +41,7 @@ class ImageCreateIn(Input):
 
 @endpoint("images", "create", returns=wire.IMAGE, input=ImageCreateIn, mutating=True,
           subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
-          emits=(EventType.IMAGE_CREATED,))
+          emits=(FleetEvent.IMAGE_CREATED,))
 def images_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Add a bootable image (kernel, initrd, optional disk; each by URL and sha256) to a
     pool's catalogue."""
@@ -73,7 +73,7 @@ def images_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 
 @endpoint("images", "delete", returns=wire.IMAGE,
           input=ImageIdIn, mutating=True, subject=OWNED_IMAGE,
-          emits=(EventType.IMAGE_DELETED,))
+          emits=(FleetEvent.IMAGE_DELETED,))
 def images_delete(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Remove an image that no live sandbox uses."""
     return present_image(image_delete(tenant=ctx.tenant, actor=ctx.principal,

@@ -10,8 +10,8 @@ from rest_framework import serializers
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import STRING, extended, page_of
-from compute.events.types import EventType
 from compute.paging import page
+from fleet.events import FleetEvent
 from fleet.selectors import access_join_token_by_id, access_pool_by_id, join_token_list
 from fleet.serializers import JOIN_TOKEN, present_join_token
 from fleet.services.join_tokens import join_token_create, join_token_revoke
@@ -35,7 +35,7 @@ class JoinTokenCreateIn(Input):
 @endpoint("joinTokens", "create", returns=extended(JOIN_TOKEN, token=STRING),
           input=JoinTokenCreateIn, mutating=True,
           subject=Subject("pool", access_pool_by_id, "pool_id", options={"owned": True}),
-          emits=(EventType.JOIN_TOKEN_CREATED,))
+          emits=(FleetEvent.JOIN_TOKEN_CREATED,))
 def join_tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Mint a join token `bcjt_<id>.<secret>`, shown once (bind it with expect*)."""
     data["ttl"] = timedelta(milliseconds=data["ttl"])
@@ -56,7 +56,7 @@ class JoinTokenRevokeIn(Input):
 @endpoint("joinTokens", "revoke", returns=JOIN_TOKEN, input=JoinTokenRevokeIn, mutating=True,
           subject=Subject("join_token", access_join_token_by_id, "join_token_id",
                           param="token_id"),
-          emits=(EventType.JOIN_TOKEN_REVOKED,))
+          emits=(FleetEvent.JOIN_TOKEN_REVOKED,))
 def join_tokens_revoke(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Revoke a join token: no machine can join with it from now on."""
     return present_join_token(join_token_revoke(tenant=ctx.tenant, actor=ctx.principal,

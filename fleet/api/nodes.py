@@ -11,9 +11,9 @@ from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import array, extended, items_of, page_of
 from compute.events.selectors import event_list
 from compute.events.serializers import EVENT, present_event
-from compute.events.types import EventType
 from compute.paging import page
 from fleet import serializers as wire
+from fleet.events import FleetEvent
 from fleet.selectors import access_node_by_id, node_list
 from fleet.serializers import DEVICE, present_device, present_node
 from fleet.services.lifecycle import node_adopt_again
@@ -65,14 +65,14 @@ class NodeCordonIn(NodeIdIn):
 
 
 @endpoint("nodes", "cordon", returns=wire.NODE, input=NodeCordonIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_CORDONED,))
+          emits=(FleetEvent.NODE_CORDONED,))
 def nodes_cordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop placing on a node; what it holds stays."""
     return present_node(node_cordon(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
 @endpoint("nodes", "uncordon", returns=wire.NODE, input=NodeCordonIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_UNCORDONED,))
+          emits=(FleetEvent.NODE_UNCORDONED,))
 def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Let the placer use a node again."""
     return present_node(node_uncordon(tenant=ctx.tenant, actor=ctx.principal, **data))
@@ -83,7 +83,7 @@ class NodeAdoptIn(NodeIdIn):
 
 
 @endpoint("nodes", "adopt", returns=wire.NODE, input=NodeAdoptIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_ACCEPTANCE_STARTED, EventType.NODE_ADOPTED))
+          emits=(FleetEvent.NODE_ACCEPTANCE_STARTED, FleetEvent.NODE_ADOPTED))
 def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Start a new acceptance attempt for a node whose acceptance failed."""
     return present_node(node_adopt_again(tenant=ctx.tenant, actor=ctx.principal, **data))

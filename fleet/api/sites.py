@@ -9,9 +9,9 @@ from rest_framework import serializers
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
-from compute.events.types import EventType
 from compute.paging import page
 from fleet import serializers as wire
+from fleet.events import FleetEvent
 from fleet.models import Site
 from fleet.selectors import access_site_by_id, site_list
 from fleet.serializers import present_site
@@ -28,7 +28,7 @@ class SiteCreateIn(Input):
 
 
 @endpoint("sites", "create", returns=wire.SITE, input=SiteCreateIn, mutating=True,
-          emits=(EventType.SITE_CREATED,))
+          emits=(FleetEvent.SITE_CREATED,))
 def sites_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a platform site (root tenant only)."""
     return present_site(site_create(tenant=ctx.tenant, actor=ctx.principal, **data))

@@ -23,8 +23,8 @@ from bcd.contract.bmc import CREDENTIALS_USE, BadBmcAddress, BmcAddress, parse_b
 from bcd.contract.crypto import jwe_seal
 from compute.db import database_now
 from compute.errors import AlreadyExists, InvalidArgument, InvalidState
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import JoinToken, Node, NodeCommand, NodeRole, ProvisionState
 from fleet.selectors import access_node_by_id, access_pool_by_id
 from fleet.services.nodes import node_event
@@ -99,7 +99,7 @@ def node_enroll(*, tenant: Tenant, actor: Principal, pool_id: str, bmc: str, use
     node.pool = pool
     seal(bmc_secret_name(node.id), json.dumps({"username": username,
                                                 "password": password}).encode())
-    node_event(node, EventType.NODE_ENROLLED, bmc=str(address), hostname=hostname)
+    node_event(node, FleetEvent.NODE_ENROLLED, bmc=str(address), hostname=hostname)
     try:
         command: NodeCommand | None = step_start(node, "bmc.verify")
     except NoProvisioner as missing:  # enrolled all the same: `nodes verify` once one runs
@@ -150,7 +150,7 @@ def node_power(*, tenant: Tenant, actor: Principal, node_id: str, state: str,
         raise InvalidState(f"node {node.id} is {node.provision_state}; power it once that "
                            "is done or aborted", provisionState=node.provision_state)
     command = provisioner_command(node, "bmc.power", state=state)
-    node_event(node, EventType.NODE_POWER_REQUESTED, state=state, reason=reason,
+    node_event(node, FleetEvent.NODE_POWER_REQUESTED, state=state, reason=reason,
                commandId=command.id)
     provision_audit(tenant, actor, node, "node.power", command, state=state, reason=reason)
     return node
@@ -190,7 +190,7 @@ def bmc_result_locked(command: NodeCommand, status: str, output: dict[str, Any])
     if command.kind == "bmc.status":
         return "changed" if reachability_changed or power_changed else UNCHANGED
     if command.kind == "bmc.power":
-        node_event(target, EventType.NODE_POWER, state=command.payload.get("state"),
+        node_event(target, FleetEvent.NODE_POWER, state=command.payload.get("state"),
                    powerState=target.power_state, error=error)
         return "powered" if succeeded else f"power failed: {error}"
     if command.kind not in STEPS:
@@ -283,7 +283,7 @@ def provision_move(node: Node, state: str, *, reason: str, command_id: str = "")
     node.provision_command = command_id
     node.save(update_fields=["provision_state", "provision_error", "provision_command"])
     if before != state:
-        node_event(node, EventType.NODE_PROVISION_STATE, **{"from": before, "to": state},
+        node_event(node, FleetEvent.NODE_PROVISION_STATE, **{"from": before, "to": state},
                    reason=reason)
 
 
@@ -295,8 +295,8 @@ def _note_reachability(node: Node, status: str, output: dict[str, Any]) -> bool:
         return False
     node.bmc_reachable = reachable
     node.save(update_fields=["bmc_reachable"])
-    node_event(node, EventType.NODE_BMC_REACHABLE if reachable
-               else EventType.NODE_BMC_UNREACHABLE, error=str(output.get("error", "")))
+    node_event(node, FleetEvent.NODE_BMC_REACHABLE if reachable
+               else FleetEvent.NODE_BMC_UNREACHABLE, error=str(output.get("error", "")))
     return True
 
 

@@ -24,8 +24,8 @@ from audit.services import audit_record, audited
 from compute import secrets
 from compute.db import database_now
 from compute.errors import InvalidArgument, InvalidState, NotFound
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import CommandState, Image, JoinToken, Node, NodeCommand, ProvisionState
 from fleet.selectors import latest_spec
 from fleet.services.baremetal import (
@@ -155,7 +155,7 @@ def deploy_time_out(*, node_id: str) -> Node | None:
         command: NodeCommand | None = provisioner_command(node, "bmc.power", state="off")
     except InvalidState:
         command = None
-    node_event(node, EventType.NODE_POWER_REQUESTED, state="off", reason="deploy timed out",
+    node_event(node, FleetEvent.NODE_POWER_REQUESTED, state="off", reason="deploy timed out",
                commandId=command.id if command else None)
     audit_record(tenant_id=node.pool.tenant_id, actor_id="system", action="node.deploy.timeout",
                  target=node.id, reason="no join before the deadline",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from audit.services import audit_record, audited
 from compute.errors import AlreadyExists, InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import Image
 from fleet.selectors import access_image_by_id, access_pool_by_id
 
@@ -29,7 +29,7 @@ def image_create(*, tenant: Tenant, actor: Principal, pool_id: str, name: str,
         ready_line=ready_line)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="image.create",
                  target=image.id, data={"poolId": pool.id, "name": name})
-    event_emit(tenant_id=tenant.id, type=EventType.IMAGE_CREATED, subject=image.id,
+    event_emit(tenant_id=tenant.id, type=FleetEvent.IMAGE_CREATED, subject=image.id,
                payload={"poolId": pool.id, "name": name})
     return image
 
@@ -45,7 +45,7 @@ def image_delete(*, tenant: Tenant, actor: Principal, image_id: str) -> Image:
                            f"as {live[0]}", state="in-use")
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="image.delete",
                  target=image.id, data={"poolId": image.pool_id, "name": image.name})
-    event_emit(tenant_id=tenant.id, type=EventType.IMAGE_DELETED, subject=image.id,
+    event_emit(tenant_id=tenant.id, type=FleetEvent.IMAGE_DELETED, subject=image.id,
                payload={"poolId": image.pool_id, "name": image.name})
     Image.objects.filter(pk=image.pk).delete()  # `image.delete()` would clear its id
     return image

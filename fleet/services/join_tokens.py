@@ -10,9 +10,9 @@ from compute import secrets
 from compute.db import database_now
 from compute.errors import InvalidArgument, InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import JoinToken
 from fleet.selectors import access_join_token_by_id, access_pool_by_id
 
@@ -59,7 +59,7 @@ def join_token_create(*, tenant: Tenant, actor: Principal, pool_id: str, ttl: ti
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="join_token.create",
                  target=token.id, data={"poolId": pool.id, "maxUses": max_uses,
                                         "bound": token.bound, "role": role})
-    event_emit(tenant_id=tenant.id, type=EventType.JOIN_TOKEN_CREATED, subject=token.id,
+    event_emit(tenant_id=tenant.id, type=FleetEvent.JOIN_TOKEN_CREATED, subject=token.id,
                payload={"poolId": pool.id})
     return MintedJoinToken(token, plaintext)
 
@@ -73,5 +73,5 @@ def join_token_revoke(*, tenant: Tenant, actor: Principal, token_id: str) -> Joi
     token.save(update_fields=["revoked_at"])
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="join_token.revoke",
                  target=token.id)
-    event_emit(tenant_id=tenant.id, type=EventType.JOIN_TOKEN_REVOKED, subject=token.id)
+    event_emit(tenant_id=tenant.id, type=FleetEvent.JOIN_TOKEN_REVOKED, subject=token.id)
     return token

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from audit.services import audit_record, audited
 from compute.errors import InvalidState
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import (
     CommandState,
     Device,
@@ -50,7 +50,7 @@ def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand
                        "commands": [c.id for c in commands],
                        "startedAt": timezone.now().isoformat()}
     node.save(update_fields=["acceptance"])
-    node_event(node, EventType.NODE_ACCEPTANCE_STARTED, checks=checks, attempt=attempt)
+    node_event(node, FleetEvent.NODE_ACCEPTANCE_STARTED, checks=checks, attempt=attempt)
     if not commands:
         node_adopt_locked(node, checks=[])
     return commands
@@ -127,7 +127,7 @@ def _acceptance_progress(node: Node, command: NodeCommand, status: str,
         node.provision_state = ProvisionState.ACCEPTANCE_FAILED
         node.acceptance = {**node.acceptance, "state": "failed", "failure": why}
         node.save(update_fields=["provision_state", "acceptance"])
-        node_event(node, EventType.NODE_ACCEPTANCE_FAILED, reason=why)
+        node_event(node, FleetEvent.NODE_ACCEPTANCE_FAILED, reason=why)
         return "failed"
     done = NodeCommand.objects.filter(pk__in=node.acceptance.get("commands", []),
                                       state=CommandState.SUCCEEDED).count()

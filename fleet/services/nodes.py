@@ -8,6 +8,7 @@ from compute.errors import Conflict, InvalidState
 from compute.events.services import event_emit
 from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.inventory import GpuReport, InventoryReport
 from fleet.models import (
     Device,
@@ -42,7 +43,7 @@ def node_create_locked(*, pool: Pool, hostname: str = "", serial: str = "",
                                serial=serial, product_uuid=product_uuid, macs=list(macs),
                                role=role)
     node.pool = pool
-    node_event(node, EventType.NODE_JOINED, hostname=hostname, role=role)
+    node_event(node, FleetEvent.NODE_JOINED, hostname=hostname, role=role)
     return node
 
 
@@ -95,7 +96,7 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     summary = {"gpus": len(report.gpus), "vcpus": report.vcpus,
                "memoryGiB": report.memory_gib, "devicesGone": gone,
                "generation": node.inventory_generation}
-    node_event(node, EventType.NODE_INVENTORY_UPDATED, **summary)
+    node_event(node, FleetEvent.NODE_INVENTORY_UPDATED, **summary)
     return summary
 
 
@@ -134,7 +135,7 @@ def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, prod
         device.save(update_fields=[k for k in values if k != "node"])
     if health != before:
         event_emit(tenant_id=node.pool.tenant_id, subject=device.id,
-                   type=EventType.DEVICE_HEALTHY if healthy else EventType.DEVICE_UNHEALTHY,
+                   type=FleetEvent.DEVICE_HEALTHY if healthy else FleetEvent.DEVICE_UNHEALTHY,
                    payload={"nodeId": node.id, "uuid": uuid, "index": index,
                             "reason": device.health_reason})
         device_health_changed(device.id)
@@ -151,7 +152,7 @@ def node_adopt_locked(node: Node, *, checks: list[str]) -> Node:
     node.save(update_fields=["provision_state"])
     if not node.specs.exists():
         node_spec_change_locked(node)
-    node_event(node, EventType.NODE_ADOPTED, checks=checks)
+    node_event(node, FleetEvent.NODE_ADOPTED, checks=checks)
     return node
 
 
@@ -165,7 +166,7 @@ def _set_cordon(*, tenant: Tenant, actor: Principal, node_id: str, cordoned: boo
     verb = "cordon" if cordoned else "uncordon"
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action=f"node.{verb}",
                  target=node.id, reason=reason)
-    node_event(node, EventType.NODE_CORDONED if cordoned else EventType.NODE_UNCORDONED,
+    node_event(node, FleetEvent.NODE_CORDONED if cordoned else FleetEvent.NODE_UNCORDONED,
                reason=reason)
     return node
 

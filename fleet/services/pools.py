@@ -5,9 +5,9 @@ from typing import Any
 from audit.services import audit_record, audited
 from compute.errors import InvalidArgument
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import Pool, PoolClass
 from fleet.selectors import access_site_by_id
 
@@ -36,6 +36,6 @@ def pool_create(*, tenant: Tenant, actor: Principal, site_id: str, pool_class: s
                         inputs=inputs, object_id=pool.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.create", target=pool.id,
                  data={"siteId": site.id, "class": pool_class, "gpuModel": gpu_model})
-    event_emit(tenant_id=tenant.id, type=EventType.POOL_CREATED, subject=pool.id,
+    event_emit(tenant_id=tenant.id, type=FleetEvent.POOL_CREATED, subject=pool.id,
                payload={"siteId": site.id, "gpuModel": gpu_model})
     return pool

@@ -22,7 +22,7 @@ from audit.services import audit_denied, audit_exempt, audit_record, audited
 from bcd.contract.crypto import verify_bytes
 from bcd.contract.reports import REPORT_KINDS, statement
 from compute.db import database_now
-from compute.events.types import EventType
+from fleet.events import FleetEvent
 from fleet.inventory import parse_inventory
 from fleet.models import CommandState, Connectivity, Node, NodeCommand, ReportInbox
 from fleet.models import ProvisionState as PS
@@ -114,12 +114,12 @@ def session_change_record(*, node_id: str, epoch: int, change: dict[str, Any]) -
     if not all(isinstance(value, int) and value >= 0 for value in numbers.values()):
         raise ValueError("journalEpoch, oldJournalEpoch and commandsUnknown are counts")
     if numbers["oldJournalEpoch"]:
-        node_event(node, EventType.NODE_JOURNAL_LOST, oldEpoch=numbers["oldJournalEpoch"],
+        node_event(node, FleetEvent.NODE_JOURNAL_LOST, oldEpoch=numbers["oldJournalEpoch"],
                    newEpoch=numbers["journalEpoch"], commandsUnknown=numbers["commandsUnknown"])
     if was == Connectivity.UNREACHABLE:
-        node_event(node, EventType.NODE_RECONNECTED, epoch=epoch)
+        node_event(node, FleetEvent.NODE_RECONNECTED, epoch=epoch)
     elif was != Connectivity.CONNECTED:
-        node_event(node, EventType.NODE_CONNECTED, epoch=epoch)
+        node_event(node, FleetEvent.NODE_CONNECTED, epoch=epoch)
     action, data = (("node.reconnect", {"epoch": epoch}) if kind == "reconnect" else
                     ("node.session.open", {"epoch": epoch, "was": was,
                                            "journalEpoch": numbers["journalEpoch"],
@@ -293,7 +293,7 @@ def node_mark_unreachable(*, node_id: str) -> Node | None:
         return None
     node.connectivity = Connectivity.UNREACHABLE
     node.save(update_fields=["connectivity"])
-    node_event(node, EventType.NODE_UNREACHABLE, lastHeartbeatAt=node.last_heartbeat_at)
+    node_event(node, FleetEvent.NODE_UNREACHABLE, lastHeartbeatAt=node.last_heartbeat_at)
     audit_record(tenant_id=node.pool.tenant_id, actor_id="system", action="node.unreachable",
                  target=node.id, data={"lastHeartbeatAt": node.last_heartbeat_at},
                  reason="no heartbeat within the lease")

@@ -3,9 +3,9 @@ from __future__ import annotations
 from audit.services import audit_record, audited
 from compute.errors import PermissionDenied
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
+from fleet.events import FleetEvent
 from fleet.models import Site
 
 
@@ -26,6 +26,6 @@ def site_create(*, tenant: Tenant, actor: Principal, kind: str, region: str, nam
                         inputs=inputs, object_id=site.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="site.create", target=site.id,
                  data=inputs)
-    event_emit(tenant_id=tenant.id, type=EventType.SITE_CREATED, subject=site.id,
+    event_emit(tenant_id=tenant.id, type=FleetEvent.SITE_CREATED, subject=site.id,
                payload={"kind": kind, "region": region})
     return site

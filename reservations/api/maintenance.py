@@ -9,11 +9,11 @@ from rest_framework import serializers
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import STRING, TIME, nullable, obj, page_of
-from compute.events.types import EventType
 from compute.paging import page
 from fleet.api.nodes import NODE
 from reservations import selectors
 from reservations.api.reservations import MAX_DURATION_MS
+from reservations.events import ReservationEvent
 from reservations.ledger import MaintenanceWindow
 from reservations.services import maintenance as service
 
@@ -44,8 +44,8 @@ class MaintenanceCreateIn(Input):
 @endpoint("maintenance", "create",
           returns=obj(window=WINDOW, moved={"type": "object", "additionalProperties": STRING}),
           input=MaintenanceCreateIn, mutating=True, subject=NODE,
-          emits=(EventType.NODE_MAINTENANCE_SCHEDULED, EventType.RESERVATION_REPLACED,
-                 EventType.RESERVATION_PLACED))
+          emits=(ReservationEvent.NODE_MAINTENANCE_SCHEDULED, ReservationEvent.RESERVATION_REPLACED,
+                 ReservationEvent.RESERVATION_PLACED))
 def maintenance_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Take a node out of service for a window: refused naming the bookings it overlaps,
     unless `move` places those that have not started elsewhere."""
@@ -75,7 +75,7 @@ class MaintenanceCancelIn(Input):
 
 
 @endpoint("maintenance", "cancel", returns=WINDOW, input=MaintenanceCancelIn, mutating=True,
-          subject=WINDOW_SUBJECT, emits=(EventType.NODE_MAINTENANCE_CANCELLED,))
+          subject=WINDOW_SUBJECT, emits=(ReservationEvent.NODE_MAINTENANCE_CANCELLED,))
 def maintenance_cancel(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """End a window now (or drop it before it starts)."""
     return present_window(service.maintenance_cancel(

@@ -9,13 +9,14 @@ from rest_framework import serializers
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
-from compute.events.types import EventType
 from compute.paging import page
 from compute.tenancy.selectors import tenant_by_ref
+from fleet.events import FleetEvent
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id, pool_list
 from fleet.serializers import POOL, PolicyIn, present_pool
 from fleet.services.pools import pool_create
+from reservations.events import ReservationEvent
 from reservations.selectors import offering_list
 from reservations.serializers import OFFERING, present_offering
 from reservations.services.offerings import pool_offer
@@ -43,7 +44,7 @@ class PoolCreateIn(Input):
 
 
 @endpoint("pools", "create", returns=POOL, input=PoolCreateIn, mutating=True,
-          emits=(EventType.POOL_CREATED,))
+          emits=(FleetEvent.POOL_CREATED,))
 def pools_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a pool of one GPU model (or CPU only) with an acceptance policy."""
     raw_policy = data.pop("policy", None)
@@ -102,7 +103,7 @@ class PoolOfferIn(PoolIdIn):
 
 @endpoint("pools", "offer", returns=OFFERING, input=PoolOfferIn, mutating=True,
           subject=pool_subject(owned=True),
-          emits=(EventType.POOL_OFFERED, EventType.OFFERING_UPDATED))
+          emits=(ReservationEvent.POOL_OFFERED, ReservationEvent.OFFERING_UPDATED))
 def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU pools)."""
     offering = pool_offer(tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id,

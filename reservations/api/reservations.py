@@ -9,12 +9,12 @@ from rest_framework import serializers
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
-from compute.events.types import EventType
 from compute.paging import page
 from fleet.models import DeviceClass
 from reservations import selectors
 from reservations import serializers as wire
 from reservations.api.pools import pool_subject
+from reservations.events import ReservationEvent
 from reservations.ledger import ReservationState, Topology
 from reservations.serializers import present_reservation
 from reservations.services.book import reservation_create
@@ -83,7 +83,7 @@ class ReservationCreateIn(RequestShapeIn):
 @endpoint("reservations", "create", returns=wire.RESERVATION,
           input=ReservationCreateIn, mutating=True,
           subject=pool_subject("reservation"),
-          emits=(EventType.RESERVATION_PLACED, EventType.RESERVATION_PENDING))
+          emits=(ReservationEvent.RESERVATION_PLACED, ReservationEvent.RESERVATION_PENDING))
 def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
     data.pop("binding")
@@ -127,7 +127,7 @@ class ReservationReleaseIn(ReservationIdIn):
 @endpoint("reservations", "release", returns=wire.RESERVATION,
           input=ReservationReleaseIn, mutating=True,
           subject=RESERVATION,
-          emits=(EventType.RESERVATION_RELEASED, EventType.RESERVATION_CANCELLED))
+          emits=(ReservationEvent.RESERVATION_RELEASED, ReservationEvent.RESERVATION_CANCELLED))
 def reservations_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """End a reservation now (or withdraw one that has not started); quota is refunded.
 
@@ -146,7 +146,7 @@ class ReservationExtendIn(ReservationIdIn):
 @endpoint("reservations", "extend", returns=wire.RESERVATION,
           input=ReservationExtendIn, mutating=True,
           subject=RESERVATION,
-          emits=(EventType.RESERVATION_EXTENDED,))
+          emits=(ReservationEvent.RESERVATION_EXTENDED,))
 def reservations_extend(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Move a reservation's end; refused with the blocking window if the GPUs are booked."""
     return present_reservation(reservation_extend(

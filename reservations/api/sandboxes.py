@@ -10,12 +10,12 @@ from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdFi
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import STRING, array, nullable, obj, page_of
 from compute.errors import InvalidState
-from compute.events.types import EventType
 from compute.paging import page
 from fleet.services.ask import node_ask
 from reservations import selectors
 from reservations import serializers as wire
 from reservations.api.pools import pool_subject
+from reservations.events import ReservationEvent
 from reservations.sandboxes import LIVE
 from reservations.serializers import present_sandbox
 from reservations.services.sandboxes import sandbox_create, sandbox_release
@@ -47,7 +47,7 @@ CONSOLE = obj(sandboxId=STRING, nodeId=nullable(STRING), lines=array(STRING))
 
 @endpoint("sandboxes", "create", returns=wire.SANDBOX, input=SandboxCreateIn, mutating=True,
           subject=pool_subject("sandbox"),
-          emits=(EventType.SANDBOX_CREATED,))
+          emits=(ReservationEvent.SANDBOX_CREATED,))
 def sandboxes_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Claim vCPUs and memory on one node of a pool and start a sandbox VM there."""
     data["memory_gib"] = data.pop("memory_gi_b")
@@ -74,7 +74,7 @@ def sandboxes_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 
 @endpoint("sandboxes", "release", returns=wire.SANDBOX,
           input=SandboxIdIn, mutating=True, subject=SANDBOX,
-          emits=(EventType.SANDBOX_RELEASED,))
+          emits=(ReservationEvent.SANDBOX_RELEASED,))
 def sandboxes_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop a sandbox's VM; its vCPUs and memory come back once the node stopped it."""
     return present_sandbox(sandbox_release(tenant=ctx.tenant, actor=ctx.principal,

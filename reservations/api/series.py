@@ -10,12 +10,12 @@ from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import page_of
 from compute.errors import InvalidArgument
-from compute.events.types import EventType
 from compute.paging import page
 from reservations import selectors
 from reservations import serializers as wire
 from reservations.api.pools import pool_subject
 from reservations.api.reservations import DevicesIn
+from reservations.events import ReservationEvent
 from reservations.serializers import present_series
 from reservations.services import series as service
 
@@ -36,8 +36,8 @@ class SeriesCreateIn(DevicesIn):
 
 @endpoint("series", "create", returns=wire.SERIES, input=SeriesCreateIn, mutating=True,
           subject=pool_subject("series"),
-          emits=(EventType.SERIES_CREATED, EventType.RESERVATION_PLACED,
-                 EventType.RESERVATION_PENDING, EventType.SERIES_OCCURRENCE_REFUSED))
+          emits=(ReservationEvent.SERIES_CREATED, ReservationEvent.RESERVATION_PLACED,
+                 ReservationEvent.RESERVATION_PENDING, ReservationEvent.SERIES_OCCURRENCE_REFUSED))
 def series_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs on every window of a rule until a day: one reservation per occurrence,
     booked a horizon ahead and extended as time passes."""
@@ -71,7 +71,8 @@ def series_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 @endpoint("series", "release", returns=wire.SERIES, input=SeriesIdIn, mutating=True,
-          subject=SERIES, emits=(EventType.SERIES_RELEASED, EventType.RESERVATION_CANCELLED))
+          subject=SERIES,
+          emits=(ReservationEvent.SERIES_RELEASED, ReservationEvent.RESERVATION_CANCELLED))
 def series_release(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """End a series: its occurrences that have not begun are cancelled."""
     return present_series(service.series_release(tenant=ctx.tenant, actor=ctx.principal,

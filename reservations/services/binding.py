@@ -22,11 +22,11 @@ from bcd.contract.holds import Hold
 from bcd.holds import Claims
 from compute.db import database_now
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.metrics import BIND_SECONDS
 from fleet.models import Connectivity, Device, DeviceClass, Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
+from reservations.events import ReservationEvent
 from reservations.ledger import Allocation, Reservation, ReservationState
 from reservations.services.book import emit_placed, try_place
 from reservations.services.release import end_reservation, free_allocation
@@ -76,7 +76,7 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
     data = {"nodeId": node.id, "allocationId": allocation.id, "generation": spec.generation}
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.bind",
                  target=rsv.id, data=data, reason="window started")
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_BINDING, subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_BINDING, subject=rsv.id,
                payload=data)
     return rsv
 
@@ -157,7 +157,7 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         transaction.on_commit(lambda: BIND_SECONDS.observe(max(0.0, waited)))
     audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
                  target=rsv.id, data={"allocationId": allocation.id}, reason="signed by node")
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_ACTIVE, subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_ACTIVE, subject=rsv.id,
                payload={"nodeId": node_id, "allocationId": allocation.id})
     return rsv
 
@@ -170,7 +170,7 @@ def allocation_released_record(*, node_id: str, body: str, signature: str) -> st
     allocation_id = str(payload.get("allocationId", ""))[:32]
     audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="allocation.release",
                  target=allocation_id, reason="signed by node")
-    event_emit(tenant_id=node.pool.tenant_id, type=EventType.ALLOCATION_RELEASED,
+    event_emit(tenant_id=node.pool.tenant_id, type=ReservationEvent.ALLOCATION_RELEASED,
                subject=allocation_id, payload={"nodeId": node_id})
     return allocation_id
 
@@ -203,7 +203,7 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     now = database_now()
     allocation = rsv.allocations.get(ended_at__isnull=True)
     failed_node = allocation.node_id
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_BINDING_FAILED,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_BINDING_FAILED,
                subject=rsv.id, payload={"nodeId": failed_node, "reason": reason,
                                         "attempt": rsv.placement_attempts})
     audit = {"nodeId": failed_node, "attempt": rsv.placement_attempts}
@@ -227,8 +227,8 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
         rsv.failure_reason = reason
         rsv.save(update_fields=["failure_reason"])
     if placed is None:
-        event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
-                   payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
+        event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PENDING,
+                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
     else:
         emit_placed(rsv, placed)
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.binding_fail",

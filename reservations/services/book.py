@@ -23,7 +23,6 @@ from compute.db import (
 )
 from compute.errors import CapacityConflict, InvalidArgument
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.queue.work import enqueue
 from compute.tenancy.models import Principal, Tenant
@@ -46,6 +45,7 @@ from reservations.constraints import (
 )
 from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
+from reservations.events import ReservationEvent
 from reservations.hostshare import MEETING_SPANS, RAISED_COUNTERS_SQL, counter_params
 from reservations.ledger import Allocation, Reservation, ReservationSeries, ReservationState
 from reservations.limits import (
@@ -180,7 +180,7 @@ def _book(rsv: Reservation, choice: Choice, during: Any, *, placed_at: datetime
 def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
     payload = {"poolId": rsv.pool_id, "nodeId": allocation.node_id, "gpus": rsv.gpu_count,
                "allocationId": allocation.id, "start": rsv.starts_at, "end": rsv.ends_at}
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PLACED, subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PLACED, subject=rsv.id,
                payload=payload)
 
 
@@ -295,7 +295,7 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: 
                       during=rsv.during or window(rsv.requested_start or now, duration_ms))
     known_related(rsv, "allocations", [allocation] if allocation else [])  # a new one's all
     if allocation is None:
-        event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
+        event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_PENDING, subject=rsv.id,
                    payload={"poolId": pool.id, "gpus": gpus, "class": device_class})
     else:
         emit_placed(rsv, allocation)

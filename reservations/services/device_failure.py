@@ -8,8 +8,8 @@ from __future__ import annotations
 from audit.services import audit_record, audited
 from compute.db import database_now
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from fleet.models import Device
+from reservations.events import ReservationEvent
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.book import emit_placed
 from reservations.services.release import place_again
@@ -35,7 +35,7 @@ def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Re
         return rsv
     allocation, placed = place_again(rsv, now)
     reason = f"GPU {device.uuid} unhealthy: {device.health_reason or 'reported by its node'}"
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_REPLACED, subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_REPLACED, subject=rsv.id,
                payload={"deviceId": device.id, "fromNode": allocation.node_id,
                         "toNode": placed.node_id if placed else None, "reason": reason})
     if placed is not None:
@@ -43,8 +43,8 @@ def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Re
     else:
         rsv.failure_reason = f"{reason}; waiting for healthy GPUs"[:300]
         rsv.save(update_fields=["failure_reason"])
-        event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_PENDING, subject=rsv.id,
-                   payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
+        event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PENDING,
+                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.replace",
                  target=rsv.id, reason=reason,
                  data={"deviceId": device.id, "fromNode": allocation.node_id,
@@ -61,7 +61,7 @@ def reservation_flag_device(*, reservation_id: str, device: Device) -> Reservati
             or not _books(rsv, device.id):
         return rsv
     reason = f"GPU {device.uuid} unhealthy: {device.health_reason or 'reported by its node'}"
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_DEVICE_UNHEALTHY,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_DEVICE_UNHEALTHY,
                subject=rsv.id, payload={"deviceId": device.id, "nodeId": device.node_id,
                                         "reason": reason})
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.flag",

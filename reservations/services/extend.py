@@ -10,7 +10,6 @@ from audit.services import audit_record, audited
 from compute.db import constraint_errors, database_now
 from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from reservations.candidates import window
 from reservations.constraints import (
@@ -18,6 +17,7 @@ from reservations.constraints import (
     NODE_MEMORY_WITHIN_SIZE,
     NODE_VCPUS_WITHIN_SIZE,
 )
+from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh
 from reservations.ledger import Allocation, Reservation
 from reservations.limits import check_at_once, check_request, offering_limits
@@ -66,7 +66,7 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         pool_replan(rsv.pool_id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",
                  target=rsv.id, data={"byMs": by_ms})
-    event_emit(tenant_id=tenant.id, type=EventType.RESERVATION_EXTENDED, subject=rsv.id,
+    event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_EXTENDED, subject=rsv.id,
                payload={"byMs": by_ms, "end": rsv.ends_at})
     return rsv
 

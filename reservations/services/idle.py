@@ -18,8 +18,8 @@ from django.db import connection
 from audit.services import audit_record, audited
 from compute.db import database_now
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from reservations.candidates import instant
+from reservations.events import ReservationEvent
 from reservations.ledger import Reservation, ReservationState
 from reservations.services.release import end_reservation
 
@@ -83,7 +83,7 @@ def reservation_idle_check(*, reservation_id: str) -> Reservation | None:
                       if rule.get("release") else None)
         rsv.idle_since = now
         rsv.save(update_fields=["idle_since"])
-        event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_IDLE, subject=rsv.id,
+        event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_IDLE, subject=rsv.id,
                    payload={"reason": why, "belowPercent": below, "forMinutes": minutes,
                             "releaseAt": release_at})
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.idle",
@@ -98,7 +98,7 @@ def reservation_idle_check(*, reservation_id: str) -> Reservation | None:
     elif not idle and rsv.idle_since is not None:
         rsv.idle_since = None
         rsv.save(update_fields=["idle_since"])
-        event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_BUSY, subject=rsv.id,
+        event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_BUSY, subject=rsv.id,
                    payload={"reason": f"a GPU reported {below:g}% utilization or more"})
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.busy",
                      target=rsv.id, reason="busy again")

@@ -20,13 +20,13 @@ from audit.services import audit_record, audited
 from compute.db import constraint_errors, database_now
 from compute.errors import CapacityConflict, InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Device, DeviceClass, Node
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_event
 from reservations.candidates import later_start, window
 from reservations.constraints import LEDGER_CONSTRAINTS
+from reservations.events import ReservationEvent
 from reservations.ledger import (
     Allocation,
     Booking,
@@ -92,7 +92,7 @@ def maintenance_create(*, tenant: Tenant, actor: Principal, node_id: str, durati
     data = {"windowId": held.id, "start": during.lower, "end": during.upper, "moved": moved}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.maintenance",
                  target=node.id, reason=reason, data=data)
-    node_event(node, EventType.NODE_MAINTENANCE_SCHEDULED, reason=reason, **data)
+    node_event(node, ReservationEvent.NODE_MAINTENANCE_SCHEDULED, reason=reason, **data)
     return held, moved
 
 
@@ -102,7 +102,7 @@ def _moved_off(rsv: Reservation, node: Node, now: datetime) -> str:
     if placed is None:
         raise CapacityConflict(f"reservation {rsv.id} cannot move off node {node.id}: "
                                f"{rsv.failure_reason}", reservations=[rsv.id])
-    event_emit(tenant_id=rsv.tenant_id, type=EventType.RESERVATION_REPLACED, subject=rsv.id,
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_REPLACED, subject=rsv.id,
                payload={"fromNode": node.id, "toNode": placed.node_id,
                         "reason": "maintenance of its node"})
     emit_placed(rsv, placed)
@@ -127,5 +127,5 @@ def maintenance_cancel(*, tenant: Tenant, actor: Principal, window_id: str,
     pool_replan(node.pool_id)  # what waited for these GPUs may fit now
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.maintenance.cancel",
                  target=node.id, reason=reason, data={"windowId": held.id})
-    node_event(node, EventType.NODE_MAINTENANCE_CANCELLED, windowId=held.id, reason=reason)
+    node_event(node, ReservationEvent.NODE_MAINTENANCE_CANCELLED, windowId=held.id, reason=reason)
     return held

@@ -7,10 +7,10 @@ from django.utils import timezone
 from audit.services import audit_record, audited
 from compute.errors import InvalidArgument, InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id
+from reservations.events import ReservationEvent
 from reservations.offerings import GPU_RESOURCES, HOST_RESOURCES, Offering, Quota
 
 
@@ -56,6 +56,8 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
     data = {"poolId": pool.id, "to": to.id, "quota": quota, "limits": offering.limits}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.offer", target=pool.id,
                  data=data)
-    event_emit(tenant_id=tenant.id, type=EventType.POOL_OFFERED, subject=pool.id, payload=data)
-    event_emit(tenant_id=to.id, type=EventType.OFFERING_UPDATED, subject=offering.id, payload=data)
+    event_emit(tenant_id=tenant.id, type=ReservationEvent.POOL_OFFERED, subject=pool.id,
+               payload=data)
+    event_emit(tenant_id=to.id, type=ReservationEvent.OFFERING_UPDATED, subject=offering.id,
+               payload=data)
     return offering

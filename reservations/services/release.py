@@ -10,10 +10,10 @@ from audit.services import audit_record, audited
 from compute.db import database_now
 from compute.errors import InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
+from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh
 from reservations.ledger import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
@@ -23,9 +23,10 @@ from reservations.services.metering import gpu_meter, usage_record
 from reservations.states import HOLDING, TERMINAL, transition
 from reservations.work import pool_replan
 
-ENDED_EVENT: dict[str, EventType] = {ReservationState.RELEASED: EventType.RESERVATION_RELEASED,
-               ReservationState.CANCELLED: EventType.RESERVATION_CANCELLED,
-               ReservationState.FAILED: EventType.RESERVATION_FAILED}
+ENDED_EVENT: dict[str, ReservationEvent] = {
+    ReservationState.RELEASED: ReservationEvent.RESERVATION_RELEASED,
+    ReservationState.CANCELLED: ReservationEvent.RESERVATION_CANCELLED,
+    ReservationState.FAILED: ReservationEvent.RESERVATION_FAILED}
 
 
 def live_allocation(rsv: Reservation) -> Allocation | None:

@@ -13,6 +13,7 @@ from compute.events.types import EventType
 from fleet.models import Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
+from reservations.events import ReservationEvent
 from reservations.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.services.binding import BindingRefused, verified_report
 from reservations.services.sandboxes import sandbox_free_locked
@@ -20,11 +21,11 @@ from reservations.services.sandboxes import sandbox_free_locked
 S = SandboxState
 # phase -> (states it moves from, state it moves to, event, audit action)
 MOVES: dict[str, tuple[tuple[str, ...], str, EventType, str]] = {
-    "starting": ((S.PLACED,), S.STARTING, EventType.SANDBOX_STARTING, "sandbox.start"),
-    "started": ((S.PLACED, S.STARTING), S.RUNNING, EventType.SANDBOX_RUNNING, "sandbox.run"),
-    "stopped": ((S.STOPPING,), S.STOPPED, EventType.SANDBOX_STOPPED, "sandbox.stop"),
-    "failed": ((*LIVE, S.STOPPING), S.FAILED, EventType.SANDBOX_FAILED, "sandbox.fail"),
-    "exited": ((*LIVE, S.STOPPING), S.FAILED, EventType.SANDBOX_FAILED, "sandbox.fail"),
+    "starting": ((S.PLACED,), S.STARTING, ReservationEvent.SANDBOX_STARTING, "sandbox.start"),
+    "started": ((S.PLACED, S.STARTING), S.RUNNING, ReservationEvent.SANDBOX_RUNNING, "sandbox.run"),
+    "stopped": ((S.STOPPING,), S.STOPPED, ReservationEvent.SANDBOX_STOPPED, "sandbox.stop"),
+    "failed": ((*LIVE, S.STOPPING), S.FAILED, ReservationEvent.SANDBOX_FAILED, "sandbox.fail"),
+    "exited": ((*LIVE, S.STOPPING), S.FAILED, ReservationEvent.SANDBOX_FAILED, "sandbox.fail"),
 }
 
 

@@ -19,12 +19,12 @@ from bcd.contract.vms import ImagePart, Vm
 from compute.db import database_now
 from compute.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.idempotency import idempotent_lookup, idempotent_remember
 from compute.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Image, Node, Pool
 from fleet.selectors import access_pool_by_id
 from fleet.services.specs import node_spec_change_locked
+from reservations.events import ReservationEvent
 from reservations.quotas import quota_consume, quota_refund
 from reservations.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.selectors import access_sandbox_by_id
@@ -162,7 +162,7 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
             "imageId": chosen.id, "generation": spec.generation}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.create",
                  target=sandbox.id, data=data)
-    event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_CREATED, subject=sandbox.id,
+    event_emit(tenant_id=tenant.id, type=ReservationEvent.SANDBOX_CREATED, subject=sandbox.id,
                payload={"poolId": pool.id, **data})
     return sandbox
 
@@ -181,7 +181,7 @@ def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> San
     sandbox.save(update_fields=["state", "released_at"])
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.release",
                  target=sandbox.id, data={"generation": spec.generation})
-    event_emit(tenant_id=tenant.id, type=EventType.SANDBOX_RELEASED, subject=sandbox.id,
+    event_emit(tenant_id=tenant.id, type=ReservationEvent.SANDBOX_RELEASED, subject=sandbox.id,
                payload={"poolId": sandbox.pool_id, "nodeId": sandbox.node_id})
     return sandbox
 

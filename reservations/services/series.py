@@ -18,11 +18,11 @@ from audit.services import audit_record, audited
 from compute.db import database_now
 from compute.errors import InvalidArgument, InvalidState, LimitExceeded, QuotaExceeded
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Principal, Tenant
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import MAX_START_AHEAD, instant
 from reservations.device_filter import parse_selector
+from reservations.events import ReservationEvent
 from reservations.ledger import Reservation, ReservationSeries, ReservationState
 from reservations.recurrence import parse_rule, zone_named
 from reservations.selectors import access_series_by_id
@@ -58,7 +58,7 @@ def book_ahead(series: ReservationSeries, now: datetime) -> tuple[int, int]:
             refused += 1
             series.refusals = [*series.refusals, {"start": instant(start),
                                                   "reason": error.message}][-100:]
-            event_emit(tenant_id=series.tenant_id, type=EventType.SERIES_OCCURRENCE_REFUSED,
+            event_emit(tenant_id=series.tenant_id, type=ReservationEvent.SERIES_OCCURRENCE_REFUSED,
                        subject=series.id, payload={"start": start, "reason": error.message})
         except IntegrityError:
             continue  # this occurrence exists already
@@ -101,7 +101,7 @@ def series_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int, 
             "until": until.isoformat(), "occurrences": created, "refused": refused}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="series.create",
                  target=series.id, data=data)
-    event_emit(tenant_id=tenant.id, type=EventType.SERIES_CREATED, subject=series.id,
+    event_emit(tenant_id=tenant.id, type=ReservationEvent.SERIES_CREATED, subject=series.id,
                payload=data)
     return series
 
@@ -122,7 +122,7 @@ def series_extend(*, series_id: str) -> int:
                 if series.booked_through else None}
         audit_record(tenant_id=series.tenant_id, actor_id="system", action="series.extend",
                      target=series.id, data=data, reason="the horizon moved")
-        event_emit(tenant_id=series.tenant_id, type=EventType.SERIES_EXTENDED,
+        event_emit(tenant_id=series.tenant_id, type=ReservationEvent.SERIES_EXTENDED,
                    subject=series.id, payload=data)
     return created
 
@@ -146,7 +146,7 @@ def series_release(*, tenant: Tenant, actor: Principal, series_id: str) -> Reser
     data = {"cancelled": len(cancelled)}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="series.release",
                  target=series.id, data=data)
-    event_emit(tenant_id=tenant.id, type=EventType.SERIES_RELEASED, subject=series.id,
+    event_emit(tenant_id=tenant.id, type=ReservationEvent.SERIES_RELEASED, subject=series.id,
                payload=data)
     return series
 

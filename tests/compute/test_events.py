@@ -12,8 +12,8 @@ from django.db import connection, transaction
 
 from compute.events.selectors import event_list
 from compute.events.services import event_emit
-from compute.events.types import EventType
 from compute.tenancy.models import Tenant
+from fleet.events import FleetEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,7 +25,7 @@ def test_an_event_that_commits_after_a_later_one_comes_after_the_readers_cursor(
     def slow_writer() -> None:
         try:
             with transaction.atomic():
-                event_emit(tenant_id=tenant.id, type=EventType.SITE_CREATED, subject="a")
+                event_emit(tenant_id=tenant.id, type=FleetEvent.SITE_CREATED, subject="a")
                 first_written.set()
                 let_first_commit.wait(5)
         finally:
@@ -34,7 +34,7 @@ def test_an_event_that_commits_after_a_later_one_comes_after_the_readers_cursor(
     thread = threading.Thread(target=slow_writer)
     thread.start()
     first_written.wait(5)
-    event_emit(tenant_id=tenant.id, type=EventType.POOL_CREATED, subject="b")  # commits now
+    event_emit(tenant_id=tenant.id, type=FleetEvent.POOL_CREATED, subject="b")  # commits now
     seen = event_list(tenant=tenant, types="site.*,pool.*")
     assert [e.type for e in seen] == ["pool.created"]  # what has committed, at once
     let_first_commit.set()
@@ -65,7 +65,7 @@ class Writers:
                             cursor.execute("SELECT pg_current_xact_id()")
                         time.sleep(rng.random() * 0.003)
                         event = event_emit(tenant_id=self.tenant.id, subject=f"w{seed}",
-                                           type=EventType.SITE_CREATED)
+                                           type=FleetEvent.SITE_CREATED)
                         time.sleep(rng.random() * 0.003)
                         if rng.random() < 0.1:
                             raise RuntimeError("rolled back")

@@ -9,8 +9,8 @@ from rest_framework import serializers
 from compute.api.inputs import IdempotencyKeyField, Input, ListInput
 from compute.api.registry import CallContext, Resource, endpoint
 from compute.api.shapes import page_of
-from compute.events.types import EventType
 from compute.paging import page
+from compute.tenancy.events import TenancyEvent
 from compute.tenancy.selectors import root_tenant, tenant_list
 from compute.tenancy.serializers import TENANT, present_tenant
 from compute.tenancy.services import tenant_create
@@ -27,7 +27,7 @@ def _in_root(ctx: CallContext, data: dict[str, Any]) -> Resource:
 
 
 @endpoint("tenants", "create", returns=TENANT, input=TenantCreateIn, mutating=True, draft=_in_root,
-          emits=(EventType.TENANT_CREATED,))
+          emits=(TenancyEvent.TENANT_CREATED,))
 def tenants_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Create a customer tenant (root administrators only)."""
     return present_tenant(tenant_create(actor=ctx.principal, **data))

@@ -10,8 +10,8 @@ from rest_framework import serializers
 from compute.api.inputs import Input, ListInput, PublicIdField
 from compute.api.registry import CallContext, Subject, endpoint
 from compute.api.shapes import STRING, extended, page_of
-from compute.events.types import EventType
 from compute.paging import page
+from compute.tenancy.events import TenancyEvent
 from compute.tenancy.models import Role
 from compute.tenancy.selectors import access_token_by_id, token_list
 from compute.tenancy.serializers import TOKEN, present_token
@@ -30,7 +30,7 @@ class TokenCreateIn(Input):
 
 @endpoint("tokens", "create", returns=extended(TOKEN, token=STRING),
           input=TokenCreateIn, mutating=True,
-          emits=(EventType.TOKEN_CREATED,))
+          emits=(TenancyEvent.TOKEN_CREATED,))
 def tokens_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Mint an API token. The `token` field is shown once and never again."""
     ttl = data.pop("ttl", None)
@@ -51,7 +51,7 @@ class TokenRevokeIn(Input):
 
 @endpoint("tokens", "revoke", returns=TOKEN, input=TokenRevokeIn, mutating=True,
           subject=Subject("token", access_token_by_id, "token_id"),
-          emits=(EventType.TOKEN_REVOKED,))
+          emits=(TenancyEvent.TOKEN_REVOKED,))
 def tokens_revoke(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Revoke an API token."""
     return present_token(token_revoke(tenant=ctx.tenant, actor=ctx.principal,

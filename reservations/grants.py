@@ -1,0 +1,7 @@
+"""Who may call the ledger's API methods (pools, offerings, reservations, capacity, ...)."""
+
+from compute.api.grants import grant
+
+grant("viewer", "capacity.*", "usage.*")
+grant("member", "reservations.*", "series.*", "sandboxes.*")
+grant("operator", "pools.*", "maintenance.*", "offerings.*")

@@ -1,0 +1,6 @@
+from compute.events.types import EventType, event_types
+
+
+@event_types
+class WidgetEvent(EventType):
+    WIDGET_MADE = "widget.made"

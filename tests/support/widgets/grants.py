@@ -1,0 +1,3 @@
+from compute.api.grants import grant
+
+grant("member", "widgets.*")
