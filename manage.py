@@ -6,8 +6,8 @@ import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
-    from compute.pg import NO_DATABASE, database_url, persistent
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.project.settings")
+    from compute.core.pg import NO_DATABASE, database_url, persistent
 
     if not database_url() and sys.argv[1:2] not in (["check"], ["help"], ["--help"], []):
         sys.stderr.write(f"manage.py: {NO_DATABASE.format(where=persistent().data_dir)}\n")

@@ -8,9 +8,9 @@ from rest_framework import serializers
 
 from audit import checkpoints
 from audit.selectors import audit_event_id_for, audit_event_list, checkpoint_list
-from compute.api.inputs import Input, ListInput
-from compute.api.registry import CallContext, endpoint
-from compute.api.shapes import (
+from compute.core.api.inputs import Input, ListInput
+from compute.core.api.registry import CallContext, endpoint
+from compute.core.api.shapes import (
     BOOLEAN,
     INTEGER,
     OBJECT,

@@ -28,8 +28,8 @@ from bcd.contract.merkle import (
     resolve,
     verify_consistency,
 )
-from compute.db import advisory_xact_lock
-from compute.errors import NotFound, PreconditionFailed
+from compute.core.db import advisory_xact_lock
+from compute.core.errors import NotFound, PreconditionFailed
 
 CHUNK = 5000
 

@@ -18,8 +18,8 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from compute.db import advisory_xact_lock
-from compute.pg import state_root
+from compute.core.db import advisory_xact_lock
+from compute.core.pg import state_root
 
 KEK_BYTES = 32
 

@@ -6,7 +6,7 @@ from django.db.models import QuerySet
 
 from audit.models import AuditEvent, Checkpoint
 from audit.sequencer import audit_sequence
-from compute.errors import NotFound
+from compute.core.errors import NotFound
 
 
 def audit_event_list(*, tenant_id: str, action: str | None = None,

@@ -18,8 +18,8 @@ from django.db import IntegrityError, connection, transaction
 
 from audit.models import AuditEvent
 from bcd.contract.auditproof import event_leaf
-from compute.db import constraint_name, settled
-from compute.errors import PreconditionFailed
+from compute.core.db import constraint_name, settled
+from compute.core.errors import PreconditionFailed
 
 ONE_PER_POSITION = "audit_auditevent_one_per_position"
 

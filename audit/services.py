@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from audit.context import current_stamp
 from audit.models import AuditEvent
-from compute.db import TXID_SQL, insert_row, retrying
+from compute.core.db import TXID_SQL, insert_row, retrying
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -43,8 +43,8 @@ YEAR_MS = 365 * 24 * 3_600_000
 
 def world() -> dict[str, str]:
     """The root tenant, its admin and token, and a site."""
-    from compute.tenancy.selectors import root_tenant
-    from compute.tenancy.services import root_bootstrap
+    from compute.platform.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.services import root_bootstrap
     from fleet.services.sites import site_create
 
     minted = root_bootstrap()
@@ -57,8 +57,8 @@ def build_pool(ids: dict[str, str], nodes: int) -> str:
     """A pool of `nodes` adopted H100 x 8 nodes; its id."""
     from django.db import connection
 
-    from compute.tenancy.models import Principal
-    from compute.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.models import Principal
+    from compute.platform.tenancy.selectors import root_tenant
     from fleet.services.pools import pool_create
     from tests.factories import make_node
 
@@ -106,9 +106,9 @@ def clone_nodes(template: Any, copies: int) -> None:
 
 
 def service_work(ids: dict[str, str]):
-    from compute.errors import ComputeError
-    from compute.tenancy.models import Principal
-    from compute.tenancy.selectors import root_tenant
+    from compute.core.errors import ComputeError
+    from compute.platform.tenancy.models import Principal
+    from compute.platform.tenancy.selectors import root_tenant
     from reservations.services.book import reservation_create
 
     root, admin = root_tenant(), Principal.objects.get(pk=ids["admin"])
@@ -159,7 +159,7 @@ def raw_work(ids: dict[str, str]):
     """INSERT one booking per transaction, same table and constraint, no placement."""
     from django.db import connection
 
-    from compute.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.selectors import root_tenant
     from fleet.models import Device
     from reservations.models import Allocation, Reservation
 
@@ -337,7 +337,7 @@ def future_bookings(pool_id: str, count: int) -> None:
     one allocation (never two on a device at once)."""
     from django.db import connection
 
-    from compute.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.selectors import root_tenant
     from fleet.models import Device
     from reservations.models import Allocation, Reservation
 
@@ -362,8 +362,8 @@ def future_bookings(pool_id: str, count: int) -> None:
 
 def one_client(ids: dict[str, str], pool_id: str, calls: int) -> dict[str, list[float]]:
     """Seconds per `reservations.create` and per `capacity.preview` at one client."""
-    from compute.tenancy.models import Principal
-    from compute.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.models import Principal
+    from compute.platform.tenancy.selectors import root_tenant
     from fleet.models import Pool
     from reservations.capacity import capacity_preview
     from reservations.ledger import Reservation

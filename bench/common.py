@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from compute import pg
+from compute.core import pg
 
 
 def database() -> tuple[str, pg.EmbeddedPostgres | None]:
@@ -24,7 +24,7 @@ def database() -> tuple[str, pg.EmbeddedPostgres | None]:
 
 
 def django_setup() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     import django
 
     django.setup()

@@ -35,8 +35,8 @@ def busy_calendar(pool_id: str, per_node: int, rng: random.Random) -> int:
     from django.db import transaction
     from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-    from compute.db import database_now
-    from compute.tenancy.selectors import root_tenant
+    from compute.core.db import database_now
+    from compute.platform.tenancy.selectors import root_tenant
     from fleet.models import Device
     from reservations.models import Allocation, Booking, Reservation
 
@@ -119,8 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with bench_environment():
-        from compute.tenancy.models import Principal
-        from compute.tenancy.selectors import root_tenant
+        from compute.platform.tenancy.models import Principal
+        from compute.platform.tenancy.selectors import root_tenant
         from reservations.capacity import capacity_earliest, capacity_preview
         from reservations.gaps import gaps_mend
         from reservations.services.book import reservation_create

@@ -47,8 +47,8 @@ def make_nodes(count: int) -> list[tuple[Any, bytes, bytes]]:
     from django.utils import timezone
 
     from bcd.contract.crypto import public_pem, spki_pin
-    from compute.tenancy.selectors import root_tenant
-    from compute.tenancy.services import root_bootstrap
+    from compute.platform.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.services import root_bootstrap
     from fleet.models import Node
     from fleet.pki import issue_node_certificate, pki
     from fleet.services.pools import pool_create

@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--cert-dir", required=True)
     parser.add_argument("--plain", action="store_true")
     args = parser.parse_args()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     os.environ["BETTER_COMPUTE_WITHOUT_KEK"] = "1"
     import django
 

@@ -1,8 +1,8 @@
 from django.contrib import admin
 
 from audit.admin import ReadOnlyAdmin, ReadOnlyInline
-from compute.admin import ADMIN_REASON, audited_action
-from compute.tenancy.models import Tenant
+from compute.platform.admin import ADMIN_REASON, audited_action
+from compute.platform.tenancy.models import Tenant
 from fleet.models import (
     Device,
     GpuSample,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compute.events.types import EventType, event_types
+from compute.platform.events.types import EventType, event_types
 
 
 @event_types

@@ -1,6 +1,6 @@
 """Who may call the fleet's API methods (sites, nodes, join tokens, PKI, images)."""
 
-from compute.api.grants import grant, root_only
+from compute.core.api.grants import grant, root_only
 
 grant("viewer", "pki.show", "nodes.events")
 grant("operator", "sites.*", "nodes.*", "joinTokens.*")

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 
 _VENDOR_PREFIXES = ("NVIDIA ", "Tesla ")
 _TWO_WORD_FAMILIES = ("RTX", "QUADRO", "GEFORCE")

@@ -7,8 +7,8 @@ node and takes one step, so a repeat is harmless.
 
 from __future__ import annotations
 
-from compute.db import database_now
-from compute.queue.work import enqueue, handler
+from compute.core.db import database_now
+from compute.platform.queue.work import enqueue, handler
 from fleet.models import Connectivity, Node
 from fleet.services.deploy import bmc_poll, deploy_time_out, machines_due
 from fleet.services.lifecycle import command_outcome_unknown

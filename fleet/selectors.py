@@ -8,10 +8,10 @@ from typing import Any
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from compute.db import row_by_key
-from compute.errors import NotFound
-from compute.guards import one_visible
-from compute.tenancy.models import Tenant
+from compute.core.db import row_by_key
+from compute.core.errors import NotFound
+from compute.platform.guards import one_visible
+from compute.platform.tenancy.models import Tenant
 from fleet.models import Image, JoinToken, Node, NodeSpec, Pool, ProvisionState, Site
 
 

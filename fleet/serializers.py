@@ -6,8 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import Input
-from compute.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
+from compute.core.api.inputs import Input
+from compute.core.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from fleet.models import Device, Image, JoinToken, Node, Pool, Site
 
 ACCEPTANCE_CHECKS = ("diag.nvml", "diag.cpu", "diag.disk", "diag.network",

@@ -6,7 +6,7 @@ reports the gateway filed has them verified and applied (reservations.reports)."
 
 from __future__ import annotations
 
-from compute.queue.work import enqueue
+from compute.platform.queue.work import enqueue
 
 DEVICE = "device"
 TELEMETRY = "telemetry"

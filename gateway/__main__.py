@@ -15,7 +15,7 @@ import signal
 import click
 
 from bcd.contract.version import version
-from compute import config
+from compute.core import config
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,22 +36,21 @@ def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
     """Run the gateway: it holds node sessions, files their reports in Postgres and relays
     joins and renewals to the API. It holds no CA, no signing key and no KEK, and never
     calls IAM."""
-    config.export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
+    config.export_default("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     for name in ("BETTER_COMPUTE_KEK", "BETTER_COMPUTE_KEK_FILE"):
         config.unset(name)
     config.export("BETTER_COMPUTE_WITHOUT_KEK", "1")
-    from compute.pg import require_database_url
+    from compute.core.pg import require_database_url
 
     require_database_url()
     import django
 
     django.setup()
-    from compute.metrics import serve_metrics
-    from compute.settings import env
+    from compute.core.metrics import serve_metrics
     from fleet.pki import trust_domain
     from gateway.server import serve
 
-    logging.basicConfig(level=env("LOG_LEVEL"),
+    logging.basicConfig(level=config.text("BETTER_COMPUTE_LOG_LEVEL"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if metrics_listen:
         serve_metrics(metrics_listen)

@@ -30,8 +30,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from bcd.contract.reports import REPORT_KINDS
-from compute.db import listen_forever
-from compute.metrics import HEARTBEAT_LAG, SESSIONS
+from compute.core.db import listen_forever
+from compute.core.metrics import HEARTBEAT_LAG, SESSIONS
 from fleet import selectors
 from fleet.services import sessions
 from fleet.services.specs import DESIRED_CHANNEL

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.db.models.expressions import RawSQL
 
 from audit.admin import ReadOnlyAdmin, ReadOnlyInline
-from compute.admin import audited_action
+from compute.platform.admin import audited_action
 from reservations.models import (
     Allocation,
     Booking,

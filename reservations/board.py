@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection
 
-from compute.tenancy.models import Tenant
+from compute.platform.tenancy.models import Tenant
 from fleet.models import DeviceClass, Node, NodeRole
 from fleet.selectors import node_list
 from reservations.constraints import OVERLAPS_SQL

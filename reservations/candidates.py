@@ -16,8 +16,8 @@ from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Model, Q
 
-from compute.db import prepared_cursor
-from compute.errors import InvalidArgument
+from compute.core.db import prepared_cursor
+from compute.core.errors import InvalidArgument
 from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
 from reservations.ledger import Reservation

@@ -10,8 +10,8 @@ from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 
-from compute.db import database_now
-from compute.errors import InvalidArgument
+from compute.core.db import database_now
+from compute.core.errors import InvalidArgument
 from fleet.models import (
     SCHEDULABLE,
     Connectivity,

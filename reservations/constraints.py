@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from compute.errors import CapacityConflict, ComputeError, QuotaExceeded
+from compute.core.errors import CapacityConflict, ComputeError, QuotaExceeded
 
 BOOKING_NO_OVERLAP = "reservations_booking_device_no_overlap"
 GPU_NO_OVERLAP = "reservations_booking_gpu_no_overlap"

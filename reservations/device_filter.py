@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 
 ATTRIBUTES: dict[str, str] = {  # wire name -> field of fleet.Device
     "vramGiB": "vram_gib",

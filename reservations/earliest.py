@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Q
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 from fleet.models import Device, DeviceClass, Pool
 from reservations.candidates import (
     IN_THE_WAY,

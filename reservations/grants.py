@@ -1,6 +1,6 @@
 """Who may call the ledger's API methods (pools, offerings, reservations, capacity, ...)."""
 
-from compute.api.grants import grant
+from compute.core.api.grants import grant
 
 grant("viewer", "capacity.*", "usage.*")
 grant("member", "reservations.*", "series.*", "sandboxes.*")

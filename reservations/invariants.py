@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from audit.models import AuditEvent
 from bcd.config import Paths, joined_config
 from bcd.holds import holds_on_disk
-from compute.db import database_now
+from compute.core.db import database_now
 from fleet.models import Node, NodeRole, NodeSpec, ProvisionState
 from reservations.constraints import OVERLAPS_SQL
 from reservations.hostshare import expected_counters

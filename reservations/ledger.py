@@ -9,7 +9,7 @@ from django.contrib.postgres.indexes import GistIndex
 from django.db import models
 from django.utils import timezone
 
-from compute.fields import id_field
+from compute.core.fields import id_field
 
 
 class ReservationState(models.TextChoices):

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from compute.errors import LimitExceeded
+from compute.core.errors import LimitExceeded
 from fleet.models import Pool
 from reservations.offerings import Offering
 

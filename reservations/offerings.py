@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from compute.fields import id_field
+from compute.core.fields import id_field
 
 GPU_RESOURCE = "gpu"
 GPU_RESOURCES = (GPU_RESOURCE, "mig", "gpu-share")  # a quota per device class

@@ -7,8 +7,8 @@ nodes by id, then devices by id), and its CHECK constraint is the backstop.
 
 from __future__ import annotations
 
-from compute.errors import QuotaExceeded
-from compute.tenancy.models import Tenant
+from compute.core.errors import QuotaExceeded
+from compute.platform.tenancy.models import Tenant
 from fleet.models import Pool
 from reservations.offerings import Quota
 

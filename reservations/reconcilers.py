@@ -12,8 +12,8 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from compute.db import database_now
-from compute.queue.work import enqueue, handler
+from compute.core.db import database_now
+from compute.platform.queue.work import enqueue, handler
 from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
 from reservations import reports  # noqa: F401  (registers the reports' handler)

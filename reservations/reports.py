@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from compute.errors import ComputeError
-from compute.metrics import REPORT_DUPLICATES
-from compute.queue.work import handler
+from compute.core.errors import ComputeError
+from compute.core.metrics import REPORT_DUPLICATES
+from compute.platform.queue.work import handler
 from fleet.models import Node, ReportInbox
 from fleet.services import sessions, telemetry
 from fleet.work import REPORTS

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from compute.guards import one_visible
-from compute.tenancy.models import Tenant
+from compute.platform.guards import one_visible
+from compute.platform.tenancy.models import Tenant
 from reservations.ledger import MaintenanceWindow, Reservation, ReservationSeries
 from reservations.offerings import Offering
 from reservations.sandboxes import Sandbox

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from compute.api.shapes import (
+from compute.core.api.shapes import (
     BOOLEAN,
     DATE,
     INTEGER,

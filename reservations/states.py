@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compute.errors import InvalidState
+from compute.core.errors import InvalidState
 from reservations.ledger import Reservation, ReservationState
 
 S = ReservationState

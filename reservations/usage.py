@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from compute.fields import id_field
+from compute.core.fields import id_field
 
 
 class UsageRecord(models.Model):

@@ -3,7 +3,7 @@ so the item exists exactly when the change that made it due has committed."""
 
 from __future__ import annotations
 
-from compute.queue.work import enqueue
+from compute.platform.queue.work import enqueue
 
 RESERVATION = "reservation"
 POOL = "pool"

@@ -60,9 +60,9 @@ def cli_page() -> str:
 def openapi_document() -> dict[str, Any]:
     import django
 
-    from compute.config import export_default
+    from compute.core.config import export_default
 
-    export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
+    export_default("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     django.setup()
     from compute.http.openapi import build_document
 
@@ -122,7 +122,7 @@ def api_page(document: dict[str, Any]) -> str:
 
 
 def event_types() -> list[str]:
-    from compute.events.types import known_types
+    from compute.platform.events.types import known_types
 
     return known_types()
 
@@ -145,7 +145,7 @@ def events_page(document: dict[str, Any]) -> str:
 
 def variables() -> list[Any]:
     from bcd.config import VARIABLES as AGENT
-    from compute.config import VARIABLES as CONTROL_PLANE
+    from compute.core.config import VARIABLES as CONTROL_PLANE
 
     return [*CONTROL_PLANE, *AGENT]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from compute import pg
-from compute.dburl import parse_database_url
+from compute.core import pg
+from compute.core.dburl import parse_database_url
 
 # Tests start subprocesses (pg_ctl, dev, agents) while in-process gRPC servers run: gRPC's
 # fork handlers must not run in those children, which exec at once.
@@ -64,7 +64,7 @@ def api(client: Any) -> Any:
 
 @pytest.fixture
 def root_token(db: None) -> str:
-    from compute.tenancy.services import root_bootstrap
+    from compute.platform.tenancy.services import root_bootstrap
 
     return root_bootstrap().plaintext
 
@@ -108,6 +108,6 @@ def cpu_pool(root):
 def no_address_throttled_before() -> None:
     """Every test's calls come from 127.0.0.1: one test's bad tokens do not throttle the
     next test's calls."""
-    from compute.iam.refusals import _THROTTLED
+    from compute.platform.iam.refusals import _THROTTLED
 
     _THROTTLED.clear()

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from bcd.contract.crypto import public_pem
-from compute.queue.models import WorkItem
+from compute.platform.queue.models import WorkItem
 from fleet.inventory import parse_inventory
 from fleet.models import Connectivity, Node, Pool
 from fleet.services.nodes import node_adopt_locked, node_create_locked

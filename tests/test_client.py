@@ -8,10 +8,10 @@ import inspect
 import httpx
 import pytest
 
-from compute.api.registry import REGISTRY
 from compute.client import ApiError, Client
 from compute.client.methods import GROUPS
 from compute.client.transport import Transport
+from compute.core.api.registry import REGISTRY
 from compute.http import clientgen
 
 

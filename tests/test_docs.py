@@ -45,7 +45,7 @@ def test_every_cli_command_has_an_entry():
 
 @pytest.mark.django_db
 def test_every_api_method_has_an_entry():
-    from compute.api.registry import REGISTRY
+    from compute.core.api.registry import REGISTRY
 
     api = page("api.md")
     methods = [f"{group}.{method}" for group, method in REGISTRY]
@@ -73,7 +73,7 @@ def test_every_environment_variable_has_an_entry():
 
 
 def test_nothing_reads_the_environment_outside_the_declared_settings():
-    allowed = {ROOT / "compute" / "config.py", ROOT / "bcd" / "config.py",
+    allowed = {ROOT / "compute" / "core" / "config.py", ROOT / "bcd" / "config.py",
                ROOT / "bcd" / "contract" / "variables.py"}
     readers = [str(path.relative_to(ROOT)) for package in PRODUCT
                for path in (ROOT / package).rglob("*.py")
@@ -84,7 +84,7 @@ def test_nothing_reads_the_environment_outside_the_declared_settings():
 
 def test_a_value_that_does_not_parse_names_its_variable():
     result = subprocess.run(
-        [sys.executable, "-c", "import compute.settings"], cwd=ROOT, capture_output=True,
+        [sys.executable, "-c", "import compute.project.settings"], cwd=ROOT, capture_output=True,
         text=True, timeout=60, check=False,
         env={"PATH": "/usr/bin:/bin", "BETTER_COMPUTE_HEARTBEAT_SECONDS": "ten",
              "DATABASE_URL": "postgresql://nobody@/none?host=/nowhere"})
@@ -95,7 +95,8 @@ def test_a_value_that_does_not_parse_names_its_variable():
 def test_importing_the_settings_writes_nothing(tmp_path):
     home = tmp_path / "home"
     result = subprocess.run(
-        [sys.executable, "-c", "import compute.settings as s; print(s.STATIC_ROOT)"], cwd=ROOT,
+        [sys.executable, "-c", "import compute.project.settings as s; print(s.STATIC_ROOT)"],
+        cwd=ROOT,
         capture_output=True, text=True, timeout=60, check=False,
         env={"PATH": "/usr/bin:/bin", "BETTER_COMPUTE_HOME": str(home)})
     assert result.returncode == 0, result.stderr

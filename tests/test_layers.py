@@ -64,3 +64,14 @@ def test_the_cli_and_bcd_load_no_django(entry):
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True, cwd=ROOT)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_layers_name_packages_never_modules():
+    named = layered("imports point down")
+    modules_named = [name for name in named
+                     if not (ROOT / name.replace(".", "/") / "__init__.py").exists()]
+    assert modules_named == []
+    # compute's top level holds its three layers' packages and nothing else
+    top = sorted(p.name for p in (ROOT / "compute").iterdir()
+                 if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert top == ["__init__.py", "cli", "client", "core", "http", "platform", "project"]

@@ -19,7 +19,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from compute.api.registry import REGISTRY
+from compute.core.api.registry import REGISTRY
 from tests.factories import make_node
 from tests.support.processes import free_port
 

@@ -53,7 +53,7 @@ def test_a_bad_key_is_caught(installed):
 
 
 def test_each_unit_runs_a_command_this_install_has(installed):
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "compute.settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "compute.project.settings"}
     for unit in installed.glob("*.service"):
         for line in unit.read_text().splitlines():
             if line.startswith(("ExecStart=", "ExecStartPre=")):

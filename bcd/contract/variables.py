@@ -1,6 +1,6 @@
 """Environment variables, each declared once with its type, default and meaning.
 
-The control plane declares its variables in `compute/config.py`, the agent its own in
+The control plane declares its variables in `compute/core/config.py`, the agent its own in
 `bcd/config.py`; the settings reference of the documentation is generated from both. A value
 that does not parse stops the reader naming the variable and what it expected.
 """

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from compute import config
 from compute.client.transport import ApiError as LibraryApiError
 from compute.client.transport import ClientError, Transport
+from compute.core import config
 
 USER_AGENT = "better-compute-cli"
 

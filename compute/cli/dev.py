@@ -30,11 +30,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import click
 
 from bcd.config import Paths, joined_config
-from compute import config, pg
 from compute.cli import guestimage
 from compute.cli.artifact import served_artifacts, write_artifacts
 from compute.cli.client import Client, CliError, Config
 from compute.cli.serve import server_argv
+from compute.core import config, pg
 
 READY_TIMEOUT = 60.0
 GATEWAY_ROLE = "bc_gateway"
@@ -520,7 +520,7 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
     write_artifacts(downloads)  # the agent's wheel; executables that were built stay
     env = {**config.environment(**(env_extra or {})),
            "DATABASE_URL": config.text("DATABASE_URL") or server.url,
-           "DJANGO_SETTINGS_MODULE": "compute.settings",
+           "DJANGO_SETTINGS_MODULE": "compute.project.settings",
            "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
            "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
            "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}

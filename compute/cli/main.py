@@ -71,9 +71,9 @@ def mcp_command(http: str | None) -> None:
     """Serve the API as Model Context Protocol tools and resources."""
     import asyncio
 
-    from compute import config
     from compute.cli.client import check_url
     from compute.cli.mcp import serve_http, serve_stdio
+    from compute.core import config
 
     url = check_url(config.text("BETTER_COMPUTE_URL") or
                     "http://127.0.0.1:3000/api/compute")
@@ -101,11 +101,11 @@ def workers(count: int) -> None:
     """Run the reconcilers: queue workers plus the django-q2 cluster for periodic jobs."""
     import time
 
-    from compute import config
     from compute.cli.dev import Stack
-    from compute.pg import require_database_url
+    from compute.core import config
+    from compute.core.pg import require_database_url
 
-    env = config.environment(DJANGO_SETTINGS_MODULE="compute.settings",
+    env = config.environment(DJANGO_SETTINGS_MODULE="compute.project.settings",
                              DATABASE_URL=require_database_url())
     argv = [sys.executable, "-m", "django"]
     stack = Stack()  # a worker that dies is restarted, with backoff

@@ -21,8 +21,8 @@ from mcp import types
 from mcp.server.lowlevel import Server
 
 from bcd.contract.version import version
-from compute import config
 from compute.client.transport import ApiError, ClientError, Transport
+from compute.core import config
 
 DESTRUCTIVE = ("release", "revoke")
 RESOURCES = {

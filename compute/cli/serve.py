@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from compute import config
+from compute.core import config
 
 DEFAULT_PORT = 3000
 
@@ -28,7 +28,7 @@ def server_argv(host: str, port: int, *, workers: int, graceful_timeout: int = 3
                 ) -> list[str]:
     """The command line that serves the API: gunicorn with uvicorn workers."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return [sys.executable, "-m", "gunicorn", "compute.asgi:application",
+    return [sys.executable, "-m", "gunicorn", "compute.project.asgi:application",
             "--worker-class", "compute.http.worker.ApiWorker", "--workers", str(workers),
             "--bind", address, "--graceful-timeout", str(graceful_timeout),
             # A worker tells its master it lives from its event loop, which a slow request
@@ -47,10 +47,10 @@ def server_argv(host: str, port: int, *, workers: int, graceful_timeout: int = 3
               show_default=True, help="Seconds in-flight requests get on stop or reload.")
 def serve(host: str, port: int, workers: int | None, graceful_timeout: int) -> None:
     """Serve the API (envelope, console, event streams) with several worker processes."""
-    from compute.pg import require_database_url
+    from compute.core.pg import require_database_url
 
     config.export("DATABASE_URL", require_database_url())
-    config.export_default("DJANGO_SETTINGS_MODULE", "compute.settings")
+    config.export_default("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     count = workers or default_workers()
     click.echo(f"serving the API on http://{host}:{port} with {count} worker processes "
                "(HUP reloads, TERM drains)", err=True)

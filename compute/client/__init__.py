@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from compute import config
 from compute.client.methods import GROUPS, Events
 from compute.client.transport import ApiError, ClientError, Transport
+from compute.core import config
 
 __all__ = ["ApiError", "Client", "ClientError"]
 

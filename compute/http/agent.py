@@ -16,7 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 from compute.http.edge import new_request_id, respond
 from fleet.services.join import Hardware, join_redeem, node_certificate_renew
 

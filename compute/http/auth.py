@@ -12,11 +12,11 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from compute.errors import CsrfHeaderMissing, PermissionDenied, Unauthenticated
+from compute.core.errors import CsrfHeaderMissing, PermissionDenied, Unauthenticated
 from compute.http.fair import learn
-from compute.iam.refusals import authentication_failed, authentication_throttled
-from compute.tenancy.models import Principal
-from compute.tenancy.selectors import (
+from compute.platform.iam.refusals import authentication_failed, authentication_throttled
+from compute.platform.tenancy.models import Principal
+from compute.platform.tenancy.selectors import (
     principal_for_token,
     principal_for_token_id,
     principal_for_user,
@@ -46,7 +46,7 @@ def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any
                  user: Any = None, address: str = "") -> Principal:
     """The caller named by `Authorization: Bearer biam_…`, else by a console session whose
     request carries the CSRF header. `headers` match case-insensitively. A bad token counts
-    against its source `address` (compute.iam.refusals): past the limit, 429."""
+    against its source `address` (compute.platform.iam.refusals): past the limit, 429."""
     lowered = {key.lower(): value for key, value in headers.items()}
     header = lowered.get("authorization", "")
     if header:

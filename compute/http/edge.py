@@ -25,10 +25,9 @@ from rest_framework import exceptions as drf_exceptions
 
 from audit.context import CallStamp, stamped
 from bcd.contract import ids
-from compute import iam
-from compute.api.registry import Resource
-from compute.db import connection_lost, constraint_name
-from compute.errors import (
+from compute.core.api.registry import Resource
+from compute.core.db import connection_lost, constraint_name
+from compute.core.errors import (
     ComputeError,
     InvalidArgument,
     NotFound,
@@ -36,9 +35,10 @@ from compute.errors import (
     Unavailable,
 )
 from compute.http.auth import authenticate
-from compute.iam.refusals import refusal_recorded
-from compute.tenancy.models import Principal, Tenant
-from compute.tenancy.selectors import tenant_resolve
+from compute.platform import iam
+from compute.platform.iam.refusals import refusal_recorded
+from compute.platform.tenancy.models import Principal, Tenant
+from compute.platform.tenancy.selectors import tenant_resolve
 from reservations.constraints import LEDGER_CONSTRAINTS
 
 logger = logging.getLogger("compute.http")
@@ -91,7 +91,8 @@ def probe_recorded(principal: Principal, *, request_id: str, action: str, target
 
 
 def decide_once(who: Caller, action: str, resource: Resource) -> CallStamp:
-    """The request's one IAM decision (compute.iam.decide_or_refuse, in the caller's tenant)."""
+    """The request's one IAM decision (compute.platform.iam.decide_or_refuse, in the
+    caller's tenant)."""
     return iam.decide_or_refuse(who.principal, action, resource, tenant_id=who.tenant.id,
                                 request_id=who.request_id)
 

@@ -14,10 +14,11 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from audit.context import stamped
-from compute.api.inputs import Input, first_error
-from compute.api.registry import REGISTRY, CallContext, Endpoint
-from compute.db import connection_lost
-from compute.errors import InvalidArgument, NotFound
+from compute.core.api.inputs import Input, first_error
+from compute.core.api.registry import REGISTRY, CallContext, Endpoint
+from compute.core.db import connection_lost
+from compute.core.errors import InvalidArgument, NotFound
+from compute.core.metrics import API_REQUESTS, API_SECONDS
 from compute.http.auth import authenticate
 from compute.http.edge import (
     CALLER,
@@ -28,9 +29,8 @@ from compute.http.edge import (
     probe_recorded,
     respond,
 )
-from compute.iam.calls import call_slot
-from compute.metrics import API_REQUESTS, API_SECONDS
-from compute.tenancy.models import Principal
+from compute.platform.iam.calls import call_slot
+from compute.platform.tenancy.models import Principal
 
 REQUESTS_LOG = logging.getLogger("compute.requests")
 

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 
-from compute.errors import TooManyRequests
+from compute.core.errors import TooManyRequests
 
 Slot = TypeVar("Slot")
 LEARNED: OrderedDict[str, str] = OrderedDict()  # token id -> tenant id, newest last

@@ -5,7 +5,7 @@ connection to Postgres sets the events of a tenant's watchers when a commit in t
 notifies. If the connection drops, the hub reconnects with backoff and wakes every watcher,
 which re-reads from its cursor, so nothing is lost. Watchers are counted per process here
 (past the limit a new stream is refused, 429), and per caller and per tenant across every
-process by their leases (compute.iam.streams), so no one can take every stream.
+process by their leases (compute.platform.iam.streams), so no one can take every stream.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from compute.db import listen_forever
-from compute.errors import TooManyRequests
+from compute.core.db import listen_forever
+from compute.core.errors import TooManyRequests
 
 CHANNEL = "bc_events"
 

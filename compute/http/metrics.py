@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from compute.queue.models import WorkItem
+from compute.platform.queue.models import WorkItem
 from reservations.ledger import Reservation
 
 _RESERVATIONS, _WORK = Reservation._meta.db_table, WorkItem._meta.db_table

@@ -8,9 +8,9 @@ from django.core.validators import RegexValidator
 from django.http import HttpRequest, JsonResponse
 from rest_framework import fields, serializers
 
-from compute.api.inputs import Input, PublicIdField
-from compute.api.registry import REGISTRY
-from compute.errors import all_error_classes
+from compute.core.api.inputs import Input, PublicIdField
+from compute.core.api.registry import REGISTRY
+from compute.core.errors import all_error_classes
 
 _SCALARS: list[tuple[type, dict[str, Any]]] = [
     (fields.BooleanField, {"type": "boolean"}),
@@ -152,7 +152,7 @@ def build_document() -> dict[str, Any]:
                 "schema": input_schema(ep.input, with_tenant=True)}}},
             "responses": responses,
         }}
-    paths["/api/compute/events/watch"] = {"get": _watch_operation(error_ref, statuses)}
+    paths["/api/compute/platform/events/watch"] = {"get": _watch_operation(error_ref, statuses)}
     return {
         "openapi": "3.0.3",
         "info": {"title": "better-compute API", "version": "1"},
@@ -167,7 +167,7 @@ def build_document() -> dict[str, Any]:
 
 
 def _watch_operation(error_ref: dict[str, Any], statuses: list[int]) -> dict[str, Any]:
-    from compute.events.serializers import EVENT  # a model module: imported once apps load
+    from compute.platform.events.serializers import EVENT  # a model module: imported once apps load
 
     return {
         "operationId": "events.watch",

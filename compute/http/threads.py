@@ -26,7 +26,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from compute.errors import ComputeError, PayloadTooLarge, RequestTimeout
+from compute.core.errors import ComputeError, PayloadTooLarge, RequestTimeout
 from compute.http.edge import new_request_id, send_error
 from compute.http.fair import FairSlots, request_key
 

@@ -1,4 +1,4 @@
-"""GET /api/compute/events/watch?types=node.*,reservation.*&since=N: a live event stream.
+"""GET /api/compute/platform/events/watch?types=node.*,reservation.*&since=N: a live event stream.
 
 One JSON line per event, in sequence order, after `since`; authenticated and decided once
 by IAM (`events.watch`) at the same edge as the envelope. New events arrive through
@@ -25,17 +25,17 @@ from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections
 
-from compute.api.registry import Resource
-from compute.errors import InvalidArgument, Unauthenticated
-from compute.events.selectors import event_list
-from compute.events.serializers import present_event
-from compute.events.types import parse_type_globs
+from compute.core.api.registry import Resource
+from compute.core.errors import InvalidArgument, Unauthenticated
 from compute.http.auth import session_principal
 from compute.http.edge import caller, decide_once, new_request_id, send_error
 from compute.http.hub import HUB
-from compute.iam.streams import stream_lease_drop, stream_lease_renew, stream_lease_take
-from compute.tenancy.models import Tenant
-from compute.tenancy.selectors import principal_for_token
+from compute.platform.events.selectors import event_list
+from compute.platform.events.serializers import present_event
+from compute.platform.events.types import parse_type_globs
+from compute.platform.iam.streams import stream_lease_drop, stream_lease_renew, stream_lease_take
+from compute.platform.tenancy.models import Tenant
+from compute.platform.tenancy.selectors import principal_for_token
 
 logger = logging.getLogger("compute.http")
 KEEPALIVE_SECONDS = 15.0
@@ -111,7 +111,7 @@ def _page(tenant: Tenant, types: str, since: int) -> list[dict[str, Any]]:
 
 
 async def events_watch(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The ASGI app (mounted by compute.asgi through Channels' router)."""
+    """The ASGI app (mounted by compute.project.asgi through Channels' router)."""
     request_id = new_request_id()
     headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
     query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}

@@ -8,8 +8,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import Input, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
+from compute.core.api.inputs import Input, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
 from fleet import serializers as wire
 from fleet.api.nodes import NODE, NodeIdIn
 from fleet.events import FleetEvent

@@ -7,10 +7,10 @@ from typing import Any
 from rest_framework import serializers
 
 from bcd.contract.vms import SHA256, URL
-from compute.api.inputs import Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import page_of
-from compute.paging import page
+from compute.core.api.inputs import Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import page_of
+from compute.platform.paging import page
 from fleet import serializers as wire
 from fleet.events import FleetEvent
 from fleet.selectors import access_image_by_id, access_pool_by_id, image_list

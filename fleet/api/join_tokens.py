@@ -7,10 +7,10 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import STRING, extended, page_of
-from compute.paging import page
+from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import STRING, extended, page_of
+from compute.platform.paging import page
 from fleet.events import FleetEvent
 from fleet.selectors import access_join_token_by_id, access_pool_by_id, join_token_list
 from fleet.serializers import JOIN_TOKEN, present_join_token

@@ -6,12 +6,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import array, extended, items_of, page_of
-from compute.events.selectors import event_list
-from compute.events.serializers import EVENT, present_event
-from compute.paging import page
+from compute.core.api.inputs import Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import array, extended, items_of, page_of
+from compute.platform.events.selectors import event_list
+from compute.platform.events.serializers import EVENT, present_event
+from compute.platform.paging import page
 from fleet import serializers as wire
 from fleet.events import FleetEvent
 from fleet.selectors import access_node_by_id, node_list

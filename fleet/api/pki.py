@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from compute.api.inputs import Input
-from compute.api.registry import CallContext, endpoint
-from compute.api.shapes import STRING, obj
+from compute.core.api.inputs import Input
+from compute.core.api.registry import CallContext, endpoint
+from compute.core.api.shapes import STRING, obj
 from fleet.pki import pki
 
 

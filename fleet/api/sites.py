@@ -6,10 +6,10 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import page_of
-from compute.paging import page
+from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import page_of
+from compute.platform.paging import page
 from fleet import serializers as wire
 from fleet.events import FleetEvent
 from fleet.models import Site

@@ -6,7 +6,7 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-import compute.fields
+import compute.core.fields
 
 
 class Migration(migrations.Migration):
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Site',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('site',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('site',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('kind', models.CharField(choices=[('shared', 'Shared'), ('dedicated', 'Dedicated')], max_length=16)),
                 ('region', models.CharField(max_length=63)),
                 ('name', models.CharField(blank=True, max_length=200)),
@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Pool',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('pool',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('pool',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('name', models.CharField(blank=True, max_length=200)),
                 ('pool_class', models.CharField(choices=[('metal-host', 'bare-metal hosts whose GPUs are reserved as holds'), ('cpu-host', 'hosts whose vCPUs and memory run sandboxes')], max_length=16)),
                 ('gpu_model', models.CharField(blank=True, max_length=63)),

@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='nodespec',
             name='txid',
-            field=models.BigIntegerField(editable=False, help_text="The writing transaction's id (see compute.db).", null=True),
+            field=models.BigIntegerField(editable=False, help_text="The writing transaction's id (see compute.core.db).", null=True),
         ),
         migrations.AddIndex(
             model_name='nodespec',

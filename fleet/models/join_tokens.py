@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from compute.fields import id_field
+from compute.core.fields import id_field
 
 
 class JoinToken(models.Model):

@@ -19,7 +19,7 @@ class NodeSpec(models.Model):
                                         "key (bcd.contract.signed), as relayed to the node.")
     created_at = models.DateTimeField(default=timezone.now)
     txid = models.BigIntegerField(null=True, editable=False,
-                                  help_text="The writing transaction's id (see compute.db).")
+                                  help_text="The writing transaction's id (see compute.core.db).")
 
     class Meta:
         ordering = ["node", "generation"]

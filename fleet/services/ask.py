@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from compute.errors import Unavailable
+from compute.core.errors import Unavailable
 from fleet.models import CommandState, NodeCommand
 from fleet.services.specs import command_create, desired_state_changed
 

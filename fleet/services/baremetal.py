@@ -21,9 +21,9 @@ from audit.sealing import SealedSecret, seal, unseal
 from audit.services import audit_record, audited
 from bcd.contract.bmc import CREDENTIALS_USE, BadBmcAddress, BmcAddress, parse_bmc
 from bcd.contract.crypto import jwe_seal
-from compute.db import database_now
-from compute.errors import AlreadyExists, InvalidArgument, InvalidState
-from compute.tenancy.models import Principal, Tenant
+from compute.core.db import database_now
+from compute.core.errors import AlreadyExists, InvalidArgument, InvalidState
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import JoinToken, Node, NodeCommand, NodeRole, ProvisionState
 from fleet.selectors import access_node_by_id, access_pool_by_id

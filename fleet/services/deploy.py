@@ -21,10 +21,10 @@ from django.db import transaction
 from django.db.models import Q
 
 from audit.services import audit_record, audited
-from compute import secrets
-from compute.db import database_now
-from compute.errors import InvalidArgument, InvalidState, NotFound
-from compute.tenancy.models import Principal, Tenant
+from compute.core import secrets
+from compute.core.db import database_now
+from compute.core.errors import InvalidArgument, InvalidState, NotFound
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import CommandState, Image, JoinToken, Node, NodeCommand, ProvisionState
 from fleet.selectors import latest_spec

@@ -4,9 +4,9 @@ accept it only if its sha256 matches."""
 from __future__ import annotations
 
 from audit.services import audit_record, audited
-from compute.errors import AlreadyExists, InvalidState
-from compute.events.services import event_emit
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import AlreadyExists, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import Image
 from fleet.selectors import access_image_by_id, access_pool_by_id

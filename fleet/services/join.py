@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives import serialization
 from audit.services import audit_denied, audit_record, audited
 from bcd.contract.bmc import same_uuid
 from bcd.contract.crypto import BadJwe, jwe_open, public_pem, sign_document, spki_pin
-from compute import secrets
-from compute.db import database_now
-from compute.errors import ComputeError, InvalidState
-from compute.tenancy.selectors import root_tenant
+from compute.core import secrets
+from compute.core.db import database_now
+from compute.core.errors import ComputeError, InvalidState
+from compute.platform.tenancy.selectors import root_tenant
 from fleet.models import JoinToken, Node, NodeRole, ProvisionState, SpentSeal
 from fleet.pki import issue_node_certificate, pki, spiffe_id
 from fleet.services.deploy import deploy_join_locked

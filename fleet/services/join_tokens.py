@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from audit.services import audit_record, audited
-from compute import secrets
-from compute.db import database_now
-from compute.errors import InvalidArgument, InvalidState
-from compute.events.services import event_emit
-from compute.idempotency import idempotent_lookup, idempotent_remember
-from compute.tenancy.models import Principal, Tenant
+from compute.core import secrets
+from compute.core.db import database_now
+from compute.core.errors import InvalidArgument, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.idempotency import idempotent_lookup, idempotent_remember
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import JoinToken
 from fleet.selectors import access_join_token_by_id, access_pool_by_id

@@ -12,8 +12,8 @@ from typing import Any
 from django.utils import timezone
 
 from audit.services import audit_record, audited
-from compute.errors import InvalidState
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import InvalidState
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import (
     CommandState,

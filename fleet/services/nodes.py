@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from audit.services import audit_record, audited
 from bcd.contract.holds import share_uuid
-from compute.errors import Conflict, InvalidState
-from compute.events.services import event_emit
-from compute.events.types import EventType
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import Conflict, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.events.types import EventType
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.inventory import GpuReport, InventoryReport
 from fleet.models import (

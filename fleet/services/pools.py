@@ -3,10 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from audit.services import audit_record, audited
-from compute.errors import InvalidArgument
-from compute.events.services import event_emit
-from compute.idempotency import idempotent_lookup, idempotent_remember
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import InvalidArgument
+from compute.platform.events.services import event_emit
+from compute.platform.idempotency import idempotent_lookup, idempotent_remember
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import Pool, PoolClass
 from fleet.selectors import access_site_by_id

@@ -21,7 +21,7 @@ from django.utils import timezone
 from audit.services import audit_denied, audit_exempt, audit_record, audited
 from bcd.contract.crypto import verify_bytes
 from bcd.contract.reports import REPORT_KINDS, statement
-from compute.db import database_now
+from compute.core.db import database_now
 from fleet.events import FleetEvent
 from fleet.inventory import parse_inventory
 from fleet.models import CommandState, Connectivity, Node, NodeCommand, ReportInbox

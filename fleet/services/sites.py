@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from audit.services import audit_record, audited
-from compute.errors import PermissionDenied
-from compute.events.services import event_emit
-from compute.idempotency import idempotent_lookup, idempotent_remember
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import PermissionDenied
+from compute.platform.events.services import event_emit
+from compute.platform.idempotency import idempotent_lookup, idempotent_remember
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
 from fleet.models import Site
 

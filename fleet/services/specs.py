@@ -12,7 +12,7 @@ from django.db import connection
 
 from bcd.contract.crypto import sign_document
 from bcd.contract.signed import command_payload, spec_payload
-from compute.db import CURRENT_TXID
+from compute.core.db import CURRENT_TXID
 from fleet.models import Node, NodeCommand, NodeSpec
 from fleet.pki import pki
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from django.db import transaction
 
-from compute.db import database_now
-from compute.errors import InvalidArgument
+from compute.core.db import database_now
+from compute.core.errors import InvalidArgument
 from fleet.models import Device, DeviceClass, GpuSample, Node
 from fleet.services.sessions import StaleSession, report_claim
 from fleet.work import node_telemetry_recorded

@@ -6,9 +6,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import Input, PublicIdField
-from compute.api.registry import CallContext, endpoint
-from compute.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
+from compute.core.api.inputs import Input, PublicIdField
+from compute.core.api.registry import CallContext, endpoint
+from compute.core.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
 from reservations.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_kwargs
 from reservations.capacity import capacity_earliest as earliest

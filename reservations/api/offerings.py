@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from compute.api.inputs import ListInput
-from compute.api.registry import CallContext, endpoint
-from compute.api.shapes import page_of
-from compute.paging import page
+from compute.core.api.inputs import ListInput
+from compute.core.api.registry import CallContext, endpoint
+from compute.core.api.shapes import page_of
+from compute.platform.paging import page
 from reservations.selectors import offering_list
 from reservations.serializers import OFFERING, present_offering
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import page_of
-from compute.paging import page
-from compute.tenancy.selectors import tenant_by_ref
+from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import page_of
+from compute.platform.paging import page
+from compute.platform.tenancy.selectors import tenant_by_ref
 from fleet.events import FleetEvent
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id, pool_list

@@ -6,11 +6,11 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import STRING, array, nullable, obj, page_of
-from compute.errors import InvalidState
-from compute.paging import page
+from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import STRING, array, nullable, obj, page_of
+from compute.core.errors import InvalidState
+from compute.platform.paging import page
 from fleet.services.ask import node_ask
 from reservations import selectors
 from reservations import serializers as wire

@@ -6,11 +6,11 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import Input, ListInput, PublicIdField
-from compute.api.registry import CallContext, Subject, endpoint
-from compute.api.shapes import page_of
-from compute.errors import InvalidArgument
-from compute.paging import page
+from compute.core.api.inputs import Input, ListInput, PublicIdField
+from compute.core.api.registry import CallContext, Subject, endpoint
+from compute.core.api.shapes import page_of
+from compute.core.errors import InvalidArgument
+from compute.platform.paging import page
 from reservations import selectors
 from reservations import serializers as wire
 from reservations.api.pools import pool_subject

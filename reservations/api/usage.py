@@ -6,10 +6,10 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.api.inputs import ListInput
-from compute.api.registry import CallContext, endpoint
-from compute.api.shapes import page_of
-from compute.paging import page
+from compute.core.api.inputs import ListInput
+from compute.core.api.registry import CallContext, endpoint
+from compute.core.api.shapes import page_of
+from compute.platform.paging import page
 from reservations import selectors
 from reservations.serializers import USAGE, present_usage
 

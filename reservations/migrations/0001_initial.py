@@ -6,7 +6,7 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-import compute.fields
+import compute.core.fields
 
 
 class Migration(migrations.Migration):
@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Offering',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('off',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('off',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('pool', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='offerings', to='fleet.pool')),

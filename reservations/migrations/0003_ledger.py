@@ -7,7 +7,7 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-import compute.fields
+import compute.core.fields
 
 
 class Migration(migrations.Migration):
@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Reservation',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('rsv',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('rsv',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('state', models.CharField(choices=[('pending', 'Pending'), ('placed', 'Placed'), ('binding', 'Binding'), ('active', 'Active'), ('released', 'Released'), ('cancelled', 'Cancelled'), ('failed', 'Failed')], db_index=True, default='pending', max_length=16)),
                 ('gpu_count', models.PositiveSmallIntegerField()),
                 ('topology', models.CharField(choices=[('any', 'Any'), ('nvlink-all', 'Nvlink All')], default='any', max_length=16)),
@@ -50,7 +50,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Allocation',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('alloc',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('alloc',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('vcpus', models.PositiveIntegerField(default=0)),
                 ('memory_gib', models.PositiveIntegerField(default=0)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
@@ -65,7 +65,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Sandbox',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('sbx',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('sbx',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('name', models.CharField(blank=True, max_length=200)),
                 ('vcpus', models.PositiveIntegerField()),
                 ('memory_gib', models.PositiveIntegerField()),
@@ -83,7 +83,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='UsageRecord',
             fields=[
-                ('id', models.CharField(default=functools.partial(compute.fields._new_id, *('use',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=functools.partial(compute.core.fields._new_id, *('use',), **{}), editable=False, max_length=32, primary_key=True, serialize=False)),
                 ('subject', models.CharField(max_length=32)),
                 ('meter', models.CharField(max_length=64)),
                 ('quantity', models.DecimalField(decimal_places=6, max_digits=18)),

@@ -20,9 +20,9 @@ from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
 from bcd.contract.holds import Hold
 from bcd.holds import Claims
-from compute.db import database_now
-from compute.events.services import event_emit
-from compute.metrics import BIND_SECONDS
+from compute.core.db import database_now
+from compute.core.metrics import BIND_SECONDS
+from compute.platform.events.services import event_emit
 from fleet.models import Connectivity, Device, DeviceClass, Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked

@@ -14,18 +14,18 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_exempt, audit_record, audited
-from compute.db import (
+from compute.core.db import (
     constraint_errors,
     database_now,
     insert_row,
     known_related,
     prepared_cursor,
 )
-from compute.errors import CapacityConflict, InvalidArgument
-from compute.events.services import event_emit
-from compute.idempotency import idempotent_lookup, idempotent_remember
-from compute.queue.work import enqueue
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import CapacityConflict, InvalidArgument
+from compute.platform.events.services import event_emit
+from compute.platform.idempotency import idempotent_lookup, idempotent_remember
+from compute.platform.queue.work import enqueue
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import DeviceClass, Pool, PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (

@@ -6,8 +6,8 @@ A reservation that holds the GPU now is flagged, never moved behind its user's b
 from __future__ import annotations
 
 from audit.services import audit_record, audited
-from compute.db import database_now
-from compute.events.services import event_emit
+from compute.core.db import database_now
+from compute.platform.events.services import event_emit
 from fleet.models import Device
 from reservations.events import ReservationEvent
 from reservations.ledger import Reservation, ReservationState

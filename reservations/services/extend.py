@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from audit.services import audit_record, audited
-from compute.db import constraint_errors, database_now
-from compute.errors import CapacityConflict, InvalidArgument, InvalidState
-from compute.events.services import event_emit
-from compute.tenancy.models import Principal, Tenant
+from compute.core.db import constraint_errors, database_now
+from compute.core.errors import CapacityConflict, InvalidArgument, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Principal, Tenant
 from reservations.candidates import window
 from reservations.constraints import (
     LEDGER_CONSTRAINTS,

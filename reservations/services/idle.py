@@ -16,8 +16,8 @@ from typing import Any
 from django.db import connection
 
 from audit.services import audit_record, audited
-from compute.db import database_now
-from compute.events.services import event_emit
+from compute.core.db import database_now
+from compute.platform.events.services import event_emit
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
 from reservations.ledger import Reservation, ReservationState

@@ -17,10 +17,10 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Exists, OuterRef
 
 from audit.services import audit_record, audited
-from compute.db import constraint_errors, database_now
-from compute.errors import CapacityConflict, InvalidState
-from compute.events.services import event_emit
-from compute.tenancy.models import Principal, Tenant
+from compute.core.db import constraint_errors, database_now
+from compute.core.errors import CapacityConflict, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import Device, DeviceClass, Node
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_event

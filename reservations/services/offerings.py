@@ -5,9 +5,9 @@ from typing import Any
 from django.utils import timezone
 
 from audit.services import audit_record, audited
-from compute.errors import InvalidArgument, InvalidState
-from compute.events.services import event_emit
-from compute.tenancy.models import Principal, Tenant
+from compute.core.errors import InvalidArgument, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.events import ReservationEvent

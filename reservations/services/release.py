@@ -7,10 +7,10 @@ from datetime import datetime
 from django.db import connection
 
 from audit.services import audit_record, audited
-from compute.db import database_now
-from compute.errors import InvalidState
-from compute.events.services import event_emit
-from compute.tenancy.models import Principal, Tenant
+from compute.core.db import database_now
+from compute.core.errors import InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from audit.services import audit_record, audited
-from compute.db import database_now
-from compute.events.services import event_emit
-from compute.events.types import EventType
+from compute.core.db import database_now
+from compute.platform.events.services import event_emit
+from compute.platform.events.types import EventType
 from fleet.models import Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked

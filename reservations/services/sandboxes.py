@@ -16,11 +16,11 @@ from django.db.models import F, Q
 
 from audit.services import audit_record, audited
 from bcd.contract.vms import ImagePart, Vm
-from compute.db import database_now
-from compute.errors import CapacityConflict, InvalidArgument, InvalidState
-from compute.events.services import event_emit
-from compute.idempotency import idempotent_lookup, idempotent_remember
-from compute.tenancy.models import Principal, Tenant
+from compute.core.db import database_now
+from compute.core.errors import CapacityConflict, InvalidArgument, InvalidState
+from compute.platform.events.services import event_emit
+from compute.platform.idempotency import idempotent_lookup, idempotent_remember
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Image, Node, Pool
 from fleet.selectors import access_pool_by_id
 from fleet.services.specs import node_spec_change_locked

@@ -15,10 +15,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
 from audit.services import audit_record, audited
-from compute.db import database_now
-from compute.errors import InvalidArgument, InvalidState, LimitExceeded, QuotaExceeded
-from compute.events.services import event_emit
-from compute.tenancy.models import Principal, Tenant
+from compute.core.db import database_now
+from compute.core.errors import InvalidArgument, InvalidState, LimitExceeded, QuotaExceeded
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Principal, Tenant
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import MAX_START_AHEAD, instant
 from reservations.device_filter import parse_selector

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from compute.api.registry import REGISTRY
+from compute.core.api.registry import REGISTRY
 from fleet.models import Node
 from tests.factories import make_node, make_provisioner
 from tests.support.writes import recorded

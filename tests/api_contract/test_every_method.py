@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from audit.models import AuditEvent
-from compute.api.inputs import PublicIdField
-from compute.api.registry import REGISTRY
+from compute.core.api.inputs import PublicIdField
+from compute.core.api.registry import REGISTRY
 from tests.factories import IMAGE_PART, make_node, with_default_image
 
 # Extra fields a method needs besides `id` to get past validation.

@@ -11,7 +11,7 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from audit.models import AuditEvent
-from compute.tenancy.services import user_create
+from compute.platform.tenancy.services import user_create
 from fleet.models import Node
 from tests.factories import make_node
 from tests.reservations.conftest import reserve

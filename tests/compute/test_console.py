@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.test import Client
 
-from compute.tenancy.models import ApiToken
+from compute.platform.tenancy.models import ApiToken
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
 

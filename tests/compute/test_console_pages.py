@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from compute.http.console.pages import gpu_hours_chart
-from compute.tenancy.services import user_create
+from compute.platform.tenancy.services import user_create
 from reservations.models import Reservation, UsageRecord
 from tests.compute.test_console import signed_in
 from tests.factories import make_node
@@ -154,7 +154,7 @@ def test_signing_out_ends_the_session_for_the_envelope_too(root, root_token, poo
 
 @pytest.mark.parametrize("meter", ["gpu.H100.hours"])
 def test_the_usage_chart_sums_gpu_hours_per_day(root, root_token, meter):
-    from compute.tenancy.models import Tenant
+    from compute.platform.tenancy.models import Tenant
 
     tenant = Tenant.objects.get(slug="root")
     day = timezone.now().replace(hour=1, minute=0, second=0, microsecond=0)

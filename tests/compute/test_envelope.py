@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from compute.iam import _backend
-from compute.tenancy.models import ApiToken, Principal
+from compute.platform.iam import _backend
+from compute.platform.tenancy.models import ApiToken, Principal
 from tests.support.iam import CountingIAM
 from tests.support.writes import assert_wrote
 
@@ -175,7 +175,7 @@ def test_session_request_needs_the_csrf_header(client, root):
 
 
 def test_unexpected_exception_is_500_without_a_stack_trace(root, monkeypatch):
-    from compute.api import registry
+    from compute.core.api import registry
 
     endpoint = registry.REGISTRY[("system", "whoami")]
 
@@ -238,7 +238,7 @@ def test_a_start_beyond_the_horizon_is_400_not_an_overflow(root, pool):
 
 
 def test_bootstrap_and_tenant_creation_write_one_row_each(db):
-    from compute.tenancy.services import root_bootstrap
+    from compute.platform.tenancy.services import root_bootstrap
 
     with assert_wrote(audit="root.bootstrap", events=["token.created"]):
         minted = root_bootstrap()

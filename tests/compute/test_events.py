@@ -10,9 +10,9 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from compute.events.selectors import event_list
-from compute.events.services import event_emit
-from compute.tenancy.models import Tenant
+from compute.platform.events.selectors import event_list
+from compute.platform.events.services import event_emit
+from compute.platform.tenancy.models import Tenant
 from fleet.events import FleetEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

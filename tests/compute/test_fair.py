@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from compute.errors import TooManyRequests
+from compute.core.errors import TooManyRequests
 from compute.http.fair import FairSlots, learn, request_key
 
 

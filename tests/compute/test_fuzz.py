@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from compute.api.registry import REGISTRY
+from compute.core.api.registry import REGISTRY
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "6"))  # per method and mode; raise it locally
 # for a longer campaign

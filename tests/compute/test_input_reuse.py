@@ -7,8 +7,8 @@ import pytest
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from compute.api.registry import REGISTRY
-from compute.errors import InvalidArgument
+from compute.core.api.registry import REGISTRY
+from compute.core.errors import InvalidArgument
 from compute.http.envelope import validate
 
 MUTABLE = (list, dict, set, bytearray)

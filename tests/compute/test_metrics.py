@@ -54,8 +54,8 @@ def assert_queue_series(client) -> None:
     from django.db.models import Count
     from django.utils import timezone
 
-    from compute.queue.models import WorkItem
-    from compute.queue.work import enqueue
+    from compute.platform.queue.models import WorkItem
+    from compute.platform.queue.work import enqueue
 
     enqueue("test.metrics", "x")
     due = dict(WorkItem.objects.filter(due_at__lte=timezone.now()).values_list("kind")
@@ -130,7 +130,7 @@ def test_a_call_while_the_database_is_down_is_unavailable_not_a_500(root, embedd
 def test_a_read_whose_session_the_server_killed_is_run_again_a_write_is_not(root):
     from django.db import connection
 
-    from compute.db import conninfo
+    from compute.core.db import conninfo
 
     def kill_the_session() -> None:
         with connection.cursor() as cursor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from compute import pg
+from compute.core import pg
 
 
 def test_a_saved_copy_starts_as_a_new_server_holding_what_the_first_held(tmp_path):

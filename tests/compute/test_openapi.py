@@ -1,6 +1,6 @@
 from openapi_spec_validator import validate
 
-from compute.api.registry import REGISTRY
+from compute.core.api.registry import REGISTRY
 
 
 def test_openapi_document_lists_every_method_and_validates(client, db):

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from compute.db import conninfo
-from compute.dburl import networked, parse_database_url
+from compute.core.db import conninfo
+from compute.core.dburl import networked, parse_database_url
 
 
 def test_several_hosts_and_every_libpq_parameter_reach_both_connections():
@@ -54,10 +54,11 @@ SETTINGS_SHOWN = ["-c", "import django; django.setup(); from django.db import co
 @pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="needs the embedded server")
 def test_prepared_statements_are_planned_once_and_the_urls_own_options_stay(embedded_postgres):
     url = embedded_postgres.url + "&options=-c%20statement_timeout%3D7s"
-    prepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.settings", DATABASE_URL=url)
+    prepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.project.settings",
+                   DATABASE_URL=url)
     assert prepared.stdout.split() == ["force_generic_plan", "7s"], prepared.stderr[-2000:]
     # Without prepared statements (a pooler that cannot follow them) the option is not sent.
-    unprepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.settings",
+    unprepared = run(SETTINGS_SHOWN, DJANGO_SETTINGS_MODULE="compute.project.settings",
                      DATABASE_URL=url, BETTER_COMPUTE_DB_PREPARE="0")
     assert unprepared.stdout.split() == ["auto", "7s"], unprepared.stderr[-2000:]
 
@@ -70,7 +71,7 @@ def run(code: list[str], **env: str) -> subprocess.CompletedProcess[str]:
 
 
 SETUP = ["-c", "import django; django.setup(); print('configured')"]
-REMOTE = {"DJANGO_SETTINGS_MODULE": "compute.settings",
+REMOTE = {"DJANGO_SETTINGS_MODULE": "compute.project.settings",
           "DATABASE_URL": "postgresql://app@db.example.com:5432/ledger"}
 
 
@@ -85,7 +86,7 @@ def test_a_database_on_the_network_requires_the_shared_secrets(tmp_path):
     both = run(SETUP, **REMOTE, BETTER_COMPUTE_SECRET_KEY_FILE=str(tmp_path / "secret"),
                BETTER_COMPUTE_KEK_FILE=str(tmp_path / "kek"))
     assert both.stdout.strip() == "configured", both.stderr
-    local = run(SETUP, DJANGO_SETTINGS_MODULE="compute.settings",
+    local = run(SETUP, DJANGO_SETTINGS_MODULE="compute.project.settings",
                 BETTER_COMPUTE_HOME=str(tmp_path / "home"),
                 DATABASE_URL="postgresql://postgres@/db?host=/run/postgresql")
     assert local.stdout.strip() == "configured", local.stderr  # one host: made locally

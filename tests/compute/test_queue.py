@@ -13,8 +13,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from compute.queue.models import ShardLease, WorkItem
-from compute.queue.work import enqueue, shard_of
+from compute.platform.queue.models import ShardLease, WorkItem
+from compute.platform.queue.work import enqueue, shard_of
 from tests.support.processes import database_url
 from tests.support.waiting import wait_until
 
@@ -24,7 +24,7 @@ LEASE = 2.0
 
 def start_worker() -> subprocess.Popen:
     env = {**os.environ, "DATABASE_URL": database_url(),
-           "DJANGO_SETTINGS_MODULE": "compute.settings"}
+           "DJANGO_SETTINGS_MODULE": "compute.project.settings"}
     return subprocess.Popen(
         [sys.executable, "-m", "django", "bc_worker", "--loop", "--interval", "0.05",
          "--lease", str(LEASE), "--import", "tests.support.slow_handler"],

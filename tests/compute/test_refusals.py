@@ -50,7 +50,7 @@ def test_past_its_burst_a_prober_gets_429_and_its_log_stops_growing(root, acme, 
 
 
 def test_the_bucket_refills_with_time(root, burst):
-    from compute.iam.refusals import RefusalBudget
+    from compute.platform.iam.refusals import RefusalBudget
 
     globex = root.new_tenant("globex", role="viewer")
     for _ in range(burst + 1):

@@ -4,7 +4,7 @@ from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
 from audit.models import Checkpoint
-from compute.schedules import SCHEDULES, install_schedules
+from compute.platform.schedules import SCHEDULES, install_schedules
 
 
 def test_every_dotted_path_resolves():

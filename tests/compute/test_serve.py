@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from compute.tenancy.services import root_bootstrap
+from compute.platform.tenancy.services import root_bootstrap
 from tests.support.processes import database_url, free_port
 from tests.support.waiting import wait_until
 

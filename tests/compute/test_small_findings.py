@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from audit.models import AuditEvent
-from compute.tenancy.models import Principal
+from compute.platform.tenancy.models import Principal
 
 
 def test_only_admins_list_tokens(root, acme):

@@ -209,7 +209,7 @@ def open_streams(watchers: list[Watcher]) -> list[int]:
 
 def test_one_tenant_cannot_take_every_stream_and_the_limits_hold_across_processes(
         root, acme, settings):
-    from compute.iam.streams import StreamLease, stream_lease_take
+    from compute.platform.iam.streams import StreamLease, stream_lease_take
 
     settings.BC_STREAMS_PER_CALLER, settings.BC_STREAMS_PER_TENANT = 3, 5
     viewers = [acme("tokens.create", name=f"viewer-{n}", role="viewer")["token"]

@@ -302,7 +302,7 @@ def test_the_feed_resumes_after_its_stream_is_cut_with_nothing_lost_or_repeated(
 def api_pids(stack: Stack) -> list[int]:
     """The pids of the dev stack's API server (gunicorn's master and workers on its port)."""
     port = base_url(stack).rsplit(":", 1)[1]
-    found = subprocess.run(["pgrep", "-f", f"gunicorn compute.asgi:application .*:{port} "],
+    found = subprocess.run(["pgrep", "-f", f"gunicorn compute.project.asgi:application .*:{port} "],
                            capture_output=True, text=True, check=False).stdout.split()
     return [int(pid) for pid in found]
 

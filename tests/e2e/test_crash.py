@@ -64,7 +64,7 @@ def queue_command(stack, node_id, payload) -> str:
     queued = subprocess.run(
         [sys.executable, "-c", QUEUE, node_id, json.dumps(payload)], check=True,
         capture_output=True, text=True, timeout=60,
-        env={**stack.env, "DJANGO_SETTINGS_MODULE": "compute.settings"})
+        env={**stack.env, "DJANGO_SETTINGS_MODULE": "compute.project.settings"})
     return queued.stdout.strip().splitlines()[-1]
 
 
@@ -162,13 +162,13 @@ def pids_of(stack, needle: str) -> set[int]:
 
 
 def test_a_killed_api_and_worker_are_restarted_and_the_stack_keeps_working(stack):
-    api = pids_of(stack, "compute.asgi:application")  # gunicorn's master and its workers
+    api = pids_of(stack, "compute.project.asgi:application")  # gunicorn's master and its workers
     worker = sorted(pids_of(stack, "bc_worker --loop"))[0]
     assert len(api) == 1 + DEV_API_WORKERS
     for pid in api:
         os.kill(pid, signal.SIGKILL)
     os.kill(worker, signal.SIGKILL)
-    assert wait_until(lambda: len(pids_of(stack, "compute.asgi:application") - api)
+    assert wait_until(lambda: len(pids_of(stack, "compute.project.asgi:application") - api)
                       == 1 + DEV_API_WORKERS, 30)
     assert wait_until(lambda: worker not in pids_of(stack, "bc_worker --loop") and
                       len(pids_of(stack, "bc_worker --loop")) >= 2, 30)

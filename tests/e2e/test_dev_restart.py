@@ -76,7 +76,7 @@ def test_memory_runs_again_on_the_same_state_with_new_machines_and_a_spare_clust
     """A new throw-away database knows none of the machines the last `--memory` run joined:
     they join again as new ones. The run left a spare copy of the migrated cluster, which
     the next one takes instead of copying."""
-    from compute import pg
+    from compute.core import pg
 
     home = {"BETTER_COMPUTE_HOME": str(tmp_path / "home")}
     first = start_stack(tmp_path, "--sim", "1", env_extra=home)

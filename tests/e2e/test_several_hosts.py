@@ -48,7 +48,7 @@ def hosts(tmp_path):
 def start_second_host(first: Stack, tmp: Path, processes: list) -> str:
     """API, gateway, worker and two simulated nodes of a second host; the API's URL."""
     api_port, gateway_port, join_port = free_port(), free_port(), free_port()
-    env = {**first.env, "DJANGO_SETTINGS_MODULE": "compute.settings",
+    env = {**first.env, "DJANGO_SETTINGS_MODULE": "compute.project.settings",
            "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://127.0.0.1:{gateway_port}",
            "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://127.0.0.1:{join_port}",
            "BETTER_COMPUTE_LOG_LEVEL": "WARNING"}

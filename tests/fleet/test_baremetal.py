@@ -12,7 +12,7 @@ from audit.models import AuditEvent
 from audit.sealing import SealedSecret, seal, unseal
 from bcd.contract.bmc import CREDENTIALS_USE
 from bcd.contract.crypto import jwe_open
-from compute.events.models import Event
+from compute.platform.events.models import Event
 from fleet.models import Node, NodeCommand
 from fleet.services.baremetal import bmc_secret_name
 from fleet.services.lifecycle import command_outcome_unknown, command_result_locked

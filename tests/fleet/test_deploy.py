@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from audit.models import AuditEvent
 from bcd.contract.crypto import jwe_open
 from bcd.join.documents import prepare
-from compute.events.models import Event
+from compute.platform.events.models import Event
 from fleet.models import JoinToken, Node, NodeCommand
 from fleet.services.deploy import bmc_poll, deploy_time_out, machines_due
 from tests.factories import IMAGE_PART, inventory, make_provisioner, report_inventory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 from fleet.inventory import gpu_family, parse_inventory
 from fleet.models import Device, Node
 from fleet.services.nodes import InventoryRefused

@@ -14,7 +14,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from bcd.contract.crypto import jwe_seal, jwk_public_key
 from bcd.join.documents import JoinError, JoinRequest, Pins, check_wellknown, prepare, verify_answer
-from compute.iam import _backend
+from compute.platform.iam import _backend
 from fleet.models import JoinToken, Node
 from tests.support.iam import CountingIAM
 from tests.support.writes import assert_wrote

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from audit.models import AuditEvent
-from compute.events.models import Event
+from compute.platform.events.models import Event
 from fleet.models import Pool, Site
 from reservations.models import Quota
 from tests.support.writes import assert_wrote

@@ -63,7 +63,7 @@ def test_the_gateway_answers_the_standard_health_check(fleet):
 
 
 def test_a_process_serves_its_series_on_its_own_port(transactional_db):
-    from compute.metrics import serve_metrics
+    from compute.core.metrics import serve_metrics
     from tests.e2e.conftest import free_port
 
     port = free_port()

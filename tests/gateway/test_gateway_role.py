@@ -222,7 +222,7 @@ def test_a_gateway_taken_over_changes_nothing_and_its_forgeries_are_refused_and_
     import sys
 
     from audit.checkpoints import audit_verify
-    from compute.events.models import Event
+    from compute.platform.events.models import Event
     from fleet.models import Device, GpuSample, NodeCommand
     from tests.factories import inventory, open_session
 

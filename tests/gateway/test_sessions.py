@@ -187,7 +187,7 @@ def test_a_resent_report_is_acknowledged_but_not_processed_twice(fleet):
 
 
 def test_join_heartbeats_inventory_and_commands_never_call_iam(fleet, settings):
-    from compute.iam import _backend
+    from compute.platform.iam import _backend
     from tests.support.iam import CountingIAM
 
     token = fleet.api("joinTokens.create", poolId=fleet.pool["id"], ttl=3_600_000)["token"]

@@ -208,7 +208,7 @@ def test_a_failed_hold_is_placed_again_elsewhere_at_most_twice(root, pool, acme)
 def test_no_report_within_the_timeout_counts_as_a_failure(root, pool, bound):
     from django.db import connection
 
-    from compute.queue.models import WorkItem
+    from compute.platform.queue.models import WorkItem
     from reservations.reconcilers import reconcile_reservation, sweep
 
     _, node, rsv, _ = bound
@@ -233,7 +233,7 @@ def test_a_binding_waits_while_its_node_is_unreachable_and_gets_the_whole_timeou
     node's silence alone); back, it has the whole timeout again to report the hold."""
     from django.db import connection
 
-    from compute.queue.models import WorkItem
+    from compute.platform.queue.models import WorkItem
     from fleet.services.sessions import node_reconnect
     from reservations.reconcilers import reconcile_reservation, sweep
 
@@ -324,7 +324,7 @@ def test_i3_tells_what_is_on_its_way_from_what_diverged(root, bound):
     active reservation its node does not hold, is a divergence the simulator reports."""
     from datetime import timedelta
 
-    from compute.db import database_now
+    from compute.core.db import database_now
     from reservations.invariants import unconverged
 
     key, node, rsv, hold = bound

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from audit.models import AuditEvent
-from compute.events.models import Event
+from compute.platform.events.models import Event
 from fleet.models import Device, Node
 from reservations.models import Booking, Quota, Reservation
 from tests.factories import make_node, make_unreachable
@@ -199,7 +199,7 @@ def test_a_tenant_cannot_release_another_tenants_reservation(root, pool, acme):
 
 
 def test_expired_windows_are_released(root, pool):
-    from compute.queue.models import WorkItem
+    from compute.platform.queue.models import WorkItem
     from reservations.reconcilers import reconcile_reservation, sweep
 
     make_node(pool["id"])

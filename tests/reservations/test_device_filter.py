@@ -1,6 +1,6 @@
 import pytest
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 from fleet.models import Device
 from reservations.device_filter import parse_selector
 from tests.factories import make_node

@@ -13,7 +13,7 @@ import pytest
 from django.db import connections
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from compute.db import database_now
+from compute.core.db import database_now
 from fleet.models import Device, Node, Pool
 from reservations.gaps import gaps_mend
 from reservations.ledger import Allocation, Booking, Reservation
@@ -214,7 +214,7 @@ def test_at_earliest_without_a_slot_is_refused_and_writes_nothing(root, pool, t0
 def test_bookers_racing_for_the_earliest_slot_queue_up_without_overlap(root, pool, t0):
     """Six threads ask at once for the earliest two hours of the same eight GPUs: each gets
     its own window, back to back from t0, and no two bookings overlap."""
-    from compute.tenancy.models import Principal, Tenant
+    from compute.platform.tenancy.models import Principal, Tenant
     from reservations.services.book import reservation_create
 
     make_node(pool["id"])

@@ -19,7 +19,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from compute.db import database_now
+from compute.core.db import database_now
 from fleet.models import Device, Node
 from reservations.earliest import earliest_starts
 from reservations.gaps import GAP_DRIFT_SQL, gaps_mend

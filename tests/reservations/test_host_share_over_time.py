@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.db import IntegrityError
 
-from compute.db import conninfo
+from compute.core.db import conninfo
 from compute.http.edge import error_answer
 from fleet.models import Node
 from reservations.hostshare import expected_counters
@@ -84,8 +84,8 @@ def test_racing_bookers_and_sandboxes_keep_the_counters_equal_to_a_recount(root,
 
     from django.db import connections
 
-    from compute.errors import CapacityConflict
-    from compute.tenancy.models import Principal, Tenant
+    from compute.core.errors import CapacityConflict
+    from compute.platform.tenancy.models import Principal, Tenant
     from reservations.services.book import reservation_create
     from reservations.services.release import reservation_release
     from reservations.services.sandboxes import sandbox_create, sandbox_release

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 from fleet.models import GpuSample, Node, NodeSpec
 from fleet.services.telemetry import telemetry_record
 from reservations.models import Quota, Reservation

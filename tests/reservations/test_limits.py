@@ -116,8 +116,8 @@ def test_racing_bookers_of_one_tenant_never_hold_more_than_the_limit_at_once(roo
     each thread on a node of its own (by a selector on its VRAM), so no node's lock orders
     them: at no moment do acme's reservations hold more than 8 (SQL sweep), and some were
     refused."""
-    from compute.errors import CapacityConflict, LimitExceeded
-    from compute.tenancy.models import Principal, Tenant
+    from compute.core.errors import CapacityConflict, LimitExceeded
+    from compute.platform.tenancy.models import Principal, Tenant
     from reservations.services.book import reservation_create
 
     for n in range(6):

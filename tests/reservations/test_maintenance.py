@@ -78,7 +78,7 @@ def test_what_holds_the_node_now_is_never_moved(root, pool):
 
 
 def test_capacity_and_the_board_show_gpus_in_maintenance(root, pool):
-    from compute.tenancy.models import Tenant
+    from compute.platform.tenancy.models import Tenant
     from reservations.board import fleet_board
 
     node, other = make_node(pool["id"]), make_node(pool["id"])
@@ -154,8 +154,8 @@ def test_windows_and_bookings_racing_never_share_a_gpu(root, pool):
 
     from django.db import connections
 
-    from compute.errors import CapacityConflict, InvalidState
-    from compute.tenancy.models import Principal, Tenant
+    from compute.core.errors import CapacityConflict, InvalidState
+    from compute.platform.tenancy.models import Principal, Tenant
     from reservations.services.book import reservation_create
     from reservations.services.maintenance import maintenance_cancel, maintenance_create
     from reservations.services.release import reservation_release

@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from compute.errors import InvalidArgument
+from compute.core.errors import InvalidArgument
 from reservations.ledger import Reservation, ReservationSeries
 from reservations.reconcilers import sweep
 from reservations.recurrence import parse_rule, zone_named

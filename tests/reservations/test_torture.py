@@ -84,7 +84,7 @@ def scratch_url():
 
 def _torture_without(scratch_url: str, flag: str) -> dict:
     env = {**os.environ, "DATABASE_URL": scratch_url,
-           "DJANGO_SETTINGS_MODULE": "compute.settings"}
+           "DJANGO_SETTINGS_MODULE": "compute.project.settings"}
     result = subprocess.run(
         [sys.executable, "-m", "tests.reservations.torture", "--ops", "600", flag],
         env=env, capture_output=True, text=True, timeout=300, check=False,

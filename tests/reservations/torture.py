@@ -50,9 +50,9 @@ def build_world(*, nodes: int = 3) -> World:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from bcd.contract.crypto import public_pem
-    from compute.tenancy.models import Tenant
-    from compute.tenancy.selectors import root_tenant
-    from compute.tenancy.services import root_bootstrap, tenant_create, token_create
+    from compute.platform.tenancy.models import Tenant
+    from compute.platform.tenancy.selectors import root_tenant
+    from compute.platform.tenancy.services import root_bootstrap, tenant_create, token_create
     from fleet.models import Node
     from fleet.services.images import image_create
     from fleet.services.pools import pool_create
@@ -89,7 +89,7 @@ def build_world(*, nodes: int = 3) -> World:
 def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[str],
             outcomes: Counter[str], unexpected: list[str]) -> None:
     from bcd.contract.crypto import canonical, sign_bytes
-    from compute.errors import ComputeError
+    from compute.core.errors import ComputeError
     from reservations.sandboxes import Sandbox
     from reservations.services.book import pending_place, reservation_create
     from reservations.services.extend import reservation_extend
@@ -357,7 +357,7 @@ def main() -> None:
                         help="drop only the constraint between a GPU and its parts")
     parser.add_argument("--nodes", type=int, default=4)
     args = parser.parse_args()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     import django
 
     django.setup()

@@ -12,7 +12,7 @@ import sys
 
 def main() -> None:
     plan = json.load(sys.stdin)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "compute.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "compute.project.settings"
     os.environ["BETTER_COMPUTE_WITHOUT_KEK"] = "1"
     import django
 

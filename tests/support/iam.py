@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from compute.api.registry import Resource
-from compute.iam import Decision
-from compute.iam.embedded import EmbeddedIAM
+from compute.core.api.registry import Resource
+from compute.platform.iam import Decision
+from compute.platform.iam.embedded import EmbeddedIAM
 
 
 class CountingIAM(EmbeddedIAM):

@@ -13,7 +13,7 @@ from openapi_schema_validator import OAS30Validator
 
 def mismatch(action: str, result: Any) -> str | None:
     """Why `result` does not match what `action` declares it answers (None when it does)."""
-    from compute.api.registry import REGISTRY
+    from compute.core.api.registry import REGISTRY
 
     group, _, method = action.partition(".")
     schema = REGISTRY[(group, method)].returns

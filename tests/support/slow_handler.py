@@ -8,7 +8,7 @@ import time
 
 from django.db import connection
 
-from compute.queue.work import handler
+from compute.platform.queue.work import handler
 
 
 @handler("test.slow")

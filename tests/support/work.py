@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from compute.queue.models import WorkItem
-from compute.queue.work import Worker
+from compute.platform.queue.models import WorkItem
+from compute.platform.queue.work import Worker
 
 
 def queued(kind: str, key: str) -> bool:

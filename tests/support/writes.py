@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from audit.models import AuditEvent
-from compute.events.models import Event
+from compute.platform.events.models import Event
 
 
 @dataclass

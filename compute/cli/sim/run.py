@@ -113,7 +113,7 @@ class Run:
                   # Several requests at once in each API process, as on a server with
                   # more cores than this one: a rush's bookers then race for one node.
                   "BETTER_COMPUTE_API_THREADS": "4",
-                  "BETTER_COMPUTE_IAM_BACKEND": "compute.iam.logged.LoggedIAM",
+                  "BETTER_COMPUTE_IAM_BACKEND": "compute.platform.iam.logged.LoggedIAM",
                   "BETTER_COMPUTE_IAM_DECISION_LOG": str(state_dir / "iam-decisions.log")}
         self.plane = start_control_plane(self.stack, self.server, host=HOST, port=free_port(),
                                          state_dir=state_dir, env_extra=scaled, seeded=seeded)

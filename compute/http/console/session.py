@@ -13,14 +13,15 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from compute import iam, secrets
-from compute.api.registry import Resource
-from compute.errors import ComputeError, Unauthenticated
+from compute.core import secrets
+from compute.core.api.registry import Resource
+from compute.core.errors import ComputeError, Unauthenticated
 from compute.http.auth import SESSION_TOKEN_KEY, session_principal
 from compute.http.edge import Caller, acting_as, decide_once, new_request_id
 from compute.http.envelope import call
-from compute.tenancy.models import ROOT_TENANT_SLUG, TOKEN_SCHEME, Principal, Tenant
-from compute.tenancy.selectors import principal_for_token, principal_for_user
+from compute.platform import iam
+from compute.platform.tenancy.models import ROOT_TENANT_SLUG, TOKEN_SCHEME, Principal, Tenant
+from compute.platform.tenancy.selectors import principal_for_token, principal_for_user
 
 SIGN_IN = "/console/sign-in"
 

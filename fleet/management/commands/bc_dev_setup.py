@@ -13,9 +13,9 @@ from pathlib import Path
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
-from compute.schedules import install_schedules
-from compute.tenancy.selectors import root_tenant
-from compute.tenancy.services import root_bootstrap
+from compute.platform.schedules import install_schedules
+from compute.platform.tenancy.selectors import root_tenant
+from compute.platform.tenancy.services import root_bootstrap
 from fleet.services.pools import pool_create
 from fleet.services.sites import site_create
 

@@ -1,10 +1,10 @@
 from typing import Any
 
 from audit.services import audit_record, audited
-from compute.api.inputs import Input
-from compute.api.registry import CallContext, endpoint
-from compute.api.shapes import STRING, obj
-from compute.events.services import event_emit
+from compute.core.api.inputs import Input
+from compute.core.api.registry import CallContext, endpoint
+from compute.core.api.shapes import STRING, obj
+from compute.platform.events.services import event_emit
 from tests.support.widgets.events import WidgetEvent
 
 

@@ -1,4 +1,4 @@
-from compute.events.types import EventType, event_types
+from compute.platform.events.types import EventType, event_types
 
 
 @event_types

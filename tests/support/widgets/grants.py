@@ -1,3 +1,3 @@
-from compute.api.grants import grant
+from compute.core.api.grants import grant
 
 grant("member", "widgets.*")

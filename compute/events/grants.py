@@ -1,5 +1,0 @@
-"""Who may read the events stream (events.list is a read like every list)."""
-
-from compute.api.grants import grant
-
-grant("viewer", "events.watch")

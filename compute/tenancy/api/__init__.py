@@ -1,5 +1,0 @@
-"""Tenancy's API groups, one module each (imported so that they register)."""
-
-from compute.tenancy.api import system, tenants, tokens
-
-__all__ = ["system", "tenants", "tokens"]
