@@ -43,7 +43,8 @@ def test_a_spec_signed_for_this_node_and_generation_opens():
     (tampered(), "does not verify"),
     (json.dumps(HOLD), "signature"),
     ("not json", "not a signed document"),
-])
+], ids=["another key", "another node", "another generation", "tampered", "unsigned",
+        "not json"])  # stable ids: the documents hold fresh keys and signatures
 def test_forged_redirected_or_replayed_specs_are_refused(text, says):
     with pytest.raises(BadSignature, match=says):
         open_spec(text, pin=PIN, node_id="node_a", generation=2)
