@@ -16,17 +16,18 @@ from __future__ import annotations
 
 from django.db import IntegrityError, connection, transaction
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, AuditHead
 from bcd.contract.auditproof import event_leaf
 from compute.core.db import constraint_name, settled
 from compute.core.errors import PreconditionFailed
+from compute.core.sqltext import tables
 
 ONE_PER_POSITION = "audit_auditevent_one_per_position"
 
-NUMBERED_SQL = """
-UPDATE audit_auditevent SET position = given.position, leaf_hash = given.leaf_hash
+NUMBERED_SQL = tables("""
+UPDATE {AuditEvent} SET position = given.position, leaf_hash = given.leaf_hash
   FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS given(seq, position, leaf_hash)
- WHERE audit_auditevent.seq = given.seq"""
+ WHERE {AuditEvent}.seq = given.seq""", AuditEvent=AuditEvent)
 
 
 def audit_sequence(*, tenant_id: str) -> int:
@@ -35,9 +36,10 @@ def audit_sequence(*, tenant_id: str) -> int:
         return 0
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("INSERT INTO audit_audithead (tenant_id, size) VALUES (%s, 0) "
-                           "ON CONFLICT (tenant_id) DO NOTHING", [tenant_id])
-            cursor.execute("SELECT size FROM audit_audithead WHERE tenant_id = %s FOR UPDATE",
+            cursor.execute(tables("INSERT INTO {AuditHead} (tenant_id, size) VALUES (%s, 0) "
+                           "ON CONFLICT (tenant_id) DO NOTHING", AuditHead=AuditHead), [tenant_id])
+            cursor.execute(tables("SELECT size FROM {AuditHead} WHERE tenant_id = %s FOR UPDATE",
+                AuditHead=AuditHead),
                            [tenant_id])
             size = int(cursor.fetchone()[0])
         rows = list(AuditEvent.objects.filter(tenant_id=tenant_id, position__isnull=True)
@@ -58,7 +60,8 @@ def audit_sequence(*, tenant_id: str) -> int:
                 raise PreconditionFailed(
                     f"audit position {size + 1} or after is already taken: the log was "
                     "edited; run audit verify", tenantId=tenant_id) from error
-            cursor.execute("UPDATE audit_audithead SET size = %s WHERE tenant_id = %s",
+            cursor.execute(tables("UPDATE {AuditHead} SET size = %s WHERE tenant_id = %s",
+                AuditHead=AuditHead),
                            [size + len(rows), tenant_id])
     return len(rows)
 

@@ -4,8 +4,8 @@ The gateway keeps node sessions (epochs, heartbeats, connectivity), delivers the
 commands the control plane signed, and files reports in the inbox. It may not change a
 reservation, a booking, a device or a node's provisioning, and writes no history (the audit
 log, the event outbox): a gateway that is taken over can delay or drop messages, but cannot
-make the ledger say something no node signed. GRANTS is the whole list; the security page repeats
-it and a test compares it with what Postgres' catalogs say the role holds.
+make the ledger say something no node signed. GRANTS is the whole list; the security page
+repeats it and a test compares it with what Postgres' catalogs say the role holds.
 """
 
 from __future__ import annotations
@@ -18,20 +18,24 @@ import secrets
 
 from psycopg import sql
 
+from compute.platform.queue.models import WorkItem
+from fleet.models import Node, NodeCommand, NodeSpec, ReportInbox
+
 DEFAULT_ROLE = "bc_gateway"
 
 # table -> privileges, on the columns named where named (an INSERT … RETURNING reads the
-# returned key back; an upsert reads the columns it compares).
+# returned key back; an upsert reads the columns it compares). Tables by their models.
 GRANTS: dict[str, str] = {
-    "fleet_node": "SELECT (id, site_id, provision_state, session_epoch, connectivity, "
+    Node._meta.db_table: "SELECT (id, site_id, provision_state, session_epoch, connectivity, "
                   "last_heartbeat_at, connected_at, journal_epoch), "
                   "UPDATE (session_epoch, connectivity, last_heartbeat_at, connected_at, "
                   "journal_epoch)",
-    "fleet_nodecommand": "SELECT (id, node_id, kind, signed, state, created_at, sent_at), "
-                         "UPDATE (state, sent_at, finished_at)",
-    "fleet_nodespec": "SELECT (id, node_id, generation, signed, txid)",
-    "fleet_reportinbox": "INSERT, SELECT (id)",
-    "compute_workitem": "INSERT, SELECT (kind, key, version, due_at), UPDATE (version, due_at)",
+    NodeCommand._meta.db_table: "SELECT (id, node_id, kind, signed, state, created_at, sent_at), "
+                                "UPDATE (state, sent_at, finished_at)",
+    NodeSpec._meta.db_table: "SELECT (id, node_id, generation, signed, txid)",
+    ReportInbox._meta.db_table: "INSERT, SELECT (id)",
+    WorkItem._meta.db_table: "INSERT, SELECT (kind, key, version, due_at), "
+                             "UPDATE (version, due_at)",
 }
 
 

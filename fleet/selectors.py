@@ -10,6 +10,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from compute.core.db import row_by_key
 from compute.core.errors import NotFound
+from compute.core.sqltext import tables
 from compute.platform.guards import one_visible
 from compute.platform.tenancy.models import Tenant
 from fleet.models import Image, JoinToken, Node, NodeSpec, Pool, ProvisionState, Site
@@ -124,14 +125,14 @@ def specs_since(*, after: SpecCursor | None, limit: int = 1000
     """
     with connection.cursor() as cursor:
         if after is None:
-            cursor.execute("SELECT txid, id FROM fleet_nodespec WHERE txid < "
+            cursor.execute(tables("SELECT txid, id FROM {NodeSpec} WHERE txid < "
                            "pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
-                           "ORDER BY txid DESC, id DESC LIMIT 1")
+                           "ORDER BY txid DESC, id DESC LIMIT 1", NodeSpec=NodeSpec))
             row = cursor.fetchone()
             return [], (row[0], row[1]) if row else (0, 0)
-        cursor.execute("SELECT txid, id, node_id, generation, signed FROM fleet_nodespec "
+        cursor.execute(tables("SELECT txid, id, node_id, generation, signed FROM {NodeSpec} "
                        "WHERE txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
-                       "AND (txid, id) > (%s, %s) ORDER BY txid, id LIMIT %s",
+                       "AND (txid, id) > (%s, %s) ORDER BY txid, id LIMIT %s", NodeSpec=NodeSpec),
                        [after[0], after[1], limit])
         rows = cursor.fetchall()
     if not rows:

@@ -8,11 +8,13 @@ from typing import Any
 
 from django.db import connection
 
+from compute.core.sqltext import tables
 from compute.platform.tenancy.models import Tenant
 from fleet.models import DeviceClass, Node, NodeRole
+from fleet.models.devices import Device
 from fleet.selectors import node_list
 from reservations.constraints import OVERLAPS_SQL
-from reservations.ledger import Reservation, ReservationState
+from reservations.ledger import Allocation, Booking, Reservation, ReservationState
 from reservations.sandboxes import Sandbox
 
 
@@ -101,14 +103,15 @@ def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
     of its parts: a MIG instance, a share) now."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT DISTINCT ON (d.node_id, d.index, d.id) d.node_id, d.index, d.product, "
+            tables("SELECT DISTINCT ON (d.node_id, d.index, d.id) d.node_id, d.index, d.product, "
             "       d.nvlink_domain, d.health, coalesce(a.reservation_id, ''), "
             "       coalesce(b.maintenance_id, '') "
-            "FROM fleet_device d "
-            "LEFT JOIN reservations_booking b ON b.gpu_id = d.id AND b.during @> now() "
-            "LEFT JOIN reservations_allocation a ON a.id = b.allocation_id "
+            "FROM {Device} d "
+            "LEFT JOIN {Booking} b ON b.gpu_id = d.id AND b.during @> now() "
+            "LEFT JOIN {Allocation} a ON a.id = b.allocation_id "
             "WHERE d.node_id = ANY(%s) AND d.present AND d.device_class = %s "
             "ORDER BY d.node_id, d.index, d.id, b.whole DESC NULLS LAST",
+                Allocation=Allocation, Booking=Booking, Device=Device),
             [node_ids, DeviceClass.GPU])
         by_node: dict[str, list[Gpu]] = {}
         for node_id, *fields in cursor.fetchall():

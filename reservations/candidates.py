@@ -18,10 +18,12 @@ from django.db.models import Model, Q
 
 from compute.core.db import prepared_cursor
 from compute.core.errors import InvalidArgument
+from compute.core.sqltext import fill, passed_on, table, tables
 from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
-from reservations.ledger import Reservation
+from reservations.ledger import Allocation, Booking, Reservation
 from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
+from reservations.sandboxes import Sandbox
 
 MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for
 PAST_START_SLACK = timedelta(minutes=1)  # a start this far in the past means now
@@ -120,26 +122,27 @@ def placement_request(rsv: Reservation) -> Request:
 # Both come from one read of the pool's bookings in the window (by the index on time), which
 # also gives the shortlisted nodes' bookings in the window: the work follows the bookings in
 # the window, not the size of the pool or of the ledger, and a node with none costs nothing.
-SHORTLIST_CTE = """
+SHORTLIST_CTE = tables("""
 in_window AS MATERIALIZED (  -- the pool's bookings in the window, with their nodes
   SELECT d.node_id, b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
-    FROM reservations_booking b JOIN fleet_device d ON d.id = b.device_id
-    JOIN fleet_node n ON n.id = d.node_id
+    FROM {Booking} b JOIN {Device} d ON d.id = b.device_id
+    JOIN {Node} n ON n.id = d.node_id
    WHERE b.during && %(during)s AND n.pool_id = %(pool)s),
 touched AS MATERIALIZED (  -- the pool's nodes with bookings in the window: devices booked
-  SELECT node_id, count(DISTINCT device_id) AS booked FROM in_window GROUP BY node_id),"""
-SHORTLIST_SQL = """
-    AND fleet_node.id IN (
+  SELECT node_id, count(DISTINCT device_id) AS booked FROM in_window GROUP BY node_id),""",
+      Booking=Booking, Device=Device, Node=Node)
+SHORTLIST_SQL = tables("""
+    AND {Node}.id IN (
       (SELECT t.node_id FROM touched t
         WHERE t.booked <= %(count_room)s + (
-              SELECT count(*) FROM fleet_device g
+              SELECT count(*) FROM {Device} g
                WHERE g.node_id = t.node_id AND g.present AND g.device_class = 'gpu')
         ORDER BY t.booked DESC, t.node_id LIMIT %(shortlist)s)
       UNION ALL
-      (SELECT fleet_node.id FROM fleet_node
-        WHERE fleet_node.pool_id BETWEEN %(pool)s AND %(pool)s AND {schedulable}
-          AND fleet_node.id NOT IN (SELECT node_id FROM touched)
-        ORDER BY fleet_node.pool_id, fleet_node.id LIMIT %(shortlist)s))"""
+      (SELECT {Node}.id FROM {Node}
+        WHERE {Node}.pool_id BETWEEN %(pool)s AND %(pool)s AND {schedulable}
+          AND {Node}.id NOT IN (SELECT node_id FROM touched)
+        ORDER BY {Node}.pool_id, {Node}.id LIMIT %(shortlist)s))""", Device=Device, Node=Node)
 # (The pool as a range of one, not `=`: then only the index on (pool, id) gives this order,
 # and a statement planned once for every pool reads the first entries of the pool's own
 # run of it. With `=`, Postgres could read every node in id order until the pool's first.)
@@ -154,23 +157,23 @@ IN_THE_WAY = """b.gpu_id = coalesce({device}.parent_id, {device}.id) AND b.durin
 # joined string parses much faster than a text[] of hundreds of ids. A node's host share in
 # use over the window is what its sandboxes hold plus the most its GPU allocations hold at
 # one moment of the window (two bookings that never meet do not add up).
-CANDIDATES_SQL = """
+CANDIDATES_SQL = tables("""
 WITH {touched} nodes AS MATERIALIZED (
-  SELECT fleet_node.id, fleet_node.vcpus, fleet_node.memory_gib,
-         (SELECT count(*) FROM fleet_device g WHERE g.node_id = fleet_node.id AND g.present
-             AND g.device_class = 'gpu') AS gpus FROM fleet_node
-   WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
-     AND fleet_node.id <> ALL(%(excluded)s) {shortlist}),
+  SELECT {Node}.id, {Node}.vcpus, {Node}.memory_gib,
+         (SELECT count(*) FROM {Device} g WHERE g.node_id = {Node}.id AND g.present
+             AND g.device_class = 'gpu') AS gpus FROM {Node}
+   WHERE {Node}.pool_id = %(pool)s AND {schedulable}
+     AND {Node}.id <> ALL(%(excluded)s) {shortlist}),
 meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
   {meeting}),
 blocked AS MATERIALIZED (  -- the nodes' devices with a booking in their way in the window
-  SELECT DISTINCT fleet_device.id FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
+  SELECT DISTINCT {Device}.id FROM nodes JOIN {Device} ON {Device}.node_id = nodes.id
     JOIN meeting b ON {in_the_way}),
 spans AS (
   SELECT DISTINCT ON (a.id) a.node_id, a.vcpus, a.memory_gib,
          greatest(lower(m.during), lower(%(during)s::tstzrange)) AS lo,
          least(upper(m.during), upper(%(during)s::tstzrange)) AS hi
-    FROM meeting m JOIN reservations_allocation a ON a.id = m.allocation_id
+    FROM meeting m JOIN {Allocation} a ON a.id = m.allocation_id
    WHERE a.ended_at IS NULL),
 held AS (
   SELECT node_id, max(v) AS vcpus, max(m) AS memory FROM (
@@ -181,29 +184,30 @@ held AS (
     WINDOW w AS (PARTITION BY node_id ORDER BY at, starts)) running
    GROUP BY node_id),
 sandboxed AS (
-  SELECT node_id, sum(vcpus) AS vcpus, sum(memory_gib) AS memory FROM reservations_sandbox
+  SELECT node_id, sum(vcpus) AS vcpus, sum(memory_gib) AS memory FROM {Sandbox}
    WHERE ended_at IS NULL AND node_id IN (SELECT id FROM nodes) GROUP BY node_id)
 SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
        coalesce(held.vcpus, 0) + coalesce(sandboxed.vcpus, 0),
-       coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), fleet_device.nvlink_domain,
+       coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), {Device}.nvlink_domain,
        count(*),
-       coalesce(string_agg(fleet_device.id, ',' ORDER BY fleet_device.index) FILTER (
-           WHERE fleet_device.health = 'healthy' {device_filter}
-             AND fleet_device.id NOT IN (SELECT id FROM blocked)), '')
-  FROM nodes JOIN fleet_device ON fleet_device.node_id = nodes.id
+       coalesce(string_agg({Device}.id, ',' ORDER BY {Device}.index) FILTER (
+           WHERE {Device}.health = 'healthy' {device_filter}
+             AND {Device}.id NOT IN (SELECT id FROM blocked)), '')
+  FROM nodes JOIN {Device} ON {Device}.node_id = nodes.id
   LEFT JOIN held ON held.node_id = nodes.id
   LEFT JOIN sandboxed ON sandboxed.node_id = nodes.id
- WHERE fleet_device.present AND fleet_device.device_class = %(class)s
- GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus, fleet_device.nvlink_domain,
-          held.vcpus, held.memory, sandboxed.vcpus, sandboxed.memory""".replace(
-    "{in_the_way}", IN_THE_WAY.format(device="fleet_device", during="%(during)s"))
+ WHERE {Device}.present AND {Device}.device_class = %(class)s
+ GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus, {Device}.nvlink_domain,
+          held.vcpus, held.memory, sandboxed.vcpus, sandboxed.memory""",
+    Allocation=Allocation, Device=Device, Node=Node, Sandbox=Sandbox)
 
 
 # The nodes' bookings in the window: each device's, through the booking index; on a shortlist,
 # those of the pool's bookings in the window already read.
-DEVICES_MEETING = """SELECT b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
-    FROM nodes JOIN fleet_device d ON d.node_id = nodes.id
-    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s"""
+DEVICES_MEETING = tables("""SELECT b.allocation_id, b.during, b.device_id, b.gpu_id, b.whole
+    FROM nodes JOIN {Device} d ON d.node_id = nodes.id
+    JOIN {Booking} b ON b.device_id = d.id AND b.during && %(during)s""",
+        Booking=Booking, Device=Device)
 SHORTLIST_MEETING = """SELECT allocation_id, during, device_id, gpu_id, whole FROM in_window
    WHERE node_id IN (SELECT id FROM nodes)"""
 
@@ -220,16 +224,16 @@ def where_sql(model: type[Model], q: Q, prefix: str) -> tuple[str, dict[str, Any
 
 @functools.cache
 def schedulable_sql() -> str:
-    """fleet.models.SCHEDULABLE as SQL over `fleet_node`, its constants written in (quoted by
+    tables("""fleet.models.SCHEDULABLE as SQL over `{Node}`, its constants written in (quoted by
     the driver), built once. Written in, not passed as parameters, so that a prepared
     statement's one plan knows them: as parameters, Postgres guessed that a pool held about
-    one schedulable node and planned a 10,000-node pool's shortlist as a sort of it."""
+    one schedulable node and planned a 10,000-node pool's shortlist as a sort of it.""", Node=Node)
     sql, values = where_sql(Node, SCHEDULABLE, "schedulable")
     ops: Any = connection.ops  # compose_sql is the PostgreSQL backend's own
     return str(ops.compose_sql(sql, values)).replace("%", "%%")
 
 
-ONLY_SQL = "AND fleet_node.id = ANY(%(only)s)"
+ONLY_SQL = tables("AND {Node}.id = ANY(%(only)s)", Node=Node)
 
 
 @functools.cache
@@ -238,11 +242,13 @@ def _candidates_sql(nodes: str) -> str:
     "only" (the nodes named)."""
     schedulable = schedulable_sql()
     among = {"all": "", "only": ONLY_SQL,
-             "shortlist": SHORTLIST_SQL.replace("{schedulable}", schedulable)}[nodes]
+             "shortlist": fill(SHORTLIST_SQL, schedulable=schedulable)}[nodes]
     shortlist = nodes == "shortlist"
-    sql = (CANDIDATES_SQL.replace("{schedulable}", schedulable).replace("{shortlist}", among)
-           .replace("{meeting}", SHORTLIST_MEETING if shortlist else DEVICES_MEETING))
-    return sql.replace("{touched}", SHORTLIST_CTE if shortlist else "")
+    return fill(CANDIDATES_SQL, schedulable=schedulable, shortlist=among,
+                meeting=SHORTLIST_MEETING if shortlist else DEVICES_MEETING,
+                touched=SHORTLIST_CTE if shortlist else "",
+                in_the_way=fill(IN_THE_WAY, device=table(Device), during="%(during)s"),
+                **passed_on("device_filter"))
 
 
 def propose(pool: Pool, during: DateTimeTZRange, request: Request, *,
@@ -282,7 +288,7 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, request: Request, *,
         filter_sql = f"AND ({where})"
         params.update(values)
     with prepared_cursor() as cursor:
-        cursor.execute(sql.replace("{device_filter}", filter_sql), params)
+        cursor.execute(fill(sql, device_filter=filter_sql), params)
         rows = cursor.fetchall()
     groups: dict[str, list[Group]] = defaultdict(list)
     host: dict[str, tuple[int, int, int, int, int]] = {}
@@ -313,9 +319,10 @@ def pending_reason(pool: Pool, during: DateTimeTZRange, candidates: Sequence[Can
         return reason
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT min(upper(b.during)) FROM reservations_booking b "
-            "JOIN fleet_device d ON d.id = b.device_id JOIN fleet_node n ON n.id = d.node_id "
-            "WHERE n.pool_id = %s AND b.during && %s", [pool.id, during])
+            tables("SELECT min(upper(b.during)) FROM {Booking} b "
+            "JOIN {Device} d ON d.id = b.device_id JOIN {Node} n ON n.id = d.node_id "
+            "WHERE n.pool_id = %s AND b.during && %s",
+                Booking=Booking, Device=Device, Node=Node), [pool.id, during])
         row = cursor.fetchone()
     until: datetime | None = row[0] if row else None
     if until is None:

@@ -12,6 +12,7 @@ from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from compute.core.db import database_now
 from compute.core.errors import InvalidArgument
+from compute.core.sqltext import fill, tables
 from fleet.models import (
     SCHEDULABLE,
     Connectivity,
@@ -101,18 +102,18 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
 
 # MIG instances and shares per class and profile: how many, and how many a request could
 # take now (on a schedulable node, healthy, and neither they nor their GPU booked now).
-PARTS_SQL = """
+PARTS_SQL = tables("""
 SELECT d.device_class, d.profile, count(*),
        count(*) FILTER (WHERE {schedulable} AND d.health = 'healthy' AND NOT EXISTS (
-           SELECT 1 FROM reservations_booking b WHERE {in_the_way}))
-  FROM fleet_device d JOIN fleet_node ON fleet_node.id = d.node_id
- WHERE fleet_node.pool_id = %(pool)s AND d.present AND d.device_class <> 'gpu'
- GROUP BY 1, 2 ORDER BY 1, 2"""
+           SELECT 1 FROM {Booking} b WHERE {in_the_way}))
+  FROM {Device} d JOIN {Node} ON {Node}.id = d.node_id
+ WHERE {Node}.pool_id = %(pool)s AND d.present AND d.device_class <> 'gpu'
+ GROUP BY 1, 2 ORDER BY 1, 2""", Booking=Booking, Device=Device, Node=Node)
 
 
 def parts_rollup(pool: Pool, instant: DateTimeTZRange) -> list[dict[str, Any]]:
-    sql = PARTS_SQL.replace("{schedulable}", schedulable_sql()).replace(
-        "{in_the_way}", IN_THE_WAY.format(device="d", during="%(now)s"))
+    sql = fill(PARTS_SQL, schedulable=schedulable_sql(),
+               in_the_way=fill(IN_THE_WAY, device="d", during="%(now)s"))
     with connection.cursor() as cursor:
         cursor.execute(sql, {"pool": pool.id, "now": instant})
         rows = cursor.fetchall()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from compute.core.errors import CapacityConflict, ComputeError, QuotaExceeded
+from compute.core.sqltext import fill, tables
+from fleet.models.devices import Device
+from reservations.ledger import Booking
 
 BOOKING_NO_OVERLAP = "reservations_booking_device_no_overlap"
 GPU_NO_OVERLAP = "reservations_booking_gpu_no_overlap"
@@ -23,12 +26,12 @@ LEDGER_CONSTRAINTS: dict[str, Callable[[], ComputeError]] = {
 
 # Pairs of bookings that overlap in time on one device, or on a GPU and one of its parts
 # (MIG instances, shares), read from the devices themselves: the constraints keep it 0.
-PART_OVERLAPS_SQL = """
-SELECT count(*) FROM reservations_booking a JOIN fleet_device da ON da.id = a.device_id
-  JOIN reservations_booking b ON a.id <> b.id AND a.during && b.during
-  JOIN fleet_device db ON db.id = b.device_id
- WHERE da.id = db.parent_id"""
-OVERLAPS_SQL = """
-SELECT (SELECT count(*) FROM reservations_booking a JOIN reservations_booking b
+PART_OVERLAPS_SQL = tables("""
+SELECT count(*) FROM {Booking} a JOIN {Device} da ON da.id = a.device_id
+  JOIN {Booking} b ON a.id <> b.id AND a.during && b.during
+  JOIN {Device} db ON db.id = b.device_id
+ WHERE da.id = db.parent_id""", Booking=Booking, Device=Device)
+OVERLAPS_SQL = fill(tables("""
+SELECT (SELECT count(*) FROM {Booking} a JOIN {Booking} b
            ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during)
-       + ({parts})""".replace("{parts}", PART_OVERLAPS_SQL)
+       + ({parts})""", Booking=Booking), parts=PART_OVERLAPS_SQL)

@@ -27,7 +27,9 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Q
 
 from compute.core.errors import InvalidArgument
+from compute.core.sqltext import fill, passed_on, tables
 from fleet.models import Device, DeviceClass, Pool
+from fleet.models.nodes import Node
 from reservations.candidates import (
     IN_THE_WAY,
     MAX_START_AHEAD,
@@ -40,7 +42,8 @@ from reservations.candidates import (
     where_sql,
     window,
 )
-from reservations.ledger import Reservation
+from reservations.gaps import GroupGap, StaleGaps
+from reservations.ledger import Booking, Reservation
 from reservations.limits import latest_start_allowed, offering_limits
 from reservations.placement import BUSY, Choice, Request, why_not
 
@@ -52,20 +55,20 @@ HORIZONS = (timedelta(hours=6), timedelta(days=2), timedelta(days=14), timedelta
 
 # Devices and their groups (a node, or a node's NVLink domain for `nvlink-all`) are numbered
 # here, so the sorts below compare integers, not ids.
-EARLIEST_SQL = """
+EARLIEST_SQL = tables("""
 WITH dev AS MATERIALIZED (
-  SELECT fleet_device.id, fleet_device.parent_id, fleet_device.node_id,
+  SELECT {Device}.id, {Device}.parent_id, {Device}.node_id,
          (row_number() OVER ())::int AS d,
-         (dense_rank() OVER (ORDER BY fleet_device.node_id, CASE WHEN %(nvlink)s
-                             THEN fleet_device.nvlink_domain ELSE '' END))::int AS g
-    FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
-   WHERE fleet_node.pool_id = %(pool)s AND {schedulable} AND fleet_device.present
-     AND fleet_device.device_class = %(class)s AND fleet_device.health = 'healthy'
-     AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '') {device_filter} {only}),
+         (dense_rank() OVER (ORDER BY {Device}.node_id, CASE WHEN %(nvlink)s
+                             THEN {Device}.nvlink_domain ELSE '' END))::int AS g
+    FROM {Device} JOIN {Node} ON {Node}.id = {Device}.node_id
+   WHERE {Node}.pool_id = %(pool)s AND {schedulable} AND {Device}.present
+     AND {Device}.device_class = %(class)s AND {Device}.health = 'healthy'
+     AND (NOT %(nvlink)s OR {Device}.nvlink_domain <> '') {device_filter} {only}),
 busy AS MATERIALIZED (  -- what is in each device's way, by start, with the latest end so far
   SELECT dev.d, dev.g, lower(b.during) AS lo, max(upper(b.during)) OVER w AS hi,
          row_number() OVER w AS nth, lead(lower(b.during)) OVER w AS next_lo
-    FROM dev JOIN reservations_booking b ON {in_the_way}
+    FROM dev JOIN {Booking} b ON {in_the_way}
   WINDOW w AS (PARTITION BY dev.d ORDER BY lower(b.during)
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
 spans AS MATERIALIZED (  -- the starts each device could serve, as closed spans
@@ -91,7 +94,8 @@ found AS (
    GROUP BY g)
 SELECT groups.node_id, min(found.at) FROM found
   JOIN (SELECT DISTINCT g, node_id FROM dev) groups ON groups.g = found.g
- GROUP BY groups.node_id ORDER BY 2, 1 LIMIT %(limit)s"""
+ GROUP BY groups.node_id ORDER BY 2, 1 LIMIT %(limit)s""",
+     Booking=Booking, Device=Device, Node=Node)
 
 
 # Per group of whole GPUs (a node, or its NVLink domains for `nvlink-all`): how many it has
@@ -100,23 +104,23 @@ SELECT groups.node_id, min(found.at) FROM found
 # that was never booked and so has no gap rows; every booked group has one gap to
 # infinity). The nodes of the other groups that could hold the request, and those whose
 # gaps are stale, are swept.
-WHOLE_GROUPS_SQL = """
+WHOLE_GROUPS_SQL = tables("""
 WITH grp AS MATERIALIZED (
-  SELECT fleet_device.node_id,
-         CASE WHEN %(nvlink)s THEN fleet_device.nvlink_domain ELSE '' END AS domain,
-         count(*) AS gpus, count(*) FILTER (WHERE fleet_device.present
-             AND fleet_device.health = 'healthy' {device_filter}) AS eligible
-    FROM fleet_device JOIN fleet_node ON fleet_node.id = fleet_device.node_id
-   WHERE fleet_node.pool_id = %(pool)s AND {schedulable}
-     AND fleet_device.device_class = 'gpu' AND fleet_device.parent_id IS NULL
-     AND (NOT %(nvlink)s OR fleet_device.nvlink_domain <> '')
+  SELECT {Device}.node_id,
+         CASE WHEN %(nvlink)s THEN {Device}.nvlink_domain ELSE '' END AS domain,
+         count(*) AS gpus, count(*) FILTER (WHERE {Device}.present
+             AND {Device}.health = 'healthy' {device_filter}) AS eligible
+    FROM {Device} JOIN {Node} ON {Node}.id = {Device}.node_id
+   WHERE {Node}.pool_id = %(pool)s AND {schedulable}
+     AND {Device}.device_class = 'gpu' AND {Device}.parent_id IS NULL
+     AND (NOT %(nvlink)s OR {Device}.nvlink_domain <> '')
    GROUP BY 1, 2),
-stale AS MATERIALIZED (SELECT DISTINCT node_id FROM reservations_stalegaps),
+stale AS MATERIALIZED (SELECT DISTINCT node_id FROM {StaleGaps}),
 whole AS MATERIALIZED (
   SELECT node_id, domain FROM grp WHERE gpus = eligible AND eligible = %(count)s
      AND node_id NOT IN (SELECT node_id FROM stale)),
 long AS MATERIALIZED (  -- gaps of at least `duration` that do not end before after+duration
-  SELECT node_id, domain, greatest(lo, %(after)s) AS at FROM reservations_groupgap
+  SELECT node_id, domain, greatest(lo, %(after)s) AS at FROM {GroupGap}
    WHERE pool_id = %(pool)s
      AND point(end_s, length_s) <@ box(point(%(earliest_end_s)s, %(duration_s)s),
                                        point(1e16, 1e16))
@@ -125,28 +129,29 @@ starts AS (
   SELECT long.node_id, long.at FROM long JOIN whole USING (node_id, domain)
   UNION ALL
   SELECT node_id, %(after)s FROM whole WHERE (node_id, domain) NOT IN (
-    SELECT node_id, domain FROM reservations_groupgap
+    SELECT node_id, domain FROM {GroupGap}
      WHERE pool_id = %(pool)s AND hi = 'infinity'))
 (SELECT node_id, min(at) FROM starts WHERE at <> ALL(%(tried)s::timestamptz[])
   GROUP BY node_id ORDER BY 2, 1 LIMIT %(limit)s)
 UNION ALL
 SELECT DISTINCT node_id, NULL::timestamptz FROM grp
  WHERE eligible >= %(count)s AND (NOT (gpus = eligible AND eligible = %(count)s)
-                                  OR node_id IN (SELECT node_id FROM stale))"""
+                                  OR node_id IN (SELECT node_id FROM stale))""",
+    Device=Device, GroupGap=GroupGap, Node=Node, StaleGaps=StaleGaps)
 
 
 @functools.cache
 def _earliest_sql(only: bool) -> str:
-    in_the_way = IN_THE_WAY.format(device="dev",
-                                   during="tstzrange(%(after)s, %(latest_end)s)")
-    sql = EARLIEST_SQL.replace("{schedulable}", schedulable_sql()).replace(
-        "{only}", "AND fleet_node.id = ANY(%(only)s)" if only else "")
-    return sql.replace("{in_the_way}", in_the_way)
+    in_the_way = fill(IN_THE_WAY, device="dev",
+                      during="tstzrange(%(after)s, %(latest_end)s)")
+    return fill(EARLIEST_SQL, schedulable=schedulable_sql(), in_the_way=in_the_way,
+                only=tables("AND {Node}.id = ANY(%(only)s)", Node=Node) if only else "",
+                **passed_on("device_filter"))
 
 
 @functools.cache
 def _whole_groups_sql() -> str:
-    return WHOLE_GROUPS_SQL.replace("{schedulable}", schedulable_sql())
+    return fill(WHOLE_GROUPS_SQL, schedulable=schedulable_sql(), **passed_on("device_filter"))
 
 
 def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after: datetime,
@@ -175,14 +180,14 @@ def earliest_starts(pool: Pool, request: Request, duration: timedelta, *, after:
         swept: list[str] | None = None  # the nodes to sweep; None: the whole pool
         if whole_groups and request.device_class == DeviceClass.GPU:
             cursor.execute("SET LOCAL enable_nestloop = off")  # its estimates are poor
-            cursor.execute(_whole_groups_sql().replace("{device_filter}", filter_sql), params)
+            cursor.execute(fill(_whole_groups_sql(), device_filter=filter_sql), params)
             rows = cursor.fetchall()
             cursor.execute("SET LOCAL enable_nestloop = on")
             starts = [(at, node_id) for node_id, at in rows if at is not None]
             swept = [node_id for node_id, at in rows if at is None]
         if swept is None or swept:
-            cursor.execute(_earliest_sql(only=swept is not None).replace(
-                "{device_filter}", filter_sql), {**params, "only": swept})
+            cursor.execute(fill(_earliest_sql(only=swept is not None), device_filter=filter_sql),
+                           {**params, "only": swept})
             starts += [(at, node_id) for node_id, at in cursor.fetchall()]
         return sorted(starts)[:limit]
 

@@ -22,26 +22,9 @@ from __future__ import annotations
 
 from django.db import models
 
-# Gaps that differ from the free time recomputed from the bookings and today's devices
-# (both sides from a day ago on, as older gaps are dropped; a group free all along has no
-# row), on nodes not marked stale: 0 when the menders kept up.
-GAP_DRIFT_SQL = """
-WITH truth AS (
-  SELECT x.node_id, x.domain, lower(f) AS lo, upper(f) AS hi FROM (
-    SELECT d.node_id, grp.domain,
-           tstzmultirange(tstzrange('-infinity', 'infinity')) - range_agg(b.during) AS free
-      FROM reservations_booking b JOIN fleet_device d ON d.id = b.gpu_id
-     CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
-     WHERE grp.domain = '' OR d.nvlink_domain <> ''
-     GROUP BY d.node_id, grp.domain) x, unnest(x.free) f
-   WHERE upper(f) >= now() - interval '1 day' AND f <> tstzrange('-infinity', 'infinity')
-     AND x.node_id NOT IN (SELECT node_id FROM reservations_stalegaps)),
-kept AS (
-  SELECT node_id, domain, lo, hi FROM reservations_groupgap
-   WHERE hi >= now() - interval '1 day'
-     AND node_id NOT IN (SELECT node_id FROM reservations_stalegaps))
-SELECT (SELECT count(*) FROM (SELECT * FROM truth EXCEPT ALL SELECT * FROM kept) missing)
-     + (SELECT count(*) FROM (SELECT * FROM kept EXCEPT ALL SELECT * FROM truth) extra)"""
+from compute.core.sqltext import tables
+from fleet.models.devices import Device
+from reservations.ledger import Booking
 
 
 class GroupGap(models.Model):
@@ -91,3 +74,26 @@ def gaps_mend(node_ids: list[str] | None = None) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT reservations_groupgap_mend(%s::varchar[])", [nodes])
         return int(cursor.fetchone()[0])
+
+
+# Gaps that differ from the free time recomputed from the bookings and today's devices
+# (both sides from a day ago on, as older gaps are dropped; a group free all along has no
+# row), on nodes not marked stale: 0 when the menders kept up.
+GAP_DRIFT_SQL = tables("""
+WITH truth AS (
+  SELECT x.node_id, x.domain, lower(f) AS lo, upper(f) AS hi FROM (
+    SELECT d.node_id, grp.domain,
+           tstzmultirange(tstzrange('-infinity', 'infinity')) - range_agg(b.during) AS free
+      FROM {Booking} b JOIN {Device} d ON d.id = b.gpu_id
+     CROSS JOIN LATERAL (VALUES (''), (d.nvlink_domain)) grp(domain)
+     WHERE grp.domain = '' OR d.nvlink_domain <> ''
+     GROUP BY d.node_id, grp.domain) x, unnest(x.free) f
+   WHERE upper(f) >= now() - interval '1 day' AND f <> tstzrange('-infinity', 'infinity')
+     AND x.node_id NOT IN (SELECT node_id FROM {StaleGaps})),
+kept AS (
+  SELECT node_id, domain, lo, hi FROM {GroupGap}
+   WHERE hi >= now() - interval '1 day'
+     AND node_id NOT IN (SELECT node_id FROM {StaleGaps}))
+SELECT (SELECT count(*) FROM (SELECT * FROM truth EXCEPT ALL SELECT * FROM kept) missing)
+     + (SELECT count(*) FROM (SELECT * FROM kept EXCEPT ALL SELECT * FROM truth) extra)""",
+         Booking=Booking, Device=Device, GroupGap=GroupGap, StaleGaps=StaleGaps)

@@ -31,6 +31,12 @@ from typing import Any
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
+from compute.core.sqltext import fill, tables
+from fleet.models.devices import Device
+from fleet.models.nodes import Node
+from reservations.ledger import Allocation, Booking
+from reservations.sandboxes import Sandbox
+
 # The most that the allocations in `spans` hold at one moment. Ends sort before starts at
 # the same instant: windows are [).
 PEAK_SQL = """
@@ -41,43 +47,45 @@ SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
     SELECT hi, 0, -vcpus, -memory_gib FROM spans) edges
   WINDOW w AS (ORDER BY at, starts)) running"""
 
-SANDBOXES_SQL = """
+SANDBOXES_SQL = tables("""
 sandboxes AS (
   SELECT coalesce(sum(vcpus), 0) AS vcpus, coalesce(sum(memory_gib), 0) AS memory
-    FROM reservations_sandbox WHERE node_id = %(node)s AND ended_at IS NULL),
-peak AS ({peak})""".replace("{peak}", PEAK_SQL)
+    FROM {Sandbox} WHERE node_id = %(node)s AND ended_at IS NULL),
+peak AS ({peak})""", Sandbox=Sandbox)
+SANDBOXES_SQL = fill(SANDBOXES_SQL, peak=PEAK_SQL)
 
 # The counters written from the node's claims as Postgres counts them (bc_node_claims, the
 # same recount its commit-time referee writes: reservations/migrations/0015).
-COUNTERS_SQL = """
-UPDATE fleet_node SET (vcpus_allocated, memory_gib_allocated) =
-       (SELECT vcpus, memory FROM bc_node_claims(%(node)s)) WHERE id = %(node)s"""
+COUNTERS_SQL = tables("""
+UPDATE {Node} SET (vcpus_allocated, memory_gib_allocated) =
+       (SELECT vcpus, memory FROM bc_node_claims(%(node)s)) WHERE id = %(node)s""", Node=Node)
 EXPECTED_SQL = "SELECT vcpus, memory FROM bc_node_claims(%(node)s)"
 
 # Booking %(during)s: only the live allocations of %(node)s that meet it can add up with the
 # new one (found through the devices' booking index), clipped to it, plus the new one. The
 # counters become the larger of what they were and what that window now holds.
-MEETING_SPANS = """
+MEETING_SPANS = tables("""
 WITH meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
-  SELECT b.allocation_id, b.during FROM fleet_device d
-    JOIN reservations_booking b ON b.device_id = d.id AND b.during && %(during)s
+  SELECT b.allocation_id, b.during FROM {Device} d
+    JOIN {Booking} b ON b.device_id = d.id AND b.during && %(during)s
    WHERE d.node_id = %(node)s),
 spans AS (
   (SELECT DISTINCT ON (a.id) a.vcpus, a.memory_gib,
           greatest(lower(m.during), lower(%(during)s::tstzrange)) AS lo,
           least(upper(m.during), upper(%(during)s::tstzrange)) AS hi
-     FROM meeting m JOIN reservations_allocation a ON a.id = m.allocation_id
+     FROM meeting m JOIN {Allocation} a ON a.id = m.allocation_id
     WHERE a.ended_at IS NULL)
   UNION ALL
   SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)),
-{sandboxes}""".replace("{sandboxes}", SANDBOXES_SQL)
+{sandboxes}""", Allocation=Allocation, Booking=Booking, Device=Device)
+MEETING_SPANS = fill(MEETING_SPANS, sandboxes=SANDBOXES_SQL)
 
 # The counters raised to what the booked window holds; a CHECK violation: it does not fit.
-RAISED_COUNTERS_SQL = """
-UPDATE fleet_node
+RAISED_COUNTERS_SQL = tables("""
+UPDATE {Node}
    SET vcpus_allocated = greatest(vcpus_allocated, sandboxes.vcpus + peak.vcpus),
        memory_gib_allocated = greatest(memory_gib_allocated, sandboxes.memory + peak.memory)
-  FROM sandboxes, peak WHERE fleet_node.id = %(node)s"""
+  FROM sandboxes, peak WHERE {Node}.id = %(node)s""", Node=Node)
 
 
 def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
@@ -92,7 +100,8 @@ def host_counters_refresh(node_id: str) -> None:
     violation (IntegrityError) if its claims no longer fit (never after a release: claims
     over a node's size are refused at every commit, so giving one back cannot find any)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM fleet_node WHERE id = %s FOR UPDATE", [node_id])
+        cursor.execute(tables("SELECT 1 FROM {Node} WHERE id = %s FOR UPDATE",
+            Node=Node), [node_id])
         cursor.execute(COUNTERS_SQL, counter_params(node_id))
 
 

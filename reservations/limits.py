@@ -17,19 +17,21 @@ from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from compute.core.errors import LimitExceeded
+from compute.core.sqltext import tables
 from fleet.models import Pool
-from reservations.offerings import Offering
+from reservations.ledger import Reservation
+from reservations.offerings import Offering, Quota
 
 HOUR_MS = 3_600_000
 
 # The most whole GPUs the tenant's live reservations of the pool (other than %(skip)s) hold at one
 # moment of %(during)s. A pending reservation counts over the window it asked for.
-AT_ONCE_SQL = """
+AT_ONCE_SQL = tables("""
 WITH spans AS (
   SELECT r.gpu_count,
          greatest(lower(w.during), lower(%(during)s::tstzrange)) AS lo,
          least(upper(w.during), upper(%(during)s::tstzrange)) AS hi
-    FROM reservations_reservation r,
+    FROM {Reservation} r,
          LATERAL (SELECT coalesce(r.during, tstzrange(coalesce(r.requested_start, now()),
                   coalesce(r.requested_start, now()) + r.duration_ms * interval '1 ms',
                   '[)')) AS during) w
@@ -41,7 +43,7 @@ SELECT coalesce(max(held), 0) FROM (
   SELECT sum(delta) OVER (ORDER BY at, starts) AS held FROM (
     SELECT lo AS at, 1 AS starts, gpu_count AS delta FROM spans
     UNION ALL
-    SELECT hi, 0, -gpu_count FROM spans) edges) running"""
+    SELECT hi, 0, -gpu_count FROM spans) edges) running""", Reservation=Reservation)
 
 
 def offering_limits(tenant_id: str, pool: Pool) -> dict[str, Any]:
@@ -82,8 +84,8 @@ def check_at_once(limits: dict[str, Any], *, tenant_id: str, pool: Pool, gpus: i
     if most is None:
         return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM reservations_quota WHERE tenant_id = %s AND pool_id = %s "
-                       "AND resource = 'gpu' FOR UPDATE", [tenant_id, pool.id])
+        cursor.execute(tables("SELECT 1 FROM {Quota} WHERE tenant_id = %s AND pool_id = %s "
+                       "AND resource = 'gpu' FOR UPDATE", Quota=Quota), [tenant_id, pool.id])
         cursor.execute(AT_ONCE_SQL, {"tenant": tenant_id, "pool": pool.id, "skip": skip,
                                      "during": during})
         held = int(cursor.fetchone()[0])

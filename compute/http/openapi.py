@@ -152,7 +152,7 @@ def build_document() -> dict[str, Any]:
                 "schema": input_schema(ep.input, with_tenant=True)}}},
             "responses": responses,
         }}
-    paths["/api/compute/platform/events/watch"] = {"get": _watch_operation(error_ref, statuses)}
+    paths["/api/compute/events/watch"] = {"get": _watch_operation(error_ref, statuses)}
     return {
         "openapi": "3.0.3",
         "info": {"title": "better-compute API", "version": "1"},

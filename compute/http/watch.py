@@ -1,4 +1,4 @@
-"""GET /api/compute/platform/events/watch?types=node.*,reservation.*&since=N: a live event stream.
+"""GET /api/compute/events/watch?types=node.*,reservation.*&since=N: a live event stream.
 
 One JSON line per event, in sequence order, after `since`; authenticated and decided once
 by IAM (`events.watch`) at the same edge as the envelope. New events arrive through

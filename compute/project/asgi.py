@@ -21,7 +21,7 @@ from compute.http.watch import events_watch  # noqa: E402
 application = ProtocolTypeRouter({
     "http": URLRouter([
         # The console watches with its session cookie: sessions and users are read for it.
-        path("api/compute/platform/events/watch", AuthMiddlewareStack(events_watch)),
+        path("api/compute/events/watch", AuthMiddlewareStack(events_watch)),
         re_path(r"", django_app),
     ]),
 })

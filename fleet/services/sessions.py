@@ -22,10 +22,12 @@ from audit.services import audit_denied, audit_exempt, audit_record, audited
 from bcd.contract.crypto import verify_bytes
 from bcd.contract.reports import REPORT_KINDS, statement
 from compute.core.db import database_now
+from compute.core.sqltext import tables
 from fleet.events import FleetEvent
 from fleet.inventory import parse_inventory
 from fleet.models import CommandState, Connectivity, Node, NodeCommand, ReportInbox
 from fleet.models import ProvisionState as PS
+from fleet.models.agent import NodeReport
 from fleet.services.lifecycle import acceptance_start_locked, command_result_locked
 from fleet.services.nodes import node_event, node_inventory_ingest_locked
 from fleet.work import command_outcome_lost, node_reports_filed
@@ -140,11 +142,11 @@ def heartbeats_record(beats: dict[str, int]) -> tuple[set[str], set[str]]:
         return set(), set()
     with connection.cursor() as cursor:
         cursor.execute(
-            "WITH old AS (SELECT n.id, n.connectivity FROM fleet_node n JOIN "
+            tables("WITH old AS (SELECT n.id, n.connectivity FROM {Node} n JOIN "
             "unnest(%s::text[], %s::bigint[]) AS b(id, epoch) ON n.id = b.id AND "
             "n.session_epoch = b.epoch FOR UPDATE OF n) "
-            "UPDATE fleet_node n SET last_heartbeat_at = now() "
-            "FROM old WHERE n.id = old.id RETURNING n.id, old.connectivity",
+            "UPDATE {Node} n SET last_heartbeat_at = now() "
+            "FROM old WHERE n.id = old.id RETURNING n.id, old.connectivity", Node=Node),
             [list(beats), list(beats.values())])
         rows = cursor.fetchall()
     back = {node_id for node_id, was in rows if was == Connectivity.UNREACHABLE}
@@ -182,8 +184,9 @@ def report_claim(*, report_id: str, node_id: str, kind: str, epoch: int) -> bool
     session is refused by its epoch, so replaying it needs no claim (`claims_prune`).
     """
     with connection.cursor() as cursor:
-        cursor.execute("INSERT INTO fleet_nodereport (report_id, node_id, kind, epoch, "
+        cursor.execute(tables("INSERT INTO {NodeReport} (report_id, node_id, kind, epoch, "
                        "received_at) VALUES (%s, %s, %s, %s, now()) ON CONFLICT DO NOTHING",
+                           NodeReport=NodeReport),
                        [report_id, node_id, kind, epoch])
         return cursor.rowcount == 1
 
@@ -191,8 +194,9 @@ def report_claim(*, report_id: str, node_id: str, kind: str, epoch: int) -> bool
 def claims_prune() -> int:
     """Drop the report claims of sessions older than their node's current one."""
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM fleet_nodereport r USING fleet_node n "
-                       "WHERE r.node_id = n.id AND r.epoch < n.session_epoch")
+        cursor.execute(tables("DELETE FROM {NodeReport} r USING {Node} n "
+                       "WHERE r.node_id = n.id AND r.epoch < n.session_epoch",
+                           Node=Node, NodeReport=NodeReport))
         return cursor.rowcount
 
 

@@ -7,6 +7,7 @@ change; bookings are guarded by the EXCLUDE constraint, not by locks).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -22,11 +23,13 @@ from compute.core.db import (
     prepared_cursor,
 )
 from compute.core.errors import CapacityConflict, InvalidArgument
+from compute.core.sqltext import fill, tables
 from compute.platform.events.services import event_emit
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
 from compute.platform.queue.work import enqueue
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import DeviceClass, Pool, PoolClass
+from fleet.models.nodes import Node
 from fleet.selectors import access_pool_by_id
 from reservations.candidates import (
     device_filter_q,
@@ -47,7 +50,13 @@ from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
 from reservations.events import ReservationEvent
 from reservations.hostshare import MEETING_SPANS, RAISED_COUNTERS_SQL, counter_params
-from reservations.ledger import Allocation, Reservation, ReservationSeries, ReservationState
+from reservations.ledger import (
+    Allocation,
+    Booking,
+    Reservation,
+    ReservationSeries,
+    ReservationState,
+)
 from reservations.limits import (
     check_at_once,
     check_request,
@@ -110,11 +119,18 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
 # bookings are written, the node's counters recomputed with the new allocation counted
 # over its window, and the reservation marked placed. The EXCLUDE constraint referees the
 # devices, the node's CHECK constraints its host share; a refusal writes none of it.
-LOCK_NODE_SQL = "SELECT id FROM fleet_node WHERE id = %(node)s AND {schedulable} FOR UPDATE"
+LOCK_NODE_SQL = tables("SELECT id FROM {Node} WHERE id = %(node)s AND {schedulable} FOR UPDATE",
+    Node=Node)
 # The first node of a ranked list that no other booker holds, locked, in one statement.
-LOCK_FIRST_FREE_SQL = """SELECT id FROM fleet_node WHERE id = ANY(%(nodes)s) AND {schedulable}
- ORDER BY array_position(%(nodes)s, id) LIMIT 1 FOR UPDATE SKIP LOCKED"""
+LOCK_FIRST_FREE_SQL = tables("""SELECT id FROM {Node} WHERE id = ANY(%(nodes)s) AND {schedulable}
+ ORDER BY array_position(%(nodes)s, id) LIMIT 1 FOR UPDATE SKIP LOCKED""", Node=Node)
 SPREAD = 8  # next-best nodes a booker may take while other bookers hold the best
+
+
+@functools.cache
+def _with_schedulable(template: str) -> str:
+    """A locking statement with the schedulable filter written in, composed once."""
+    return fill(template, schedulable=schedulable_sql())
 
 
 def hold_node(candidates: list[Candidate], request: Request) -> Choice:
@@ -124,39 +140,37 @@ def hold_node(candidates: list[Candidate], request: Request) -> Choice:
     it. When all of those are held (or no longer schedulable), wait for the best.
 
     Raises NodeFull when the node waited for is no longer schedulable."""
-    schedulable = schedulable_sql()
     choices = ranked(candidates, request)[:SPREAD]
     with prepared_cursor() as cursor:
-        cursor.execute(LOCK_FIRST_FREE_SQL.replace("{schedulable}", schedulable),
+        cursor.execute(_with_schedulable(LOCK_FIRST_FREE_SQL),
                        {"nodes": [c.node_id for c in choices]})
         row = cursor.fetchone()
         if row is not None:
             return next(c for c in choices if c.node_id == row[0])
-        cursor.execute(LOCK_NODE_SQL.replace("{schedulable}", schedulable),
-                       {"node": choices[0].node_id})
+        cursor.execute(_with_schedulable(LOCK_NODE_SQL), {"node": choices[0].node_id})
         if cursor.fetchone() is None:
             raise NodeFull("not schedulable")
     return choices[0]
 
 
-BOOKING = """,
+BOOKING = tables(""",
 allocation AS (
-  INSERT INTO reservations_allocation (id, reservation_id, node_id, vcpus, memory_gib,
+  INSERT INTO {Allocation} (id, reservation_id, node_id, vcpus, memory_gib,
                                        created_at)
   VALUES (%(allocation)s, %(reservation)s, %(node)s, %(vcpus)s, %(memory)s, %(created)s)
   RETURNING id),
 booked AS (
-  INSERT INTO reservations_booking (allocation_id, device_id, during)
+  INSERT INTO {Booking} (allocation_id, device_id, during)
   SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
   RETURNING device_id),
 counted AS ({counters} RETURNING 1),
 placed AS (
-  UPDATE reservations_reservation
+  UPDATE {Reservation}
      SET during = %(during)s, placed_at = %(placed_at)s, state = 'placed',
          placement_attempts = placement_attempts + 1, failure_reason = ''
    WHERE id = %(reservation)s RETURNING 1)
-SELECT count(*) FROM booked"""
-BOOK_SQL = MEETING_SPANS + BOOKING.replace("{counters}", RAISED_COUNTERS_SQL)
+SELECT count(*) FROM booked""", Allocation=Allocation, Booking=Booking, Reservation=Reservation)
+BOOK_SQL = MEETING_SPANS + fill(BOOKING, counters=RAISED_COUNTERS_SQL)
 NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
              NODE_MEMORY_WITHIN_SIZE: lambda: NodeFull("memory")}
 

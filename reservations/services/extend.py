@@ -9,6 +9,7 @@ from django.db import connection, transaction
 from audit.services import audit_record, audited
 from compute.core.db import constraint_errors, database_now
 from compute.core.errors import CapacityConflict, InvalidArgument, InvalidState
+from compute.core.sqltext import tables
 from compute.platform.events.services import event_emit
 from compute.platform.tenancy.models import Principal, Tenant
 from reservations.candidates import window
@@ -19,7 +20,7 @@ from reservations.constraints import (
 )
 from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh
-from reservations.ledger import Allocation, Reservation
+from reservations.ledger import Allocation, Booking, Reservation
 from reservations.limits import check_at_once, check_request, offering_limits
 from reservations.selectors import access_reservation_by_id
 from reservations.services.release import live_allocation
@@ -77,8 +78,8 @@ def _move_end(rsv: Reservation, allocation: Allocation, old_end: datetime,
         with transaction.atomic(), constraint_errors(LEDGER_CONSTRAINTS), \
                 connection.cursor() as cursor:
             cursor.execute(
-                    "UPDATE reservations_booking SET during = tstzrange(lower(during), %s, "
-                    "'[)') WHERE allocation_id = %s", [new_end, allocation.id])
+                    tables("UPDATE {Booking} SET during = tstzrange(lower(during), %s, "
+                    "'[)') WHERE allocation_id = %s", Booking=Booking), [new_end, allocation.id])
     except CapacityConflict:
         blocking = _blocking_window(allocation, old_end, new_end)
         raise CapacityConflict(
@@ -105,11 +106,12 @@ def _blocking_window(allocation: Allocation, old_end: datetime,
     """The earliest other booking of this allocation's devices inside the extension."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT lower(other.during), upper(other.during) FROM reservations_booking other "
-            "JOIN reservations_booking mine ON mine.device_id = other.device_id "
+            tables("SELECT lower(other.during), upper(other.during) FROM {Booking} other "
+            "JOIN {Booking} mine ON mine.device_id = other.device_id "
             "WHERE mine.allocation_id = %s AND other.allocation_id IS DISTINCT FROM %s "
             "AND other.during && tstzrange(%s, %s, '[)') "
-            "ORDER BY lower(other.during) LIMIT 1", [allocation.id, allocation.id, old_end,
+            "ORDER BY lower(other.during) LIMIT 1",
+                Booking=Booking), [allocation.id, allocation.id, old_end,
                                                      new_end])
         row = cursor.fetchone()
     return (row[0], row[1]) if row else (old_end, new_end)

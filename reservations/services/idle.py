@@ -17,30 +17,35 @@ from django.db import connection
 
 from audit.services import audit_record, audited
 from compute.core.db import database_now
+from compute.core.sqltext import tables
 from compute.platform.events.services import event_emit
+from fleet.models.devices import GpuSample
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
-from reservations.ledger import Reservation, ReservationState
+from reservations.ledger import Allocation, Booking, Reservation, ReservationState
+from reservations.offerings import Offering
 from reservations.services.release import end_reservation
 
 # The active reservations on %(node)s whose offering reclaims idle GPUs.
-WATCHED_SQL = """
-SELECT r.id FROM reservations_reservation r
-  JOIN reservations_allocation a ON a.reservation_id = r.id AND a.ended_at IS NULL
-  JOIN reservations_offering o ON o.pool_id = r.pool_id AND o.tenant_id = r.tenant_id
- WHERE a.node_id = %(node)s AND r.state = 'active' AND o.limits ? 'idleReclaim'"""
+WATCHED_SQL = tables("""
+SELECT r.id FROM {Reservation} r
+  JOIN {Allocation} a ON a.reservation_id = r.id AND a.ended_at IS NULL
+  JOIN {Offering} o ON o.pool_id = r.pool_id AND o.tenant_id = r.tenant_id
+ WHERE a.node_id = %(node)s AND r.state = 'active' AND o.limits ? 'idleReclaim'""",
+     Allocation=Allocation, Offering=Offering, Reservation=Reservation)
 
 # Over the reservation's GPUs (whole, or those its parts are of): the busiest sample since
 # %(since)s, and the first sample since its start (how long it has been watched).
-SAMPLES_SQL = """
+SAMPLES_SQL = tables("""
 WITH gpus AS (
-  SELECT DISTINCT b.gpu_id FROM reservations_booking b
-    JOIN reservations_allocation a ON a.id = b.allocation_id
+  SELECT DISTINCT b.gpu_id FROM {Booking} b
+    JOIN {Allocation} a ON a.id = b.allocation_id
    WHERE a.reservation_id = %(rsv)s AND a.ended_at IS NULL)
 SELECT max(s.utilization) FILTER (WHERE s.at >= %(since)s),
        min(s.at) FILTER (WHERE s.at >= %(start)s)
-  FROM fleet_gpusample s WHERE s.device_id IN (SELECT gpu_id FROM gpus)
-   AND s.at >= least(%(since)s, %(start)s)"""
+  FROM {GpuSample} s WHERE s.device_id IN (SELECT gpu_id FROM gpus)
+   AND s.at >= least(%(since)s, %(start)s)""",
+       Allocation=Allocation, Booking=Booking, GpuSample=GpuSample)
 
 
 def watched_on(node_id: str) -> list[str]:

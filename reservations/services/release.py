@@ -9,6 +9,7 @@ from django.db import connection
 from audit.services import audit_record, audited
 from compute.core.db import database_now
 from compute.core.errors import InvalidState
+from compute.core.sqltext import tables
 from compute.platform.events.services import event_emit
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import Node
@@ -39,8 +40,9 @@ def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool
     if keep_history:
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE reservations_booking SET during = tstzrange(lower(during), "
-                "LEAST(upper(during), %s), '[)') WHERE allocation_id = %s", [now, allocation.id])
+                tables("UPDATE {Booking} SET during = tstzrange(lower(during), "
+                "LEAST(upper(during), %s), '[)') WHERE allocation_id = %s",
+                    Booking=Booking), [now, allocation.id])
     else:
         Booking.objects.filter(allocation=allocation).delete()
     allocation.ended_at = now

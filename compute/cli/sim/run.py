@@ -120,8 +120,12 @@ class Run:
         self.env = self.plane.env
         if "exclude" in self.options.without:
             with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:
-                for name in EXCLUDE_CONSTRAINTS:  # constant names
-                    conn.execute(f"ALTER TABLE reservations_booking DROP CONSTRAINT {name}")
+                for name in EXCLUDE_CONSTRAINTS:  # constant names; the table is the catalog's
+                    row = conn.execute("SELECT conrelid::regclass::text FROM pg_constraint "
+                                       "WHERE conname = %s", [name]).fetchone()
+                    if row is None:
+                        raise RuntimeError(f"no constraint {name} to drop")
+                    conn.execute(f"ALTER TABLE {row[0]} DROP CONSTRAINT {name}")
         default_image(self.plane.api, [self.plane.ids["poolId"]], self.plane.downloads,
                        self.plane.url.removesuffix("/api/compute"))
         self.network = Network()

@@ -17,23 +17,27 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-HEAD_SQL = """
-INSERT INTO compute_eventhead (tenant_id, size) VALUES (%(tenant)s, 0)
-    ON CONFLICT (tenant_id) DO NOTHING"""
-LOCK_HEAD_SQL = "SELECT size FROM compute_eventhead WHERE tenant_id = %(tenant)s FOR UPDATE"
+from compute.core.sqltext import tables
+from compute.platform.events.models import Event, EventHead
+
+HEAD_SQL = tables("""
+INSERT INTO {EventHead} (tenant_id, size) VALUES (%(tenant)s, 0)
+    ON CONFLICT (tenant_id) DO NOTHING""", EventHead=EventHead)
+LOCK_HEAD_SQL = tables("SELECT size FROM {EventHead} WHERE tenant_id = %(tenant)s FOR UPDATE",
+    EventHead=EventHead)
 # A statement after the head's lock: it sees every pass that committed before.
-NUMBER_SQL = """
+NUMBER_SQL = tables("""
 WITH todo AS (
   SELECT seq, %(size)s + row_number() OVER (ORDER BY seq) AS position
-    FROM compute_event WHERE tenant_id = %(tenant)s AND position IS NULL),
+    FROM {Event} WHERE tenant_id = %(tenant)s AND position IS NULL),
 numbered AS (
-  UPDATE compute_event SET position = todo.position FROM todo
-   WHERE compute_event.seq = todo.seq RETURNING 1)
-UPDATE compute_eventhead SET size = size + (SELECT count(*) FROM numbered)
- WHERE tenant_id = %(tenant)s RETURNING size"""
-WAITING_SQL = """
-SELECT EXISTS (SELECT 1 FROM compute_event WHERE tenant_id = %(tenant)s
-                                             AND position IS NULL)"""
+  UPDATE {Event} SET position = todo.position FROM todo
+   WHERE {Event}.seq = todo.seq RETURNING 1)
+UPDATE {EventHead} SET size = size + (SELECT count(*) FROM numbered)
+ WHERE tenant_id = %(tenant)s RETURNING size""", Event=Event, EventHead=EventHead)
+WAITING_SQL = tables("""
+SELECT EXISTS (SELECT 1 FROM {Event} WHERE tenant_id = %(tenant)s
+                                             AND position IS NULL)""", Event=Event)
 
 
 def event_sequence(*, tenant_id: str) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from compute.core.db import prepared_cursor
+from compute.core.sqltext import tables
 from compute.platform.events.models import Event
 from compute.platform.events.types import EventType, known
 
@@ -31,9 +32,9 @@ def event_emit(*, tenant_id: str, type: EventType, subject: str,
 
 
 # The row and the NOTIFY in one round trip.
-EMIT_SQL = """
+EMIT_SQL = tables("""
 WITH written AS (
-  INSERT INTO compute_event (id, type, tenant_id, subject, payload, created_at)
+  INSERT INTO {Event} (id, type, tenant_id, subject, payload, created_at)
   VALUES (%s, %s, %s, %s, %s::jsonb, %s)
   RETURNING seq)  -- the gateway's role may read no other column
-SELECT seq, pg_notify('bc_events', %s) FROM written"""
+SELECT seq, pg_notify('bc_events', %s) FROM written""", Event=Event)

@@ -8,12 +8,14 @@ from typing import Any
 from compute.core.api import grants
 from compute.core.api.registry import Resource
 from compute.core.db import prepared_cursor
+from compute.core.sqltext import tables
 from compute.platform.iam import Decision
-from compute.platform.tenancy.models import ROOT_TENANT_SLUG, Principal
+from compute.platform.tenancy.models import ROOT_TENANT_SLUG, Principal, RoleBinding, Tenant
 
-BINDINGS_SQL = """
-SELECT b.tenant_id, b.role, t.slug FROM compute_rolebinding b
-  JOIN compute_tenant t ON t.id = b.tenant_id WHERE b.principal_id = %s"""
+BINDINGS_SQL = tables("""
+SELECT b.tenant_id, b.role, t.slug FROM {RoleBinding} b
+  JOIN {Tenant} t ON t.id = b.tenant_id WHERE b.principal_id = %s""",
+      RoleBinding=RoleBinding, Tenant=Tenant)
 
 
 class EmbeddedIAM:

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from compute.core.db import prepared_cursor
 from compute.core.metrics import WORK_DONE
+from compute.core.sqltext import tables
 from compute.platform.queue.models import SHARDS, ShardLease, WorkerPresence, WorkItem
 
 logger = logging.getLogger("compute.platform.queue")
@@ -44,11 +45,12 @@ def enqueue(kind: str, key: str, *, due_at: datetime | None = None) -> None:
     NOTIFY that goes with it wakes idle workers at that commit."""
     with prepared_cursor() as cursor:
         cursor.execute(
-            "WITH queued AS (INSERT INTO compute_workitem (kind, key, shard, due_at, version, "
+            tables("WITH queued AS (INSERT INTO {WorkItem} (kind, key, shard, due_at, version, "
             "attempts, last_error) VALUES (%s, %s, %s, coalesce(%s, now()), 1, 0, '') "
-            "ON CONFLICT (kind, key) DO UPDATE SET version = compute_workitem.version + 1, "
-            "due_at = LEAST(compute_workitem.due_at, EXCLUDED.due_at)) "
-            "SELECT pg_notify(%s, '')",  # one round trip: the row and its wake-up
+            "ON CONFLICT (kind, key) DO UPDATE SET version = {WorkItem}.version + 1, "
+            "due_at = LEAST({WorkItem}.due_at, EXCLUDED.due_at)) "
+            "SELECT pg_notify(%s, '')",
+                WorkItem=WorkItem),  # one round trip: the row and its wake-up
             [kind, key, shard_of(kind, key), due_at, WAKE_CHANNEL])
 
 
@@ -72,28 +74,32 @@ class Worker:
                                            ignore_conflicts=True)
             self._leases_exist = True
         with connection.cursor() as cursor:
-            cursor.execute("UPDATE compute_shardlease SET expires_at = now() + %s "
+            cursor.execute(tables("UPDATE {ShardLease} SET expires_at = now() + %s "
                            "WHERE owner = %s AND expires_at > now() RETURNING shard",
+                               ShardLease=ShardLease),
                            [self.lease, self.owner])
             mine = {row[0] for row in cursor.fetchall()}
-            cursor.execute("INSERT INTO compute_workerpresence (owner, expires_at) VALUES "
+            cursor.execute(tables("INSERT INTO {WorkerPresence} (owner, expires_at) VALUES "
                            "(%s, now() + %s) ON CONFLICT (owner) DO UPDATE SET expires_at = "
-                           "EXCLUDED.expires_at", [self.owner, self.lease])
-            cursor.execute("SELECT count(*) FROM compute_workerpresence WHERE "
-                           "expires_at > now() AND owner <> %s", [self.owner])
+                           "EXCLUDED.expires_at",
+                               WorkerPresence=WorkerPresence), [self.owner, self.lease])
+            cursor.execute(tables("SELECT count(*) FROM {WorkerPresence} WHERE "
+                           "expires_at > now() AND owner <> %s",
+                               WorkerPresence=WorkerPresence), [self.owner])
             others = cursor.fetchone()[0]
             share = math.ceil(SHARDS / (others + 1))
             if len(mine) > share:  # a new worker appeared: give shards back
                 extra = sorted(mine)[share:]
-                cursor.execute("UPDATE compute_shardlease SET owner = '', expires_at = NULL "
-                               "WHERE shard = ANY(%s) AND owner = %s", [extra, self.owner])
+                cursor.execute(tables("UPDATE {ShardLease} SET owner = '', expires_at = NULL "
+                               "WHERE shard = ANY(%s) AND owner = %s",
+                                   ShardLease=ShardLease), [extra, self.owner])
                 mine -= set(extra)
             elif len(mine) < share:
                 cursor.execute(
-                    "UPDATE compute_shardlease SET owner = %s, expires_at = now() + %s "
-                    "WHERE shard IN (SELECT shard FROM compute_shardlease WHERE owner = '' "
+                    tables("UPDATE {ShardLease} SET owner = %s, expires_at = now() + %s "
+                    "WHERE shard IN (SELECT shard FROM {ShardLease} WHERE owner = '' "
                     "OR expires_at IS NULL OR expires_at < now() ORDER BY random() LIMIT %s "
-                    "FOR UPDATE SKIP LOCKED) RETURNING shard",
+                    "FOR UPDATE SKIP LOCKED) RETURNING shard", ShardLease=ShardLease),
                     [self.owner, self.lease, share - len(mine)])
                 mine |= {row[0] for row in cursor.fetchall()}
         self.shards = mine
@@ -101,8 +107,9 @@ class Worker:
 
     def _still_mine(self, shard: int) -> bool:
         with connection.cursor() as cursor:
-            cursor.execute("UPDATE compute_shardlease SET expires_at = now() + %s WHERE "
+            cursor.execute(tables("UPDATE {ShardLease} SET expires_at = now() + %s WHERE "
                            "shard = %s AND owner = %s AND expires_at > now() RETURNING 1",
+                               ShardLease=ShardLease),
                            [self.lease, shard, self.owner])
             return cursor.fetchone() is not None
 
@@ -138,8 +145,9 @@ class Worker:
         if not self.shards:
             return None
         with connection.cursor() as cursor:
-            cursor.execute("SELECT extract(epoch FROM min(due_at) - now()) FROM "
-                           "compute_workitem WHERE shard = ANY(%s)", [sorted(self.shards)])
+            cursor.execute(tables("SELECT extract(epoch FROM min(due_at) - now()) FROM "
+                           "{WorkItem} WHERE shard = ANY(%s)",
+                               WorkItem=WorkItem), [sorted(self.shards)])
             row = cursor.fetchone()
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 from compute.core import secrets
 from compute.core.db import from_row, prepared_cursor, select_list
 from compute.core.errors import InvalidArgument, NotFound, Unauthenticated
+from compute.core.sqltext import tables
 from compute.platform.guards import one_visible
 from compute.platform.tenancy.models import (
     ROOT_TENANT_SLUG,
@@ -31,10 +32,10 @@ def principal_for_token(presented: str) -> Principal:
     return _live_principal(token)
 
 
-CALLER_SQL = """
-SELECT {token}, {principal}, {tenant} FROM compute_apitoken k
-  JOIN compute_principal p ON p.id = k.principal_id JOIN compute_tenant n ON n.id = p.tenant_id
- WHERE k.id = %s"""
+CALLER_SQL = tables("""
+SELECT {token}, {principal}, {tenant} FROM {ApiToken} k
+  JOIN {Principal} p ON p.id = k.principal_id JOIN {Tenant} n ON n.id = p.tenant_id
+ WHERE k.id = %s""", ApiToken=ApiToken, Principal=Principal, Tenant=Tenant)
 
 
 def _token_with_principal(token_id: str) -> ApiToken | None:
