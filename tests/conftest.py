@@ -111,3 +111,21 @@ def no_address_throttled_before() -> None:
     from compute.platform.iam.refusals import _THROTTLED
 
     _THROTTLED.clear()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup`, tests that share something costly run on one worker: a
+    module's tests when they share a module- or class-scoped fixture (a `dev` stack, say),
+    and every test of the agent's built artifacts (PyInstaller runs once). The rest are
+    shared out one by one."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None:
+            continue
+        used = fixtures.name2fixturedefs
+        if "agent_artifacts" in used:
+            item.add_marker(pytest.mark.xdist_group("agent-artifacts"))
+        elif any(d.scope in ("module", "class", "package")
+                 for defs in used.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
