@@ -27,13 +27,12 @@ from bcd import checks
 from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import VARIABLES, Config, SimFaults, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
-from bcd.contract.holds import BadHold, Hold
+from bcd.contract.holds import BadHold, Claims, Hold
 from bcd.contract.vms import Vm
 from bcd.deploys import Deploys, serve_deploys
 from bcd.deviceplugin import GpuSource, run_device_plugin
 from bcd.holds import (
     FALLBACK,
-    Claims,
     SliceFailed,
     holds_on_disk,
     remove_hold,

@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bcd.cdi import BadCdiSpec, check_spec, merged, vendor_spec
 from bcd.config import Paths, write_private
-from bcd.contract.holds import CDI_KIND, ENV_DIR, BadHold, Hold
+from bcd.contract.holds import CDI_KIND, Hold, holds_under
 
 CDI_VERSION = "0.6.0"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
@@ -57,45 +56,6 @@ def cdi_spec(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> tuple[dict[
     return spec, source
 
 
-@dataclass
-class Claims:
-    """What the holds of one spec take of the machine, checked before any is written: the
-    node's own second look at what the ledger's constraints already refuse. A hold takes
-    whole GPUs, MIG instances or shares of a GPU; a whole GPU excludes any part of it."""
-
-    present: set[str]  # healthy GPUs and their MIG instances
-    parent: dict[str, str]  # MIG instance -> its GPU
-    atoms: dict[str, str] = field(default_factory=dict)  # atom -> allocation
-    whole: dict[str, str] = field(default_factory=dict)  # GPU held whole -> allocation
-    split: dict[str, set[str]] = field(default_factory=dict)  # GPU -> allocations of parts
-
-    @classmethod
-    def of(cls, gpus: list[dict[str, Any]]) -> Claims:
-        healthy = [g for g in gpus if g.get("health", "healthy") == "healthy"]
-        parent = {m["uuid"]: g["uuid"] for g in healthy for m in g.get("mig", [])}
-        return cls(present={g["uuid"] for g in healthy} | set(parent), parent=parent)
-
-    def take(self, allocation: str, hold: Hold) -> str:
-        """The hold's atoms, or why it cannot have them (device-missing, overlap)."""
-        if not set(hold.gpus) <= self.present:
-            return "device-missing"
-        parts = [(share, share.partition(":share-")[0]) for share in hold.shares] or [
-            (uuid, self.parent.get(uuid, uuid)) for uuid in hold.gpus]
-        for atom, gpu in parts:
-            whole = atom == gpu
-            others = self.split.get(gpu, set()) - {allocation}
-            if self.atoms.get(atom, allocation) != allocation \
-                    or self.whole.get(gpu, allocation) != allocation or (whole and others):
-                return "overlap"
-        for atom, gpu in parts:
-            self.atoms[atom] = allocation
-            if atom == gpu:
-                self.whole[gpu] = allocation
-            else:
-                self.split.setdefault(gpu, set()).add(allocation)
-        return ""
-
-
 def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
     return paths.cdi_dir / hold.cdi_spec_name, paths.root / hold.env_file.lstrip("/")
 
@@ -119,20 +79,8 @@ def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str,
 
 
 def holds_on_disk(paths: Paths) -> dict[str, Hold]:
-    """The holds whose env files are on the node, read back from them: what the node
-    holds whatever its journal says (a lost journal forgets holds whose files stay)."""
-    found = {}
-    for env_file in sorted((paths.root / ENV_DIR.lstrip("/")).glob("alloc_*.env")):
-        values = dict(line.partition("=")[::2] for line in env_file.read_text().splitlines())
-        try:
-            found[env_file.stem] = Hold.from_wire({
-                "allocationId": env_file.stem,
-                "reservationId": values.get("BCD_RESERVATION_ID", ""),
-                "gpus": [g for g in values.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if g],
-                "shares": [s for s in values.get("BCD_GPU_SHARES", "").split(",") if s]})
-        except BadHold:
-            continue  # not a file this agent wrote
-    return found
+    """The holds whose env files are on the node (bcd.contract.holds.holds_under)."""
+    return holds_under(paths.root)
 
 
 def remove_hold(hold: Hold, paths: Paths) -> bool:

@@ -19,8 +19,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit.models import AuditEvent
-from bcd.config import Paths, joined_config
-from bcd.holds import holds_on_disk
+from bcd.contract.holds import holds_under
 from compute.core.db import database_now
 from fleet.models import Node, NodeRole, NodeSpec, ProvisionState
 from reservations.constraints import OVERLAPS_SQL
@@ -60,16 +59,12 @@ def counter_mismatches() -> list[str]:
     return wrong
 
 
-def held_on(roots: list[Path]) -> Held:
-    """What each machine holds, from its hold files (what a workload on it is given)."""
-    held: Held = {}
-    for root in roots:
-        config = joined_config(Paths(root))
-        if config is not None:
-            held[config.node_id] = {
-                allocation: {"reservation": hold.reservation_id, "gpus": list(hold.gpus)}
-                for allocation, hold in holds_on_disk(Paths(root)).items()}
-    return held
+def held_on(machines: dict[str, Path]) -> Held:
+    """What each machine ({node id: its root}) holds, from its hold files (what a workload
+    on it is given)."""
+    return {node_id: {allocation: {"reservation": hold.reservation_id, "gpus": list(hold.gpus)}
+                      for allocation, hold in holds_under(root).items()}
+            for node_id, root in machines.items()}
 
 
 def unconverged(held: Held, now: datetime, settle: timedelta) -> list[str]:

@@ -11,7 +11,8 @@ them, from the same code.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bcd.contract import ids
@@ -97,3 +98,59 @@ class Hold:
         binding = {"allocationId": self.allocation_id, "cdiDevices": self.cdi_devices,
                    "envFile": self.env_file, "cgroupParent": self.slice_name}
         return {**binding, "shares": list(self.shares)} if self.shares else binding
+
+
+@dataclass
+class Claims:
+    """What the holds of one spec take of the machine, checked before any is written: the
+    node's own second look at what the ledger's constraints already refuse. A hold takes
+    whole GPUs, MIG instances or shares of a GPU; a whole GPU excludes any part of it."""
+
+    present: set[str]  # healthy GPUs and their MIG instances
+    parent: dict[str, str]  # MIG instance -> its GPU
+    atoms: dict[str, str] = field(default_factory=dict)  # atom -> allocation
+    whole: dict[str, str] = field(default_factory=dict)  # GPU held whole -> allocation
+    split: dict[str, set[str]] = field(default_factory=dict)  # GPU -> allocations of parts
+
+    @classmethod
+    def of(cls, gpus: list[dict[str, Any]]) -> Claims:
+        healthy = [g for g in gpus if g.get("health", "healthy") == "healthy"]
+        parent = {m["uuid"]: g["uuid"] for g in healthy for m in g.get("mig", [])}
+        return cls(present={g["uuid"] for g in healthy} | set(parent), parent=parent)
+
+    def take(self, allocation: str, hold: Hold) -> str:
+        """The hold's atoms, or why it cannot have them (device-missing, overlap)."""
+        if not set(hold.gpus) <= self.present:
+            return "device-missing"
+        parts = [(share, share.partition(":share-")[0]) for share in hold.shares] or [
+            (uuid, self.parent.get(uuid, uuid)) for uuid in hold.gpus]
+        for atom, gpu in parts:
+            whole = atom == gpu
+            others = self.split.get(gpu, set()) - {allocation}
+            if self.atoms.get(atom, allocation) != allocation \
+                    or self.whole.get(gpu, allocation) != allocation or (whole and others):
+                return "overlap"
+        for atom, gpu in parts:
+            self.atoms[atom] = allocation
+            if atom == gpu:
+                self.whole[gpu] = allocation
+            else:
+                self.split.setdefault(gpu, set()).add(allocation)
+        return ""
+
+
+def holds_under(root: Path) -> dict[str, Hold]:
+    """The holds whose env files are under a machine's root, read back from them: what the
+    node holds whatever its journal says (a lost journal forgets holds whose files stay)."""
+    found = {}
+    for env_file in sorted((root / ENV_DIR.lstrip("/")).glob("alloc_*.env")):
+        values = dict(line.partition("=")[::2] for line in env_file.read_text().splitlines())
+        try:
+            found[env_file.stem] = Hold.from_wire({
+                "allocationId": env_file.stem,
+                "reservationId": values.get("BCD_RESERVATION_ID", ""),
+                "gpus": [g for g in values.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if g],
+                "shares": [s for s in values.get("BCD_GPU_SHARES", "").split(",") if s]})
+        except BadHold:
+            continue  # not a file this agent wrote
+    return found

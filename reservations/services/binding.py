@@ -18,8 +18,7 @@ from django.utils import timezone
 
 from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
-from bcd.contract.holds import Hold
-from bcd.holds import Claims
+from bcd.contract.holds import Claims, Hold
 from compute.core.db import database_now
 from compute.core.metrics import BIND_SECONDS
 from compute.platform.events.services import event_emit

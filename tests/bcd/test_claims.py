@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bcd.contract.holds import BadHold, Hold, share_uuid
-from bcd.holds import Claims
+from bcd.contract.holds import BadHold, Claims, Hold, share_uuid
 
 GPU0, GPU1 = "GPU-aaaa-0", "GPU-aaaa-1"
 MIG_A, MIG_B = "MIG-aaaa-0-0", "MIG-aaaa-0-1"

@@ -63,8 +63,8 @@ def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None,
         output.append(line)
         if line.startswith("Ctrl-C stops everything"):
             break
-    else:
-        process.kill()
+    else:  # stopped as Ctrl-C stops it, so that what it started stops too
+        stop_stack(Stack(process, env, output, tmp / "state"))
         raise AssertionError("dev did not become ready:\n" + "".join(output))
     values = read_env_file(tmp / "state" / "env")
     return Stack(process=process, env={**env, **values}, output=output,

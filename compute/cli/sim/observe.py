@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bcd.config import Paths
+from bcd.config import Paths, joined_config
 
 FLEET_ORIGINS_EXCLUDE = ("api",)  # the tenants' API calls are decided; nothing else may be
 
@@ -43,8 +43,10 @@ def ledger_checks(env: dict[str, str], roots: list[Path], joined: list[str],
                   settle: float = 10.0) -> dict[str, Any] | None:
     """The ledger's invariants (I1, I3, I4, I5) with the holds of the machines at `roots`,
     or None when the database cannot answer (it is restarting)."""
+    machines = {config.node_id: str(root) for root in roots
+                if (config := joined_config(Paths(root))) is not None}
     result = subprocess.run([sys.executable, "-m", "django", "bc_invariants"], env=env,
-                            input=json.dumps({"roots": [str(r) for r in roots],
+                            input=json.dumps({"machines": machines,
                                               "joined": joined, "settleSeconds": settle}),
                             capture_output=True, text=True, check=False, timeout=120)
     if result.returncode != 0:

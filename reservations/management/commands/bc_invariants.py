@@ -2,10 +2,11 @@
 
     python manage.py bc_invariants < nodes.json
 
-Standard input: {"roots": [machine root, ...], "joined": [node id, ...], "settleSeconds":
-10}: where the machines keep their hold files (read once the ledger's snapshot is taken),
-which machines joined, and how long a binding or a release may be on its way. The answer
-is one JSON object: {"I1": [problem, ...], "I3": [...], "I4": [...], "I5": [...]}.
+Standard input: {"machines": {node id: machine root, ...}, "joined": [node id, ...],
+"settleSeconds": 10}: where the machines keep their hold files (read once the ledger's
+snapshot is taken), which machines joined, and how long a binding or a release may be on
+its way. The answer is one JSON object: {"I1": [problem, ...], "I3": [...], "I4": [...],
+"I5": [...]}.
 """
 
 from __future__ import annotations
@@ -25,6 +26,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         given = json.load(sys.stdin)
-        roots = [Path(root) for root in given.get("roots", [])]
-        self.stdout.write(json.dumps(check(partial(held_on, roots), given.get("joined", []),
+        machines = {node: Path(root) for node, root in given.get("machines", {}).items()}
+        self.stdout.write(json.dumps(check(partial(held_on, machines), given.get("joined", []),
                                            float(given.get("settleSeconds", 10)))))
