@@ -167,7 +167,7 @@ def build_document() -> dict[str, Any]:
 
 
 def _watch_operation(error_ref: dict[str, Any], statuses: list[int]) -> dict[str, Any]:
-    from compute.platform.events.serializers import EVENT  # a model module: imported once apps load
+    from compute.platform.events.presenters import EVENT  # a model module: imported once apps load
 
     return {
         "operationId": "events.watch",

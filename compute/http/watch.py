@@ -30,8 +30,8 @@ from compute.core.errors import InvalidArgument, Unauthenticated
 from compute.http.auth import session_principal
 from compute.http.edge import caller, decide_once, new_request_id, send_error
 from compute.http.hub import HUB
+from compute.platform.events.presenters import present_event
 from compute.platform.events.selectors import event_list
-from compute.platform.events.serializers import present_event
 from compute.platform.events.types import parse_type_globs
 from compute.platform.iam.streams import stream_lease_drop, stream_lease_renew, stream_lease_take
 from compute.platform.tenancy.models import Tenant

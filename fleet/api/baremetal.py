@@ -10,11 +10,11 @@ from rest_framework import serializers
 
 from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import CallContext, Subject, endpoint
-from fleet import serializers as wire
+from fleet import presenters as wire
 from fleet.api.nodes import NODE, NodeIdIn
 from fleet.events import FleetEvent
+from fleet.presenters import present_node
 from fleet.selectors import access_pool_by_id
-from fleet.serializers import present_node
 from fleet.services.baremetal import (
     POWER_STATES,
     node_abort,

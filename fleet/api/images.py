@@ -11,10 +11,10 @@ from compute.core.api.inputs import Input, ListInput, PublicIdField
 from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
-from fleet import serializers as wire
+from fleet import presenters as wire
 from fleet.events import FleetEvent
+from fleet.presenters import present_image
 from fleet.selectors import access_image_by_id, access_pool_by_id, image_list
-from fleet.serializers import present_image
 from fleet.services.images import image_create, image_delete
 
 IMAGE = Subject("image", access_image_by_id, "image_id")

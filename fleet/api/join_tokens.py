@@ -12,8 +12,8 @@ from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import STRING, extended, page_of
 from compute.platform.paging import page
 from fleet.events import FleetEvent
+from fleet.presenters import JOIN_TOKEN, present_join_token
 from fleet.selectors import access_join_token_by_id, access_pool_by_id, join_token_list
-from fleet.serializers import JOIN_TOKEN, present_join_token
 from fleet.services.join_tokens import join_token_create, join_token_revoke
 
 

@@ -9,13 +9,13 @@ from rest_framework import serializers
 from compute.core.api.inputs import Input, ListInput, PublicIdField
 from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import array, extended, items_of, page_of
+from compute.platform.events.presenters import EVENT, present_event
 from compute.platform.events.selectors import event_list
-from compute.platform.events.serializers import EVENT, present_event
 from compute.platform.paging import page
-from fleet import serializers as wire
+from fleet import presenters as wire
 from fleet.events import FleetEvent
+from fleet.presenters import DEVICE, present_device, present_node
 from fleet.selectors import access_node_by_id, node_list
-from fleet.serializers import DEVICE, present_device, present_node
 from fleet.services.lifecycle import node_adopt_again
 from fleet.services.nodes import node_cordon, node_uncordon
 

@@ -10,11 +10,11 @@ from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, Publi
 from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
-from fleet import serializers as wire
+from fleet import presenters as wire
 from fleet.events import FleetEvent
 from fleet.models import Site
+from fleet.presenters import present_site
 from fleet.selectors import access_site_by_id, site_list
-from fleet.serializers import present_site
 from fleet.services.sites import site_create
 
 SITE = Subject("site", access_site_by_id, "site_id")

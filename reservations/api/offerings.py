@@ -8,8 +8,8 @@ from compute.core.api.inputs import ListInput
 from compute.core.api.registry import CallContext, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
+from reservations.presenters import OFFERING, present_offering
 from reservations.selectors import offering_list
-from reservations.serializers import OFFERING, present_offering
 
 
 @endpoint("offerings", "list", returns=page_of(OFFERING), input=ListInput, mutating=False)

@@ -13,12 +13,12 @@ from compute.platform.paging import page
 from compute.platform.tenancy.selectors import tenant_by_ref
 from fleet.events import FleetEvent
 from fleet.models import PoolClass
+from fleet.presenters import POOL, PolicyIn, present_pool
 from fleet.selectors import access_pool_by_id, pool_list
-from fleet.serializers import POOL, PolicyIn, present_pool
 from fleet.services.pools import pool_create
 from reservations.events import ReservationEvent
+from reservations.presenters import OFFERING, present_offering
 from reservations.selectors import offering_list
-from reservations.serializers import OFFERING, present_offering
 from reservations.services.offerings import pool_offer
 
 

@@ -12,12 +12,12 @@ from compute.core.api.shapes import STRING, array, nullable, obj, page_of
 from compute.core.errors import InvalidState
 from compute.platform.paging import page
 from fleet.services.ask import node_ask
+from reservations import presenters as wire
 from reservations import selectors
-from reservations import serializers as wire
 from reservations.api.pools import pool_subject
 from reservations.events import ReservationEvent
+from reservations.presenters import present_sandbox
 from reservations.sandboxes import LIVE
-from reservations.serializers import present_sandbox
 from reservations.services.sandboxes import sandbox_create, sandbox_release
 
 SANDBOX = Subject("sandbox", selectors.access_sandbox_by_id, "sandbox_id")

@@ -11,12 +11,12 @@ from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import page_of
 from compute.core.errors import InvalidArgument
 from compute.platform.paging import page
+from reservations import presenters as wire
 from reservations import selectors
-from reservations import serializers as wire
 from reservations.api.pools import pool_subject
 from reservations.api.reservations import DevicesIn
 from reservations.events import ReservationEvent
-from reservations.serializers import present_series
+from reservations.presenters import present_series
 from reservations.services import series as service
 
 SERIES = Subject("series", selectors.access_series_by_id, "series_id")

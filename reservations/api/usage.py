@@ -11,7 +11,7 @@ from compute.core.api.registry import CallContext, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
 from reservations import selectors
-from reservations.serializers import USAGE, present_usage
+from reservations.presenters import USAGE, present_usage
 
 
 class UsageListIn(ListInput):

@@ -102,7 +102,7 @@ def test_liveness_turns_a_quiet_node_unreachable_and_a_heartbeat_brings_it_back(
 
 
 def test_a_node_says_every_reason_it_is_not_schedulable(pool, root):
-    from fleet.serializers import unschedulable_because
+    from fleet.presenters import unschedulable_because
     from tests.factories import make_unreachable
 
     node = make_node(pool["id"])

@@ -9,8 +9,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 from compute.http.console.session import Page, console_page
+from compute.platform.events.presenters import present_event
 from compute.platform.events.selectors import latest_events
-from compute.platform.events.serializers import present_event
 from reservations.board import fleet_board, gpus_held_now, sandboxes_on_node
 from reservations.ledger import ReservationState, Topology
 

@@ -9,8 +9,8 @@ from rest_framework import serializers
 from compute.core.api.inputs import Input
 from compute.core.api.registry import CallContext, endpoint
 from compute.core.api.shapes import INTEGER, items_of
+from compute.platform.events.presenters import EVENT, present_event
 from compute.platform.events.selectors import event_list
-from compute.platform.events.serializers import EVENT, present_event
 from compute.platform.events.types import type_globs_help, type_globs_pattern
 
 

@@ -11,8 +11,8 @@ from compute.core.api.registry import CallContext, Resource, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
 from compute.platform.tenancy.events import TenancyEvent
+from compute.platform.tenancy.presenters import TENANT, present_tenant
 from compute.platform.tenancy.selectors import root_tenant, tenant_list
-from compute.platform.tenancy.serializers import TENANT, present_tenant
 from compute.platform.tenancy.services import tenant_create
 
 

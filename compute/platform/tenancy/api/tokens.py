@@ -13,8 +13,8 @@ from compute.core.api.shapes import STRING, extended, page_of
 from compute.platform.paging import page
 from compute.platform.tenancy.events import TenancyEvent
 from compute.platform.tenancy.models import Role
+from compute.platform.tenancy.presenters import TOKEN, present_token
 from compute.platform.tenancy.selectors import access_token_by_id, token_list
-from compute.platform.tenancy.serializers import TOKEN, present_token
 from compute.platform.tenancy.services import token_create, token_revoke
 
 
