@@ -110,12 +110,14 @@ def service_work(ids: dict[str, str]):
     from compute.platform.tenancy.models import Principal
     from compute.platform.tenancy.selectors import root_tenant
     from reservations.services.book import reservation_create
+    from reservations.shape import Shape
 
     root, admin = root_tenant(), Principal.objects.get(pk=ids["admin"])
 
     def work(index: int) -> bool:
         try:
-            rsv = reservation_create(tenant=root, actor=admin, pool_id=ids["pool"], gpus=1,
+            rsv = reservation_create(tenant=root, actor=admin, pool_id=ids["pool"],
+                                     shape=Shape(count=1),
                                      duration_ms=60_000,
                                      start_in_ms=random.randrange(60_000, YEAR_MS))
         except ComputeError:
@@ -366,8 +368,8 @@ def one_client(ids: dict[str, str], pool_id: str, calls: int) -> dict[str, list[
     from compute.platform.tenancy.selectors import root_tenant
     from fleet.models import Pool
     from reservations.capacity import capacity_preview
-    from reservations.ledger import Reservation
     from reservations.services.book import reservation_create
+    from reservations.shape import Ask, Shape
 
     root, admin = root_tenant(), Principal.objects.get(pk=ids["admin"])
     pool = Pool.objects.get(pk=pool_id)
@@ -375,11 +377,10 @@ def one_client(ids: dict[str, str], pool_id: str, calls: int) -> dict[str, list[
     for _ in range(calls):
         start_in = random.randrange(60_000, YEAR_MS)
         began = time.perf_counter()
-        capacity_preview(pool, Reservation(tenant=root, pool=pool, gpu_count=1,
-                                           duration_ms=60_000), start_in_ms=start_in)
+        capacity_preview(Ask(root.id, pool, Shape(count=1), 60_000), start_in_ms=start_in)
         timings["preview"].append(time.perf_counter() - began)
         began = time.perf_counter()
-        reservation_create(tenant=root, actor=admin, pool_id=pool_id, gpus=1,
+        reservation_create(tenant=root, actor=admin, pool_id=pool_id, shape=Shape(count=1),
                            duration_ms=60_000, start_in_ms=start_in)
         timings["create"].append(time.perf_counter() - began)
     return timings

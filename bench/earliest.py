@@ -97,13 +97,13 @@ def requests(count: int, rng: random.Random) -> list[dict[str, Any]]:
 
 def timed(asks: list[dict[str, Any]], pool_id: str, ask) -> tuple[list[float], int]:
     from fleet.models import Pool
-    from reservations.ledger import Reservation
+    from reservations.shape import Ask, Shape
 
     pool = Pool.objects.get(pk=pool_id)
     seconds, answered = [], 0
     for shape in asks:
-        unsaved = Reservation(pool=pool, gpu_count=shape["gpus"], topology=shape["topology"],
-                              duration_ms=shape["duration_ms"])
+        unsaved = Ask(pool.tenant_id, pool, Shape(count=shape["gpus"], topology=shape["topology"]),
+                      shape["duration_ms"])
         began = time.perf_counter()
         answered += bool(ask(pool, unsaved, shape["after_in_ms"]))
         seconds.append(time.perf_counter() - began)
@@ -124,6 +124,7 @@ def main() -> None:
         from reservations.capacity import capacity_earliest, capacity_preview
         from reservations.gaps import gaps_mend
         from reservations.services.book import reservation_create
+        from reservations.shape import Shape
 
         ids = world()
         print(f"building {args.nodes} nodes x 8 GPUs …", flush=True)
@@ -134,10 +135,10 @@ def main() -> None:
         asks = requests(args.calls, rng)
 
         def earliest(pool: Any, unsaved: Any, after_in_ms: int) -> bool:
-            return capacity_earliest(pool, unsaved, after_in_ms=after_in_ms)["found"]
+            return capacity_earliest(unsaved, after_in_ms=after_in_ms)["found"]
 
         def preview(pool: Any, unsaved: Any, after_in_ms: int) -> bool:
-            return capacity_preview(pool, unsaved, start_in_ms=after_in_ms)["fits"]
+            return capacity_preview(unsaved, start_in_ms=after_in_ms)["fits"]
 
         timed(asks[:20], pool_id, earliest)  # warm up: connections, caches, plans
         timed(asks[:20], pool_id, preview)
@@ -158,7 +159,7 @@ def main() -> None:
         for shape in asks[:50]:
             began = time.perf_counter()
             reservation_create(tenant=root_tenant(), actor=admin, pool_id=pool_id,
-                               gpus=shape["gpus"], topology=shape["topology"],
+                               shape=Shape(count=shape["gpus"], topology=shape["topology"]),
                                duration_ms=shape["duration_ms"],
                                start_in_ms=shape["after_in_ms"], at_earliest=True)
             booked.append(time.perf_counter() - began)

@@ -21,9 +21,10 @@ from compute.core.errors import InvalidArgument
 from compute.core.sqltext import fill, passed_on, table, tables
 from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
-from reservations.ledger import Allocation, Booking, Reservation
+from reservations.ledger import Allocation, Booking
 from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
 from reservations.sandboxes import Sandbox
+from reservations.shape import Shape
 
 MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for
 PAST_START_SLACK = timedelta(minutes=1)  # a start this far in the past means now
@@ -100,21 +101,22 @@ def host_fraction(pool: Pool, device_class: str, profile: str) -> float:
     return 1.0
 
 
-def device_filter_q(rsv: Reservation) -> Q:
-    """The reservation's product, MIG profile and selector as a filter over devices
-    (validated names, parameterised values: nothing from the request reaches SQL as text)."""
+def device_filter_q(shape: Shape) -> Q:
+    """The shape's product, MIG profile and selector as a filter over devices (validated
+    names, parameterised values: nothing from the request reaches SQL as text)."""
     try:
-        q = parse_selector(rsv.selector).to_q()
+        q = parse_selector(shape.selector).to_q()
     except InvalidArgument:  # stored before selectors were type-checked: it matches nothing
         q = Q(pk__isnull=True)
-    if rsv.profile:
-        q &= Q(profile=rsv.profile)
-    return q & Q(product=rsv.product) if rsv.product else q
+    if shape.profile:
+        q &= Q(profile=shape.profile)
+    return q & Q(product=shape.product) if shape.product else q
 
 
-def placement_request(rsv: Reservation) -> Request:
-    return Request(count=rsv.gpu_count, topology=rsv.topology, device_class=rsv.device_class,
-                   host_fraction=host_fraction(rsv.pool, rsv.device_class, rsv.profile))
+def placement_request(pool: Pool, shape: Shape) -> Request:
+    """The placer's view of a shape on a pool: how many, how together, what host share."""
+    return Request(count=shape.count, topology=shape.topology, device_class=shape.device_class,
+                   host_fraction=host_fraction(pool, shape.device_class, shape.profile))
 
 
 # The nodes worth scoring for `count` GPUs over a window: the fullest nodes with bookings in

@@ -39,6 +39,7 @@ from reservations.candidates import (
 from reservations.earliest import search_for
 from reservations.ledger import Booking, Reservation
 from reservations.placement import Choice
+from reservations.shape import Ask
 
 
 def capacity_rollup(pool: Pool) -> dict[str, Any]:
@@ -128,9 +129,9 @@ def parts_rollup(pool: Pool, instant: DateTimeTZRange) -> list[dict[str, Any]]:
             for (kind, profile), (total, available) in found.items()]
 
 
-def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = None,
+def capacity_preview(ask: Ask, *, start: datetime | None = None,
                      start_in_ms: int | None = None) -> dict[str, Any]:
-    """Would `rsv` (unsaved) fit now, or from `start` (or `start_in_ms` after now)? Books
+    """Would `ask` fit now, or from `start` (or `start_in_ms` after now)? Books
     nothing and takes no locks."""
     now = database_now()
     if start_in_ms is not None:
@@ -138,14 +139,16 @@ def capacity_preview(pool: Pool, rsv: Reservation, *, start: datetime | None = N
     if start is not None and start > now + MAX_START_AHEAD:
         raise InvalidArgument(f"start: at most {MAX_START_AHEAD.days} days ahead",
                               field="start")
-    during = window(max(start or now, now), rsv.duration_ms)
-    request = placement_request(rsv)
-    choice, candidates = propose(pool, during, request, device_filter=device_filter_q(rsv))
+    pool, count = ask.pool, ask.shape.count
+    during = window(max(start or now, now), ask.duration_ms)
+    request = placement_request(pool, ask.shape)
+    choice, candidates = propose(pool, during, request,
+                                 device_filter=device_filter_q(ask.shape))
     if choice is None:
-        return {"fits": False, "poolId": pool.id, "gpus": rsv.gpu_count,
+        return {"fits": False, "poolId": pool.id, "gpus": count,
                 "window": {"start": during.lower, "end": during.upper},
                 "reason": pending_reason(pool, during, candidates, request)}
-    return {"fits": True, **placed_view(pool, rsv.gpu_count, choice, during)}
+    return {"fits": True, **placed_view(pool, count, choice, during)}
 
 
 def placed_view(pool: Pool, gpus: int, choice: Choice, during: DateTimeTZRange
@@ -159,17 +162,17 @@ def placed_view(pool: Pool, gpus: int, choice: Choice, during: DateTimeTZRange
             "window": {"start": during.lower, "end": during.upper}}
 
 
-def capacity_earliest(pool: Pool, rsv: Reservation, *, after: datetime | None = None,
+def capacity_earliest(ask: Ask, *, after: datetime | None = None,
                       after_in_ms: int | None = None, before: datetime | None = None,
                       before_in_ms: int | None = None) -> dict[str, Any]:
-    """The earliest window in which `rsv` (unsaved) fits on one node, starting no sooner
+    """The earliest window in which `ask` fits on one node, starting no sooner
     than `after` (default now) and ending no later than `before` (default: starting within
     the start horizon), and where. Books nothing and takes no locks."""
     now = database_now()
-    search = search_for(rsv, now, later_start(now, after, after_in_ms, field="after"),
+    search = search_for(ask, now, later_start(now, after, after_in_ms, field="after"),
                         end_by(now, before, before_in_ms))
     slot = search.slot()
     if slot is None:
-        return {"found": False, "poolId": pool.id, "gpus": rsv.gpu_count,
+        return {"found": False, "poolId": ask.pool.id, "gpus": ask.shape.count,
                 "reason": search.reason()}
-    return {"found": True, **placed_view(pool, rsv.gpu_count, slot.choice, slot.during)}
+    return {"found": True, **placed_view(ask.pool, ask.shape.count, slot.choice, slot.during)}

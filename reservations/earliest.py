@@ -43,9 +43,10 @@ from reservations.candidates import (
     window,
 )
 from reservations.gaps import GroupGap, StaleGaps
-from reservations.ledger import Booking, Reservation
+from reservations.ledger import Booking
 from reservations.limits import latest_start_allowed, offering_limits
 from reservations.placement import BUSY, Choice, Request, why_not
+from reservations.shape import Ask
 
 NODES_TRIED = 32  # nodes' next starts read at a time
 ROUNDS = 4  # reads of next starts per horizon (a start refused for host share, or taken)
@@ -264,14 +265,14 @@ class Search:
                 f"and {instant(self.latest_start)}")
 
 
-def search_for(rsv: Reservation, now: datetime, after: datetime | None,
+def search_for(ask: Ask, now: datetime, after: datetime | None,
                before: datetime | None) -> Search:
-    """The search for `rsv`'s shape from `after` (default now) for a window ending by
+    """The search for `ask`'s shape from `after` (default now) for a window ending by
     `before` (default: a start within the start horizon, and within the tenant's booking
     horizon when its offering limits one)."""
     start = after or now
-    duration = timedelta(milliseconds=rsv.duration_ms)
-    horizon = latest_start_allowed(offering_limits(rsv.tenant_id, rsv.pool), now)
+    duration = timedelta(milliseconds=ask.duration_ms)
+    horizon = latest_start_allowed(offering_limits(ask.tenant_id, ask.pool), now)
     latest_start = min(now + MAX_START_AHEAD, horizon or now + MAX_START_AHEAD)
     if before is not None:
         latest_start = min(latest_start, before - duration)
@@ -279,8 +280,8 @@ def search_for(rsv: Reservation, now: datetime, after: datetime | None,
             raise InvalidArgument(f"before: {instant(before)} leaves no room for "
                                   f"{format_duration(duration)} after {instant(start)}",
                                   field="before")
-    return Search(rsv.pool, placement_request(rsv), duration, start, latest_start,
-                  device_filter_q(rsv))
+    return Search(ask.pool, placement_request(ask.pool, ask.shape), duration, start,
+                  latest_start, device_filter_q(ask.shape))
 
 
 def format_duration(duration: timedelta) -> str:

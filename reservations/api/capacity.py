@@ -10,13 +10,13 @@ from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import CallContext, endpoint
 from compute.core.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
 from reservations.api.pools import pool_subject
-from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_kwargs
+from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_of
 from reservations.capacity import capacity_earliest as earliest
 from reservations.capacity import capacity_preview as preview
 from reservations.capacity import capacity_rollup
 from reservations.device_filter import parse_selector
-from reservations.ledger import Reservation
 from reservations.services.book import check_atoms
+from reservations.shape import Ask
 
 
 class CapacityGetIn(Input):
@@ -64,8 +64,7 @@ def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Would this request fit (now, or from a start), where, with which host share? If not,
     why. Books nothing."""
     start, start_in = data.pop("start", None), data.pop("start_in", None)
-    unsaved = unsaved_request(ctx, data)
-    return preview(ctx.subject, unsaved, start=start, start_in_ms=start_in)
+    return preview(asked(ctx, data), start=start, start_in_ms=start_in)
 
 
 class CapacityEarliestIn(RequestShapeIn):
@@ -86,18 +85,13 @@ def capacity_earliest(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     before another), on which node and devices; or why none. Books nothing."""
     after, after_in = data.pop("after", None), data.pop("after_in", None)
     before, before_in = data.pop("before", None), data.pop("before_in", None)
-    return earliest(ctx.subject, unsaved_request(ctx, data), after=after, after_in_ms=after_in,
-                    before=before, before_in_ms=before_in)
+    return earliest(asked(ctx, data), after=after, after_in_ms=after_in, before=before,
+                    before_in_ms=before_in)
 
 
-def unsaved_request(ctx: CallContext, data: dict[str, Any]) -> Reservation:
-    """The request shape as an unsaved reservation, its selector checked."""
-    kwargs = shape_kwargs(data)
-    unsaved = Reservation(tenant=ctx.tenant, pool=ctx.subject, gpu_count=kwargs["gpus"],
-                          topology=kwargs["topology"], duration_ms=kwargs["duration_ms"],
-                          product=kwargs["product"], selector=kwargs["selector"],
-                          device_class=kwargs["device_class"], profile=kwargs["profile"])
-    check_atoms(ctx.subject, device_class=unsaved.device_class, profile=unsaved.profile,
-                topology=unsaved.topology)
-    parse_selector(unsaved.selector)
-    return unsaved
+def asked(ctx: CallContext, data: dict[str, Any]) -> Ask:
+    """The question's shape on the pool, its atoms and selector checked."""
+    shape = shape_of(data)
+    check_atoms(ctx.subject, shape)
+    parse_selector(shape.selector)
+    return Ask(ctx.tenant.id, ctx.subject, shape, data.pop("duration"))

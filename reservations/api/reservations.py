@@ -20,6 +20,7 @@ from reservations.presenters import present_reservation
 from reservations.services.book import reservation_create
 from reservations.services.extend import reservation_extend
 from reservations.services.release import reservation_release
+from reservations.shape import Shape
 
 MAX_DURATION_MS = 366 * 24 * 3_600_000
 RESERVATION = Subject("reservation", selectors.access_reservation_by_id, "reservation_id")
@@ -56,11 +57,13 @@ class RequestShapeIn(DevicesIn):
     kubernetes = serializers.BooleanField(required=False, default=False)
 
 
-def shape_kwargs(data: dict[str, Any]) -> dict[str, Any]:
+def shape_of(data: dict[str, Any]) -> Shape:
+    """The request's shape, taken out of its validated input (what stays is the rest)."""
     device = data.pop("devices")[0]
-    data["duration_ms"] = data.pop("duration")
-    return {**data, "gpus": device["count"], "topology": device["topology"],
-            "device_class": device["device_class"], "profile": device["profile"]}
+    return Shape(count=device["count"], device_class=device["device_class"],
+                 profile=device["profile"], topology=device["topology"],
+                 model=data.pop("model", ""), product=data.pop("product", ""),
+                 selector=data.pop("selector", ""), kubernetes=data.pop("kubernetes", False))
 
 
 class ReservationCreateIn(RequestShapeIn):
@@ -87,11 +90,13 @@ class ReservationCreateIn(RequestShapeIn):
 def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
     data.pop("binding")
-    kwargs = shape_kwargs(data)
-    kwargs["start_in_ms"] = kwargs.pop("start_in", None)
-    kwargs["before_in_ms"] = kwargs.pop("before_in", None)
-    return present_reservation(reservation_create(tenant=ctx.tenant, actor=ctx.principal,
-                                                  pool=ctx.subject, **kwargs))
+    shape = shape_of(data)
+    rsv = reservation_create(
+        tenant=ctx.tenant, actor=ctx.principal, pool=ctx.subject, shape=shape,
+        pool_id=data.pop("pool_id"), duration_ms=data.pop("duration"),
+        start_in_ms=data.pop("start_in", None), before_in_ms=data.pop("before_in", None),
+        **data)
+    return present_reservation(rsv)
 
 
 class ReservationIdIn(Input):

@@ -64,6 +64,7 @@ from reservations.limits import (
 )
 from reservations.placement import Candidate, Choice, Request, ranked
 from reservations.quotas import quota_consume
+from reservations.shape import Ask, Shape
 from reservations.states import transition
 from reservations.work import RESERVATION
 
@@ -85,8 +86,9 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
     """
     start = max(rsv.requested_start or now, now)
     during = window(start, rsv.duration_ms)
-    request = placement_request(rsv)
-    devices = device_filter_q(rsv)
+    shape = Shape.of(rsv)
+    request = placement_request(pool, shape)
+    devices = device_filter_q(shape)
     excluded = set(excluded or ())
     for _ in range(MAX_RACES):
         choice, candidates = propose(pool, during, request, device_filter=devices,
@@ -198,7 +200,9 @@ def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
                payload=payload)
 
 
-def check_pool_request(pool: Pool, *, model: str, kubernetes: bool, topology: str) -> None:
+def check_pool_request(pool: Pool, shape: Shape) -> None:
+    """The pool can serve the shape: a GPU pool, its model, Kubernetes if asked."""
+    model, kubernetes, topology = shape.model, shape.kubernetes, shape.topology
     if pool.pool_class != PoolClass.METAL_HOST:
         raise InvalidArgument(f"poolId: pool {pool.id} is a {pool.pool_class} pool; GPUs are "
                               "reserved from metal-host pools", field="poolId")
@@ -213,9 +217,10 @@ def check_pool_request(pool: Pool, *, model: str, kubernetes: bool, topology: st
                               field="devices")
 
 
-def check_atoms(pool: Pool, *, device_class: str, profile: str, topology: str) -> None:
+def check_atoms(pool: Pool, shape: Shape) -> None:
     """A request for MIG instances names their profile; one for shares needs a pool that
     slices its GPUs; neither asks for NVLink."""
+    device_class, profile, topology = shape.device_class, shape.profile, shape.topology
     if device_class != GPU and topology != "any":
         raise InvalidArgument(f"devices[0].topology: {device_class} atoms are not NVLinked; "
                               "ask for topology any", field="devices")
@@ -231,16 +236,14 @@ def check_atoms(pool: Pool, *, device_class: str, profile: str, topology: str) -
 
 
 @audited
-def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int,
-                       duration_ms: int, topology: str = "any", start: datetime | None = None,
-                       start_in_ms: int | None = None, model: str = "", product: str = "",
-                       selector: str = "", kubernetes: bool = False,
-                       at_earliest: bool = False, before: datetime | None = None,
-                       before_in_ms: int | None = None, device_class: str = GPU,
-                       profile: str = "", idempotency_key: str | None = None,
+def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape: Shape,
+                       duration_ms: int, start: datetime | None = None,
+                       start_in_ms: int | None = None, at_earliest: bool = False,
+                       before: datetime | None = None, before_in_ms: int | None = None,
+                       idempotency_key: str | None = None,
                        pool: Pool | None = None) -> Reservation:
-    """Reserve `gpus` GPUs of one pool for `duration_ms`, now or from a later start (or
-    `gpus` MIG instances of `profile`, or time-sliced shares, by `device_class`).
+    """Reserve `shape` (so many GPUs, MIG instances of a profile, or time-sliced shares) of
+    one pool for `duration_ms`, now or from a later start.
 
     Quota is consumed here, whether the reservation is placed now or left pending; a
     request that fits nowhere is stored as pending and placed when capacity frees. With
@@ -248,69 +251,60 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: 
     where it fits, or refused when there is none. `pool` is `pool_id`'s row when the caller
     has already found it within the tenant's reach (the API's draft does).
     """
-    inputs = {"pool_id": pool_id, "gpus": gpus, "duration_ms": duration_ms,
-              "topology": topology, "start": start, "start_in_ms": start_in_ms,
-              "model": model, "product": product, "selector": selector,
-              "kubernetes": kubernetes, "at_earliest": at_earliest, "before": before,
-              "before_in_ms": before_in_ms, "device_class": device_class,
-              "profile": profile}
+    inputs = {"pool_id": pool_id, **shape.inputs(), "duration_ms": duration_ms,
+              "start": start, "start_in_ms": start_in_ms, "at_earliest": at_earliest,
+              "before": before, "before_in_ms": before_in_ms}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="reservations.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
         return Reservation.objects.get(pk=existing)
     if pool is None or pool.pk != pool_id:
         pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
-    check_pool_request(pool, model=model, kubernetes=kubernetes, topology=topology)
-    check_atoms(pool, device_class=device_class, profile=profile, topology=topology)
-    parse_selector(selector)
+    check_pool_request(pool, shape)
+    check_atoms(pool, shape)
+    parse_selector(shape.selector)
     now = database_now()
     before = end_by(now, before, before_in_ms)
     if before is not None and not at_earliest:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
     rsv, allocation = book_new(
-        tenant=tenant, pool=pool, now=now, gpus=gpus, topology=topology, model=model,
-        product=product, selector=selector, kubernetes=kubernetes,
-        requested_start=requested_start, duration_ms=duration_ms, at_earliest=at_earliest,
-        before=before, device_class=device_class, profile=profile)
+        tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
+        duration_ms=duration_ms, at_earliest=at_earliest, before=before)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
-                 target=rsv.id, data={"poolId": pool.id, "gpus": gpus,
-                                      "class": device_class, "durationMs": duration_ms,
+                 target=rsv.id, data={"poolId": pool.id, "gpus": shape.count,
+                                      "class": shape.device_class, "durationMs": duration_ms,
                                       "placed": bool(allocation)})
     return rsv
 
 
-def book_new(*, tenant: Tenant, pool: Pool, now: datetime, gpus: int, topology: str,
-             requested_start: datetime | None, duration_ms: int, model: str = "",
-             product: str = "", selector: str = "", kubernetes: bool = False,
-             at_earliest: bool = False, before: datetime | None = None,
-             series: ReservationSeries | None = None, device_class: str = GPU,
-             profile: str = "") -> tuple[Reservation, Allocation | None]:
+def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
+             requested_start: datetime | None, duration_ms: int, at_earliest: bool = False,
+             before: datetime | None = None,
+             series: ReservationSeries | None = None) -> tuple[Reservation, Allocation | None]:
     """A new reservation of a checked request, inside the caller's service: the offering's
     limits, the quota, placement (now, or at the earliest window) or pending, and its
     placed or pending event. Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
-    quota_consume(tenant=tenant, pool=pool, resource=device_class, amount=gpus)
-    rsv = Reservation(
-        tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, model=model,
-        product=product, selector=selector, kubernetes=kubernetes,
-        requested_start=requested_start, duration_ms=duration_ms, series=series,
-        device_class=device_class, profile=profile)
+    quota_consume(tenant=tenant, pool=pool, resource=shape.device_class, amount=shape.count)
+    rsv = Reservation(tenant=tenant, pool=pool, requested_start=requested_start,
+                      duration_ms=duration_ms, series=series, **shape.columns())
     insert_row(rsv)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
     else:
         allocation = try_place(rsv, pool, now)
-    if device_class == GPU:  # under the quota row's lock (taken above), over its window
-        check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, skip=rsv.id,
+    if shape.device_class == GPU:  # under the quota row's lock (taken above), over its window
+        check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=shape.count, skip=rsv.id,
                       during=rsv.during or window(rsv.requested_start or now, duration_ms))
     known_related(rsv, "allocations", [allocation] if allocation else [])  # a new one's all
     if allocation is None:
-        event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_PENDING, subject=rsv.id,
-                   payload={"poolId": pool.id, "gpus": gpus, "class": device_class})
+        event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_PENDING,
+                   subject=rsv.id, payload={"poolId": pool.id, "gpus": shape.count,
+                                            "class": shape.device_class})
     else:
         emit_placed(rsv, allocation)
     return rsv, allocation
@@ -321,7 +315,7 @@ def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
     """Book `rsv` in the earliest window where it fits; when another booker takes that
     window first, the next one. Refused (the caller's transaction rolls back) when no
     window is left before the horizon or `before`."""
-    search = search_for(rsv, now, rsv.requested_start, before)
+    search = search_for(Ask.of(rsv), now, rsv.requested_start, before)
     for _ in range(MAX_RACES):
         slot = search.slot()
         if slot is None:

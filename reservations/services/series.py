@@ -28,6 +28,7 @@ from reservations.recurrence import parse_rule, zone_named
 from reservations.selectors import access_series_by_id
 from reservations.services.book import book_new, check_pool_request
 from reservations.services.release import end_reservation
+from reservations.shape import Shape
 
 MAX_HORIZON_DAYS = 366
 OPEN = (ReservationState.PENDING, ReservationState.PLACED)  # not begun: cancelled with it
@@ -50,9 +51,8 @@ def book_ahead(series: ReservationSeries, now: datetime) -> tuple[int, int]:
         try:
             with transaction.atomic():
                 book_new(tenant=series.tenant, pool=series.pool, now=now,
-                         gpus=series.gpu_count, topology=series.topology,
-                         product=series.product, selector=series.selector,
-                         requested_start=start, duration_ms=duration_ms, series=series)
+                         shape=Shape.of_series(series), requested_start=start,
+                         duration_ms=duration_ms, series=series)
             created += 1
         except (QuotaExceeded, LimitExceeded) as error:
             refused += 1
@@ -79,7 +79,7 @@ def series_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int, 
     parse_rule(rule_text)
     zone = zone_named(time_zone)
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
-    check_pool_request(pool, model="", kubernetes=False, topology=topology)
+    check_pool_request(pool, Shape(count=1, topology=topology))
     parse_selector(selector)
     now = database_now()
     today = now.astimezone(zone).date()

@@ -216,6 +216,7 @@ def test_bookers_racing_for_the_earliest_slot_queue_up_without_overlap(root, poo
     its own window, back to back from t0, and no two bookings overlap."""
     from compute.platform.tenancy.models import Principal, Tenant
     from reservations.services.book import reservation_create
+    from reservations.shape import Shape
 
     make_node(pool["id"])
     tenant = Tenant.objects.get(slug="root")
@@ -225,8 +226,9 @@ def test_bookers_racing_for_the_earliest_slot_queue_up_without_overlap(root, poo
     def book() -> None:
         try:
             gate.wait()
-            rsv = reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"], gpus=8,
-                                     duration_ms=2 * HOUR, start=t0, at_earliest=True)
+            rsv = reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"],
+                                     shape=Shape(count=8), duration_ms=2 * HOUR,
+                                     start=t0, at_earliest=True)
             starts.append(rsv.during.lower)
         except Exception as error:
             problems.append(repr(error))

@@ -89,6 +89,7 @@ def test_racing_bookers_and_sandboxes_keep_the_counters_equal_to_a_recount(root,
     from reservations.services.book import reservation_create
     from reservations.services.release import reservation_release
     from reservations.services.sandboxes import sandbox_create, sandbox_release
+    from reservations.shape import Shape
 
     node = make_node(pool["id"])
     tenant = Tenant.objects.get(slug="root")
@@ -100,8 +101,8 @@ def test_racing_bookers_and_sandboxes_keep_the_counters_equal_to_a_recount(root,
         rng = random.Random(seed)
         try:
             for _ in range(12):
-                rsv = reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"], gpus=4,
-                                         duration_ms=2 * HOUR,
+                rsv = reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"],
+                                         shape=Shape(count=4), duration_ms=2 * HOUR,
                                          start_in_ms=DAY + rng.randrange(4) * HOUR)
                 if rsv.state == "placed":
                     placed[0] += 1

@@ -119,6 +119,7 @@ def test_racing_bookers_of_one_tenant_never_hold_more_than_the_limit_at_once(roo
     from compute.core.errors import CapacityConflict, LimitExceeded
     from compute.platform.tenancy.models import Principal, Tenant
     from reservations.services.book import reservation_create
+    from reservations.shape import Shape
 
     for n in range(6):
         make_node(pool["id"], vram=80 + n)
@@ -133,8 +134,9 @@ def test_racing_bookers_of_one_tenant_never_hold_more_than_the_limit_at_once(roo
             gate.wait()
             for k in range(3):
                 try:
-                    reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"], gpus=8,
-                                       duration_ms=2 * HOUR, selector=f"vramGiB == {80 + offset}",
+                    reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"],
+                                       shape=Shape(count=8, selector=f"vramGiB == {80 + offset}"),
+                                       duration_ms=2 * HOUR,
                                        start_in_ms=DAY + ((offset + k) % 3) * HOUR)
                 except (LimitExceeded, CapacityConflict):
                     refused.append(offset)

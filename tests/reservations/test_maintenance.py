@@ -159,6 +159,7 @@ def test_windows_and_bookings_racing_never_share_a_gpu(root, pool):
     from reservations.services.book import reservation_create
     from reservations.services.maintenance import maintenance_cancel, maintenance_create
     from reservations.services.release import reservation_release
+    from reservations.shape import Shape
 
     node = make_node(pool["id"])
     tenant = Tenant.objects.get(slug="root")
@@ -185,7 +186,8 @@ def test_windows_and_bookings_racing_never_share_a_gpu(root, pool):
         maintenance_cancel(tenant=tenant, actor=actor, window_id=held.id)
 
     def book_hours() -> None:
-        rsv = reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"], gpus=8,
+        rsv = reservation_create(tenant=tenant, actor=actor, pool_id=pool["id"],
+                                 shape=Shape(count=8),
                                  duration_ms=HOUR, start_in_ms=DAY + HOUR // 2)
         if rsv.state == "placed":
             won["booking"] += 1

@@ -106,7 +106,7 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
             rsv = reservation_create(
                 tenant=tenant, actor=actor, pool_id=world.pool_id,
                 duration_ms=rng.randrange(HOUR // 2, 4 * HOUR), start_in_ms=start_in or None,
-                **_atoms(rng))
+                shape=_atoms(rng))
             mine.append(rsv.id)
             outcomes[f"create.{rsv.state}"] += 1
         elif roll < 0.58:
@@ -159,16 +159,18 @@ def _operation(roll: float, booked: bool) -> str:
     return "extend" if roll < 0.58 else "release" if roll < 0.95 else "sandbox"
 
 
-def _atoms(rng: random.Random) -> dict[str, Any]:
+def _atoms(rng: random.Random) -> Any:
     """Whole GPUs half the time, else MIG instances or time-sliced shares."""
+    from reservations.shape import Shape
+
     roll = rng.random()
     if roll < 0.5:
-        return {"gpus": rng.choice([1, 1, 2, 2, 4, 4, 8]),
-                "topology": rng.choice(["any", "any", "nvlink-all"])}
+        return Shape(count=rng.choice([1, 1, 2, 2, 4, 4, 8]),
+                     topology=rng.choice(["any", "any", "nvlink-all"]))
     if roll < 0.75:
-        return {"device_class": "mig", "gpus": rng.choice([1, 2, 3]),
-                "profile": rng.choice(["1g.10gb", "1g.10gb", "3g.40gb"])}
-    return {"device_class": "gpu-share", "gpus": rng.choice([1, 2, 4])}
+        return Shape(device_class="mig", count=rng.choice([1, 2, 3]),
+                     profile=rng.choice(["1g.10gb", "1g.10gb", "3g.40gb"]))
+    return Shape(device_class="gpu-share", count=rng.choice([1, 2, 4]))
 
 
 _OWNERS: dict[str, Any] = {}
