@@ -262,7 +262,8 @@ def baseline_rates(revision: str, args: argparse.Namespace) -> dict[int, float]:
         subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree),
                         revision], check=True, capture_output=True)
         try:
-            env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+            env = {k: v for k, v in os.environ.items()  # the revision names its own settings
+                   if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
             env.update(PYTHONPATH=str(tree), BETTER_COMPUTE_HOME=str(Path(folder) / "home"))
             run = subprocess.run(
                 [sys.executable, "-m", "bench.booking", "--seconds", str(args.seconds),
