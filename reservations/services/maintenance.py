@@ -117,13 +117,17 @@ def maintenance_cancel(*, tenant: Tenant, actor: Principal, window_id: str,
     now = database_now()
     if held.cancelled_at is not None or held.during.upper <= now:
         raise InvalidState(f"maintenance window {held.id} is over", windowId=held.id)
+    # The ledger's lock order: the node before its bookings, as a booker takes them. Dropped
+    # bookings are refereed on the node's row at commit; without the row first, a booker
+    # holding it and waiting on those bookings' EXCLUDE check deadlocked with this one.
+    node = Node.objects.select_related("pool").select_for_update(of=("self",)).get(
+        pk=held.node_id)
     held.cancelled_at = now
     held.save(update_fields=["cancelled_at"])
     if held.during.lower >= now:
         held.bookings.all().delete()
     else:  # it had begun: its history stays, ending now
         held.bookings.update(during=DateTimeTZRange(held.during.lower, now, "[)"))
-    node = Node.objects.select_related("pool").get(pk=held.node_id)
     pool_replan(node.pool_id)  # what waited for these GPUs may fit now
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.maintenance.cancel",
                  target=node.id, reason=reason, data={"windowId": held.id})
