@@ -47,12 +47,11 @@ SELECT coalesce(max(v), 0) AS vcpus, coalesce(max(m), 0) AS memory FROM (
     SELECT hi, 0, -vcpus, -memory_gib FROM spans) edges
   WINDOW w AS (ORDER BY at, starts)) running"""
 
-SANDBOXES_SQL = tables("""
+SANDBOXES_SQL = fill(tables("""
 sandboxes AS (
   SELECT coalesce(sum(vcpus), 0) AS vcpus, coalesce(sum(memory_gib), 0) AS memory
     FROM {Sandbox} WHERE node_id = %(node)s AND ended_at IS NULL),
-peak AS ({peak})""", Sandbox=Sandbox)
-SANDBOXES_SQL = fill(SANDBOXES_SQL, peak=PEAK_SQL)
+peak AS ({peak})""", Sandbox=Sandbox), peak=PEAK_SQL)
 
 # The counters written from the node's claims as Postgres counts them (bc_node_claims, the
 # same recount its commit-time referee writes: reservations/migrations/0015).
@@ -64,7 +63,7 @@ EXPECTED_SQL = "SELECT vcpus, memory FROM bc_node_claims(%(node)s)"
 # Booking %(during)s: only the live allocations of %(node)s that meet it can add up with the
 # new one (found through the devices' booking index), clipped to it, plus the new one. The
 # counters become the larger of what they were and what that window now holds.
-MEETING_SPANS = tables("""
+MEETING_SPANS = fill(tables("""
 WITH meeting AS MATERIALIZED (  -- bookings in the window first: allocations follow by key
   SELECT b.allocation_id, b.during FROM {Device} d
     JOIN {Booking} b ON b.device_id = d.id AND b.during && %(during)s
@@ -77,8 +76,7 @@ spans AS (
     WHERE a.ended_at IS NULL)
   UNION ALL
   SELECT %(vcpus)s, %(memory)s, lower(%(during)s::tstzrange), upper(%(during)s::tstzrange)),
-{sandboxes}""", Allocation=Allocation, Booking=Booking, Device=Device)
-MEETING_SPANS = fill(MEETING_SPANS, sandboxes=SANDBOXES_SQL)
+{sandboxes}""", Allocation=Allocation, Booking=Booking, Device=Device), sandboxes=SANDBOXES_SQL)
 
 # The counters raised to what the booked window holds; a CHECK violation: it does not fit.
 RAISED_COUNTERS_SQL = tables("""

@@ -66,8 +66,13 @@ def test_one_type_has_one_owner():
 
     from compute.platform.events.types import event_types
 
+    from compute.platform.events.types import REGISTERED
+
     class Clash(StrEnum):
+        CLASH_NEW = "clash.new"
         NODE_JOINED = "node.joined"
 
     with pytest.raises(ValueError, match=r"declared by fleet\.events already"):
         event_types(Clash)
+    assert "clash.new" not in REGISTERED  # nothing of a refused declaration is kept
+    assert REGISTERED["node.joined"] == "fleet.events"

@@ -42,8 +42,9 @@ class Variable:
         try:
             return parse(self.kind, text)
         except ValueError:
+            shown = "(a secret, not shown)" if self.secret else repr(text)
             raise VariableError(
-                f"{self.name}={text!r} is not {ARTICLE[self.kind]}: {self.help}") from None
+                f"{self.name}={shown} is not {ARTICLE[self.kind]}: {self.help}") from None
 
 
 ARTICLE = {"str": "a string", "int": "a whole number", "float": "a number",

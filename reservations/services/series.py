@@ -79,7 +79,8 @@ def series_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int, 
     parse_rule(rule_text)
     zone = zone_named(time_zone)
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
-    check_pool_request(pool, Shape(count=1, topology=topology))
+    check_pool_request(pool, Shape(count=gpus, topology=topology, product=product,
+                                   selector=selector))
     parse_selector(selector)
     now = database_now()
     today = now.astimezone(zone).date()

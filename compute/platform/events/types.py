@@ -24,10 +24,12 @@ class EventType(StrEnum):
 
 def event_types(declared: Types) -> Types:
     """Registers an app's event types: `@event_types class FleetEvent(StrEnum): …`."""
-    for member in declared:  # type: ignore[attr-defined]
-        owner = REGISTERED.setdefault(member.value, declared.__module__)
+    values = [member.value for member in declared]  # type: ignore[attr-defined]
+    for value in values:  # all checked before any is registered
+        owner = REGISTERED.get(value, declared.__module__)
         if owner != declared.__module__:
-            raise ValueError(f"event type {member.value} is declared by {owner} already")
+            raise ValueError(f"event type {value} is declared by {owner} already")
+    REGISTERED.update(dict.fromkeys(values, declared.__module__))
     type_globs_pattern.cache_clear()
     return declared
 
