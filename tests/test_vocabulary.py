@@ -64,9 +64,7 @@ def test_one_type_has_one_owner():
 
     import pytest
 
-    from compute.platform.events.types import event_types
-
-    from compute.platform.events.types import REGISTERED
+    from compute.platform.events.types import REGISTERED, event_types
 
     class Clash(StrEnum):
         CLASH_NEW = "clash.new"
