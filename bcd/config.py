@@ -59,6 +59,7 @@ VARIABLES = Declared(
     Variable("WATCHDOG_USEC", "str", None, "systemd's watchdog timeout", reader=AGENT),
     Variable("WATCHDOG_PID", "str", None, "the process systemd's watchdog is meant for",
              reader=AGENT),
+    environ=os.environ,
 )
 
 

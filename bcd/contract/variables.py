@@ -1,13 +1,13 @@
 """Environment variables, each declared once with its type, default and meaning.
 
 The control plane declares its variables in `compute/core/config.py`, the agent its own in
-`bcd/config.py`; the settings reference of the documentation is generated from both. A value
+`bcd/config.py`, each with the environment they are read from (the process's, read there and
+nowhere else); the settings reference of the documentation is generated from both. A value
 that does not parse stops the reader naming the variable and what it expected.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -30,11 +30,11 @@ class Variable:
     reader: str = "control plane"
     secret: bool = False
 
-    def raw(self, environ: Mapping[str, str] | None = None) -> str:
+    def raw(self, environ: Mapping[str, str]) -> str:
         """The variable as set ('' when unset)."""
-        return (os.environ if environ is None else environ).get(self.name, "").strip()
+        return environ.get(self.name, "").strip()
 
-    def value(self, environ: Mapping[str, str] | None = None) -> str | int | float | bool | None:
+    def value(self, environ: Mapping[str, str]) -> str | int | float | bool | None:
         """The variable parsed as its kind, or its default when unset or empty."""
         text = self.raw(environ)
         if not text:
@@ -64,10 +64,12 @@ def parse(kind: Kind, text: str) -> str | int | float | bool:
 
 
 class Declared:
-    """A set of declared variables, looked up by name."""
+    """A set of declared variables, looked up by name and read from `environ` (a live
+    mapping: what is exported later is seen)."""
 
-    def __init__(self, *variables: Variable) -> None:
+    def __init__(self, *variables: Variable, environ: Mapping[str, str]) -> None:
         self.by_name = {v.name: v for v in variables}
+        self.environ = environ
 
     def __iter__(self) -> Iterator[Variable]:
         return iter(self.by_name.values())
@@ -76,23 +78,23 @@ class Declared:
         return self.by_name[name]
 
     def text(self, name: str) -> str:
-        value = self[name].value()
+        value = self[name].value(self.environ)
         return "" if value is None else str(value)
 
     def number(self, name: str) -> float:
-        value = self[name].value()
+        value = self[name].value(self.environ)
         if not isinstance(value, int | float):
             raise TypeError(f"{name} is not declared as a number")
         return float(value)
 
     def whole(self, name: str) -> int:
-        value = self[name].value()
+        value = self[name].value(self.environ)
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} is not declared as a whole number")
         return value
 
     def flag(self, name: str) -> bool:
-        return bool(self[name].value())
+        return bool(self[name].value(self.environ))
 
     def is_set(self, name: str) -> bool:
-        return bool(self[name].raw())
+        return bool(self[name].raw(self.environ))

@@ -129,6 +129,7 @@ VARIABLES = Declared(
     Variable("BETTER_COMPUTE_DEV_RESTART_SECONDS", "float", 1.0,
              "how long `dev` waits before restarting a process of its stack that died",
              reader=DEV),
+    environ=os.environ,
 )
 
 
