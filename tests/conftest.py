@@ -126,6 +126,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         used = fixtures.name2fixturedefs
         if "agent_artifacts" in used:
             item.add_marker(pytest.mark.xdist_group("agent-artifacts"))
-        elif any(d.scope in ("module", "class", "package")
+        elif any(d.scope in ("module", "class", "package") and d.baseid.startswith("tests")
                  for defs in used.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
