@@ -55,19 +55,6 @@ def test_a_ci_seed_holds_every_invariant_under_its_faults(seed):
     assert "(0 by the API" not in report["invariants"]["IAM"]["summary"]
 
 
-def test_a_ten_minute_seed_holds_every_invariant_and_the_fleet_asks_iam_nothing():
-    """One seed at the length the datasheet speaks of: ten simulated minutes on four
-    machines (and the one that joins), twenty faults."""
-    code, report = report_of(simulate("--seed", "4", "--nodes", "4", "--minutes", "10",
-                                      "--time-scale", "10"))
-    failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
-    assert not failed, (failed, report["faults"])
-    assert code == 0
-    assert len(report["faults"]) == 20
-    assert report["invariants"]["IAM"]["summary"].startswith("0 IAM decisions on the fleet")
-    assert report["outcomes"].get("reservations.create ok", 0) > 100
-
-
 def test_without_the_exclude_constraints_and_the_journal_i1_and_i2_fail():
     # Every fault a kill after a command ran and before it was reported: each is delivered
     # again, and an agent that ignores its journal runs it twice, however loaded the machine.
