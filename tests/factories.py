@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from django.utils import timezone
 from bcd.contract.crypto import public_pem
 from compute.platform.queue.models import WorkItem
 from fleet.inventory import parse_inventory
-from fleet.models import Connectivity, Node, Pool
+from fleet.models import Connectivity, Node, Pool, ReportInbox
 from fleet.services.nodes import node_adopt_locked, node_create_locked
 from fleet.services.sessions import inventory_report_record, session_open
 
@@ -88,9 +89,16 @@ def make_node(pool: Pool | str, *, adopted: bool = True, **report: Any) -> Node:
 
 def lapse_lease(node_id: str) -> Node | None:
     """The node's last heartbeat moves an hour back, then the liveness sweep runs (the real
-    path, without sleeping out a lease); returns the node if it turned unreachable."""
+    path, without sleeping out a lease); returns the node if it turned unreachable. What the
+    gateway filed of the node's sessions is recorded first (by the test's reports applier,
+    if it runs one), as liveness waits for it."""
     from fleet.reconcilers import NODE, reconcile_node, sweep
+    from fleet.services.sessions import SESSION_CHANGE
 
+    deadline = time.monotonic() + 10
+    while (ReportInbox.objects.filter(node_id=node_id, kind=SESSION_CHANGE).exists()
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
     Node.objects.filter(pk=node_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
     sweep()
     if WorkItem.objects.filter(kind=NODE, key=node_id).exists():

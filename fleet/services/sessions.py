@@ -288,12 +288,15 @@ def lease() -> timedelta:
 @audited
 def node_mark_unreachable(*, node_id: str) -> Node | None:
     """A connected node silent for longer than the lease becomes unreachable (and so
-    unschedulable). Nothing it holds is released. None when it is not (or no longer) due."""
+    unschedulable). Nothing it holds is released. None when it is not (or no longer) due,
+    or while what the gateway filed of its sessions is still to be recorded: the node's
+    events keep the order things happened in (the next sweep finds it due again)."""
     cutoff = database_now() - lease()
     node = (Node.objects.select_for_update(skip_locked=True, of=("self",)).select_related("pool")
             .filter(pk=node_id, connectivity=Connectivity.CONNECTED,
                     last_heartbeat_at__lt=cutoff).first())
-    if node is None:
+    if node is None or ReportInbox.objects.filter(node_id=node_id,
+                                                  kind=SESSION_CHANGE).exists():
         return None
     node.connectivity = Connectivity.UNREACHABLE
     node.save(update_fields=["connectivity"])

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import timedelta
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
+from django.utils import timezone
 
 from bcd.contract.crypto import public_pem, sign_bytes
-from fleet.models import Node, NodeCommand
+from compute.platform.events.models import Event
+from fleet.models import Connectivity, Node, NodeCommand
 from fleet.services.sessions import (
     StaleSession,
     command_result_record,
     inventory_report_record,
+    node_mark_unreachable,
     node_reconnect,
+    session_open,
 )
 from reservations.reports import reconcile_reports
 from tests.factories import inventory, lapse_lease, make_bare_node, make_node, open_session
@@ -99,6 +104,21 @@ def test_liveness_turns_a_quiet_node_unreachable_and_a_heartbeat_brings_it_back(
         reconcile_reports(node.id)
     with pytest.raises(StaleSession):
         node_reconnect(node_id=node.id, epoch=epoch - 1)
+
+
+def test_liveness_waits_for_the_sessions_the_gateway_filed_so_events_keep_their_order(pool):
+    """A node connects and falls silent before a worker has recorded its session: its
+    lease running out must not be written before its connection."""
+    node = make_node(pool["id"])
+    Node.objects.filter(pk=node.pk).update(connectivity=Connectivity.UNKNOWN)
+    session_open(node_id=node.id, journal_epoch=0)  # filed by the gateway, not yet recorded
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    with assert_wrote(audit=None):
+        assert node_mark_unreachable(node_id=node.id) is None
+    reconcile_reports(node.id)
+    assert node_mark_unreachable(node_id=node.id) is not None
+    types = [e.type for e in Event.objects.filter(subject=node.id).order_by("seq")]
+    assert types[-2:] == ["node.connected", "node.unreachable"]
 
 
 def test_a_node_says_every_reason_it_is_not_schedulable(pool, root):
