@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -15,9 +14,10 @@ from django.utils import timezone
 from bcd.contract.crypto import public_pem
 from compute.platform.queue.models import WorkItem
 from fleet.inventory import parse_inventory
-from fleet.models import Connectivity, Node, Pool, ReportInbox
+from fleet.models import Connectivity, Node, Pool
 from fleet.services.nodes import node_adopt_locked, node_create_locked
 from fleet.services.sessions import inventory_report_record, session_open
+from tests.support.waiting import wait_until
 
 
 def inventory(*, gpus: int = 8, domains: tuple[int, ...] = (4, 4), product: str =
@@ -93,12 +93,9 @@ def lapse_lease(node_id: str) -> Node | None:
     gateway filed of the node's sessions is recorded first (by the test's reports applier,
     if it runs one), as liveness waits for it."""
     from fleet.reconcilers import NODE, reconcile_node, sweep
-    from fleet.services.sessions import SESSION_CHANGE
+    from fleet.services.sessions import session_changes_pending
 
-    deadline = time.monotonic() + 10
-    while (ReportInbox.objects.filter(node_id=node_id, kind=SESSION_CHANGE).exists()
-           and time.monotonic() < deadline):
-        time.sleep(0.02)
+    wait_until(lambda: not session_changes_pending(node_id), 10, interval=0.02)
     Node.objects.filter(pk=node_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
     sweep()
     if WorkItem.objects.filter(kind=NODE, key=node_id).exists():

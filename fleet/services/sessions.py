@@ -96,6 +96,11 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     return node.session_epoch
 
 
+def session_changes_pending(node_id: str) -> bool:
+    """Whether the gateway filed session changes of the node that a worker has not recorded."""
+    return ReportInbox.objects.filter(node_id=node_id, kind=SESSION_CHANGE).exists()
+
+
 def _file_change(node_id: str, epoch: int, **change: Any) -> None:
     ReportInbox.objects.create(node_id=node_id, epoch=epoch, kind=SESSION_CHANGE, fields=change)
     node_reports_filed(node_id)
@@ -295,8 +300,7 @@ def node_mark_unreachable(*, node_id: str) -> Node | None:
     node = (Node.objects.select_for_update(skip_locked=True, of=("self",)).select_related("pool")
             .filter(pk=node_id, connectivity=Connectivity.CONNECTED,
                     last_heartbeat_at__lt=cutoff).first())
-    if node is None or ReportInbox.objects.filter(node_id=node_id,
-                                                  kind=SESSION_CHANGE).exists():
+    if node is None or session_changes_pending(node_id):
         return None
     node.connectivity = Connectivity.UNREACHABLE
     node.save(update_fields=["connectivity"])
