@@ -165,7 +165,7 @@ def raw_work(ids: dict[str, str]):
     from fleet.models import Device
     from reservations.models import Allocation, Reservation
 
-    rsv = Reservation.objects.create(tenant=root_tenant(), pool_id=ids["pool"], gpu_count=1,
+    rsv = Reservation.objects.create(tenant=root_tenant(), pool_id=ids["pool"], count=1,
                                      duration_ms=60_000)
     device = Device.objects.filter(node__pool_id=ids["pool"]).first()
     allocation = Allocation.objects.create(reservation=rsv, node_id=device.node_id)
@@ -344,7 +344,7 @@ def future_bookings(pool_id: str, count: int) -> None:
     from fleet.models import Device
     from reservations.models import Allocation, Reservation
 
-    rsv = Reservation.objects.create(tenant=root_tenant(), pool_id=pool_id, gpu_count=1,
+    rsv = Reservation.objects.create(tenant=root_tenant(), pool_id=pool_id, count=1,
                                      duration_ms=60_000)
     devices = Device.objects.filter(node__pool_id=pool_id)
     allocation = Allocation.objects.create(reservation=rsv, node_id=devices[0].node_id)

@@ -57,7 +57,7 @@ def busy_calendar(pool_id: str, per_node: int, rng: random.Random) -> int:
                 chosen = range(first, first + size)
                 start = max(free_from[i] for i in chosen) + rng.uniform(0, 6) * HOUR
                 end = start + rng.randint(1, 12) * HOUR
-                rsv = Reservation(tenant=tenant, pool_id=pool_id, gpu_count=size, state="placed",
+                rsv = Reservation(tenant=tenant, pool_id=pool_id, count=size, state="placed",
                                   duration_ms=int((end - start) / timedelta(milliseconds=1)),
                                   during=DateTimeTZRange(start, end, "[)"))
                 allocation = Allocation(reservation=rsv, node_id=node_id)

@@ -2,7 +2,7 @@
 the ledger (reservations.reconcilers), which applies the pool's `onDeviceFailure` to a
 failed one and offers a healed one to the pool's pending reservations; a node that sent
 telemetry has its holds checked for idleness (offerings' idle reclaim); a node whose
-reports the gateway filed has them verified and applied (reservations.reports)."""
+reports the gateway filed has them verified and applied (fleet.reports)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def node_telemetry_recorded(node_id: str) -> None:
 
 
 def node_reports_filed(node_id: str) -> None:
-    """The node's inbox has reports to verify and apply (reservations.reports)."""
+    """The node's inbox has reports to verify and apply (fleet.reports)."""
     enqueue(REPORTS, node_id)
 
 

@@ -46,7 +46,7 @@ LedgerReadOnly = ReadOnlyAdmin
 
 @admin.register(Reservation)
 class ReservationAdmin(LedgerReadOnly):
-    list_display = ("id", "tenant", "pool", "state", "gpu_count", "during", "created_at")
+    list_display = ("id", "tenant", "pool", "state", "count", "during", "created_at")
     list_filter = ("state", "pool", "tenant")
     search_fields = ("id", "tenant__slug")
     actions = [audited_action(

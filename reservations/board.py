@@ -14,8 +14,7 @@ from fleet.models import DeviceClass, Node, NodeRole
 from fleet.models.devices import Device
 from fleet.selectors import node_list
 from reservations.constraints import OVERLAPS_SQL
-from reservations.ledger import Allocation, Booking, Reservation, ReservationState
-from reservations.sandboxes import Sandbox
+from reservations.models import Allocation, Booking, Reservation, ReservationState, Sandbox
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,8 @@ from compute.core.errors import InvalidArgument
 from compute.core.sqltext import fill, passed_on, table, tables
 from fleet.models import SCHEDULABLE, Device, Node, Pool
 from reservations.device_filter import parse_selector
-from reservations.ledger import Allocation, Booking
+from reservations.models import Allocation, Booking, Sandbox
 from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
-from reservations.sandboxes import Sandbox
 from reservations.shape import Shape
 
 MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for

@@ -37,7 +37,7 @@ from reservations.candidates import (
     window,
 )
 from reservations.earliest import search_for
-from reservations.ledger import Booking, Reservation
+from reservations.models import Booking, Reservation
 from reservations.placement import Choice
 from reservations.shape import Ask
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from compute.core.errors import CapacityConflict, ComputeError, QuotaExceeded
 from compute.core.sqltext import fill, tables
 from fleet.models.devices import Device
-from reservations.ledger import Booking
+from reservations.models import Booking
 
 BOOKING_NO_OVERLAP = "reservations_booking_device_no_overlap"
 GPU_NO_OVERLAP = "reservations_booking_gpu_no_overlap"

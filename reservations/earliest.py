@@ -42,9 +42,8 @@ from reservations.candidates import (
     where_sql,
     window,
 )
-from reservations.gaps import GroupGap, StaleGaps
-from reservations.ledger import Booking
 from reservations.limits import latest_start_allowed, offering_limits
+from reservations.models import Booking, GroupGap, StaleGaps
 from reservations.placement import BUSY, Choice, Request, why_not
 from reservations.shape import Ask
 

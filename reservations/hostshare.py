@@ -34,8 +34,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from compute.core.sqltext import fill, tables
 from fleet.models.devices import Device
 from fleet.models.nodes import Node
-from reservations.ledger import Allocation, Booking
-from reservations.sandboxes import Sandbox
+from reservations.models import Allocation, Booking, Sandbox
 
 # The most that the allocations in `spans` hold at one moment. Ends sort before starts at
 # the same instant: windows are [).

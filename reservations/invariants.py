@@ -24,7 +24,7 @@ from compute.core.db import database_now
 from fleet.models import Node, NodeRole, NodeSpec, ProvisionState
 from reservations.constraints import OVERLAPS_SQL
 from reservations.hostshare import expected_counters
-from reservations.ledger import Allocation, ReservationState
+from reservations.models import Allocation, ReservationState
 from reservations.services.binding import TIMEOUT_REASON
 
 # What the control plane does of its own accord on a healthy fleet: place, bind, end at the

@@ -19,8 +19,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from compute.core.errors import LimitExceeded
 from compute.core.sqltext import tables
 from fleet.models import Pool
-from reservations.ledger import Reservation
-from reservations.offerings import Offering, Quota
+from reservations.models import Offering, Quota, Reservation
 
 HOUR_MS = 3_600_000
 
@@ -28,7 +27,7 @@ HOUR_MS = 3_600_000
 # moment of %(during)s. A pending reservation counts over the window it asked for.
 AT_ONCE_SQL = tables("""
 WITH spans AS (
-  SELECT r.gpu_count,
+  SELECT r.count,
          greatest(lower(w.during), lower(%(during)s::tstzrange)) AS lo,
          least(upper(w.during), upper(%(during)s::tstzrange)) AS hi
     FROM {Reservation} r,
@@ -41,9 +40,9 @@ WITH spans AS (
      AND w.during && %(during)s)
 SELECT coalesce(max(held), 0) FROM (
   SELECT sum(delta) OVER (ORDER BY at, starts) AS held FROM (
-    SELECT lo AS at, 1 AS starts, gpu_count AS delta FROM spans
+    SELECT lo AS at, 1 AS starts, count AS delta FROM spans
     UNION ALL
-    SELECT hi, 0, -gpu_count FROM spans) edges) running""", Reservation=Reservation)
+    SELECT hi, 0, -count FROM spans) edges) running""", Reservation=Reservation)
 
 
 def offering_limits(tenant_id: str, pool: Pool) -> dict[str, Any]:

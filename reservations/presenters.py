@@ -16,10 +16,14 @@ from compute.core.api.shapes import (
     nullable,
     obj,
 )
-from reservations.ledger import Reservation, ReservationSeries, ReservationState
-from reservations.offerings import Offering
-from reservations.sandboxes import Sandbox
-from reservations.usage import UsageRecord
+from reservations.models import (
+    Offering,
+    Reservation,
+    ReservationSeries,
+    ReservationState,
+    Sandbox,
+    UsageRecord,
+)
 
 LIMITS = {"type": "object", "properties": {
     "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER,
@@ -72,7 +76,7 @@ def present_reservation(rsv: Reservation) -> dict[str, Any]:
     allocation = next((a for a in rsv.allocations.all() if a.ended_at is None), None)
     return {
         "id": rsv.id, "tenantId": rsv.tenant_id, "poolId": rsv.pool_id, "state": rsv.state,
-        "devices": [{"class": rsv.device_class, "count": rsv.gpu_count,
+        "devices": [{"class": rsv.device_class, "count": rsv.count,
                      "topology": rsv.topology, "profile": rsv.profile or None}],
         "model": rsv.model or None, "product": rsv.product or None,
         "selector": rsv.selector or None, "kubernetes": rsv.kubernetes,
@@ -96,7 +100,7 @@ def present_series(series: ReservationSeries) -> dict[str, Any]:
                          .order_by()):
         counts[state] = count
     return {"id": series.id, "tenantId": series.tenant_id, "poolId": series.pool_id,
-            "devices": [{"class": "gpu", "count": series.gpu_count,
+            "devices": [{"class": "gpu", "count": series.count,
                          "topology": series.topology}],
             "product": series.product or None, "selector": series.selector or None,
             "every": series.every, "timezone": series.time_zone, "from": series.first_day,

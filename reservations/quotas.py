@@ -10,31 +10,31 @@ from __future__ import annotations
 from compute.core.errors import QuotaExceeded
 from compute.platform.tenancy.models import Tenant
 from fleet.models import Pool
-from reservations.offerings import Quota
+from reservations.models import Quota
 
 
-def quota_consume(*, tenant: Tenant, pool: Pool, resource: str, amount: int) -> None:
-    if pool.tenant_id == tenant.id or amount == 0:
+def quota_consume(*, tenant: Tenant, pool: Pool, resource: str, count: int) -> None:
+    if pool.tenant_id == tenant.id or count == 0:
         return
     row = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool,
                                                    resource=resource).first()
     if row is None:
         raise QuotaExceeded(f"tenant {tenant.slug} has no {resource} quota on pool {pool.id}",
-                            resource=resource, limit=0, used=0, requested=amount)
-    if row.used + amount > row.limit:
+                            resource=resource, limit=0, used=0, requested=count)
+    if row.used + count > row.limit:
         raise QuotaExceeded(
-            f"{resource} quota on pool {pool.id} exceeded: {row.used} in use + {amount} "
+            f"{resource} quota on pool {pool.id} exceeded: {row.used} in use + {count} "
             f"requested > limit {row.limit}",
-            resource=resource, limit=row.limit, used=row.used, requested=amount)
-    row.used += amount
+            resource=resource, limit=row.limit, used=row.used, requested=count)
+    row.used += count
     row.save(update_fields=["used"])
 
 
-def quota_refund(*, tenant_id: str, pool: Pool, resource: str, amount: int) -> None:
-    if pool.tenant_id == tenant_id or amount == 0:
+def quota_refund(*, tenant_id: str, pool: Pool, resource: str, count: int) -> None:
+    if pool.tenant_id == tenant_id or count == 0:
         return
     row = Quota.objects.select_for_update().filter(tenant_id=tenant_id, pool=pool,
                                                    resource=resource).first()
     if row is not None:
-        row.used = max(0, row.used - amount)
+        row.used = max(0, row.used - count)
         row.save(update_fields=["used"])

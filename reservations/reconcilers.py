@@ -16,9 +16,8 @@ from compute.core.db import database_now
 from compute.platform.queue.work import enqueue, handler
 from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
-from reservations import reports  # noqa: F401  (registers the reports' handler)
 from reservations.gaps import gaps_mend, stale_nodes
-from reservations.ledger import Reservation, ReservationState
+from reservations.models import Reservation, ReservationState
 from reservations.services.binding import (
     TIMEOUT_REASON,
     binding_fail,

@@ -6,10 +6,14 @@ from django.db.models import Q, QuerySet
 
 from compute.platform.guards import one_visible
 from compute.platform.tenancy.models import Tenant
-from reservations.ledger import MaintenanceWindow, Reservation, ReservationSeries
-from reservations.offerings import Offering
-from reservations.sandboxes import Sandbox
-from reservations.usage import UsageRecord
+from reservations.models import (
+    MaintenanceWindow,
+    Offering,
+    Reservation,
+    ReservationSeries,
+    Sandbox,
+    UsageRecord,
+)
 
 
 def offering_list(*, tenant: Tenant) -> QuerySet[Offering]:

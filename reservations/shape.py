@@ -12,12 +12,12 @@ from fleet.models import DeviceClass
 
 if TYPE_CHECKING:
     from fleet.models import Pool
-    from reservations.ledger import Reservation, ReservationSeries
+    from reservations.models import Reservation, ReservationSeries
 
 
 @dataclass(frozen=True)
 class Shape:
-    count: int  # atoms of `device_class`: the quota's amount, the placer's count
+    count: int  # atoms of `device_class`, one word from the wire to the quota and the meter
     device_class: str = DeviceClass.GPU
     profile: str = ""  # the MIG profile, for `mig`
     topology: str = "any"
@@ -29,21 +29,19 @@ class Shape:
     @classmethod
     def of(cls, rsv: Reservation) -> Shape:
         """The shape a reservation was made with."""
-        return cls(count=rsv.gpu_count, device_class=rsv.device_class, profile=rsv.profile,
+        return cls(count=rsv.count, device_class=rsv.device_class, profile=rsv.profile,
                    topology=rsv.topology, model=rsv.model, product=rsv.product,
                    selector=rsv.selector, kubernetes=rsv.kubernetes)
 
     @classmethod
     def of_series(cls, series: ReservationSeries) -> Shape:
         """The shape each occurrence of a series books (whole GPUs)."""
-        return cls(count=series.gpu_count, topology=series.topology, product=series.product,
+        return cls(count=series.count, topology=series.topology, product=series.product,
                    selector=series.selector)
 
     def columns(self) -> dict[str, Any]:
-        """The reservation row's fields for this shape (its count is `gpu_count` there)."""
-        fields = asdict(self)
-        fields["gpu_count"] = fields.pop("count")
-        return fields
+        """The reservation row's fields for this shape."""
+        return asdict(self)
 
     def inputs(self) -> dict[str, Any]:
         """As an idempotency key's recorded input compares it."""

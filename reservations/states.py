@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from compute.core.errors import InvalidState
-from reservations.ledger import Reservation, ReservationState
+from reservations.models import Reservation, ReservationState
 
 S = ReservationState
 TRANSITIONS: dict[str, set[str]] = {

@@ -58,7 +58,7 @@ def make_provisioner(pool: Pool | str) -> tuple[Node, ec.EllipticCurvePrivateKey
 
 def open_session(node_id: str, journal_epoch: int = 0) -> int:
     """Open a session as the gateway does, and record it as a worker then does; the epoch."""
-    from reservations.reports import reconcile_reports
+    from fleet.reports import reconcile_reports
 
     epoch = session_open(node_id=node_id, journal_epoch=journal_epoch)
     reconcile_reports(node_id)

@@ -1,8 +1,8 @@
-"""Each app owns its vocabulary: its event types (`events.py`) and its role grants
-(`grants.py`) are collected when the apps load. An app added beside the others
-(tests/support/widgets) declares a new event type, a role grant and an API method in its own
-folder, and the events filter, IAM and the OpenAPI document know them, with no edit anywhere
-else."""
+"""Each app owns its vocabulary: its event types (`events.py`), its role grants
+(`grants.py`) and the node reports it applies (`reports.py`) are collected when the apps load.
+An app added beside the others (tests/support/widgets) declares a new event type, a role
+grant, a report kind and an API method in its own folder, and the events filter, IAM, the
+reports worker and the OpenAPI document know them, with no edit anywhere else."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from compute.core.api.grants import allows
 from compute.platform.events.api import EventListIn
 from compute.platform.events.types import REGISTERED, parse_type_globs
 from compute.http.openapi import build_document
+from fleet.reports import KINDS
 operation = build_document()["paths"]["/api/compute/widgets/make"]["post"]
 print(json.dumps({
     "owner": REGISTERED.get("widget.made"),
@@ -27,6 +28,8 @@ print(json.dumps({
     "member": allows("member", "widgets.make"), "viewer": allows("viewer", "widgets.make"),
     "operator": allows("operator", "widgets.make"),
     "emits": operation["x-emits"], "mutating": operation["x-mutating"],
+    "report": [KINDS["widget"].apply.__module__, KINDS["widget"].refusal_action],
+    "bound": KINDS["bound"].apply.__module__,
 }))
 """
 
@@ -40,7 +43,9 @@ def test_an_app_brings_its_own_event_types_role_grants_and_methods(tmp_path):
     seen = json.loads(result.stdout)
     assert seen == {"owner": "tests.support.widgets.events", "globs": ["widget.*", "node.*"],
                     "filter": True, "member": True, "viewer": False, "operator": True,
-                    "emits": ["widget.made"], "mutating": True}
+                    "emits": ["widget.made"], "mutating": True,
+                    "report": ["tests.support.widgets.reports", "widget.report"],
+                    "bound": "reservations.services.binding"}
     # Nothing outside the app names it: the registries found it.
     outside = [str(path.relative_to(ROOT))
                for package in ("compute", "fleet", "reservations", "audit", "gateway", "bcd")
@@ -51,8 +56,11 @@ def test_an_app_brings_its_own_event_types_role_grants_and_methods(tmp_path):
 def test_without_the_app_its_vocabulary_is_unknown():
     from compute.core.api.grants import allows
     from compute.platform.events.types import REGISTERED
+    from fleet.reports import KINDS
 
     assert "widget.made" not in REGISTERED
+    assert "widget" not in KINDS
+    assert KINDS["bound"].apply.__module__ == "reservations.services.binding"
     assert not allows("operator", "widgets.make")
     assert REGISTERED["node.joined"] == "fleet.events"
     assert allows("member", "reservations.create")

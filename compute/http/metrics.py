@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from compute.platform.queue.models import WorkItem
-from reservations.ledger import Reservation
+from reservations.models import Reservation
 
 _RESERVATIONS, _WORK = Reservation._meta.db_table, WorkItem._meta.db_table
 PENDING = f"SELECT pool_id, count(*) FROM {_RESERVATIONS} WHERE state = 'pending' GROUP BY 1"  # noqa: S608

@@ -9,7 +9,7 @@ from rest_framework import serializers
 from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import CallContext, endpoint
 from compute.core.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
-from reservations.api.pools import pool_subject
+from fleet.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_of
 from reservations.capacity import capacity_earliest as earliest
 from reservations.capacity import capacity_preview as preview

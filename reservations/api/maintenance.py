@@ -14,7 +14,7 @@ from fleet.api.nodes import NODE
 from reservations import selectors
 from reservations.api.reservations import MAX_DURATION_MS
 from reservations.events import ReservationEvent
-from reservations.ledger import MaintenanceWindow
+from reservations.models import MaintenanceWindow
 from reservations.services import maintenance as service
 
 WINDOW = obj(id=STRING, nodeId=STRING, start=TIME, end=TIME, reason=STRING, createdBy=STRING,

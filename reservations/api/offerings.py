@@ -1,18 +1,69 @@
-"""API method offerings.list."""
+"""API methods pools.offer (a pool offered to a tenant with quotas and limits) and
+offerings.list."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from compute.core.api.inputs import ListInput
+from rest_framework import serializers
+
+from compute.core.api.inputs import Input, ListInput
 from compute.core.api.registry import CallContext, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
+from compute.platform.tenancy.selectors import tenant_by_ref
+from fleet.api.pools import PoolIdIn, pool_subject
+from reservations.events import ReservationEvent
 from reservations.presenters import OFFERING, present_offering
 from reservations.selectors import offering_list
+from reservations.services.offerings import pool_offer
 
 
 @endpoint("offerings", "list", returns=page_of(OFFERING), input=ListInput, mutating=False)
 def offerings_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Offerings the tenant made or received, with quota use."""
     return page(offering_list(tenant=ctx.tenant), present=present_offering, **data)
+
+
+class IdleReclaimIn(Input):
+    below_percent = serializers.FloatField(min_value=0.1, max_value=100,
+                                           help_text="GPU utilization under this is idle.")
+    for_minutes = serializers.FloatField(min_value=0.1, max_value=1440,
+                                         help_text="Idle this long (every GPU held) is "
+                                                   "flagged with reservation.idle.")
+    release = serializers.BooleanField(required=False, default=False,
+                                       help_text="Release a flagged reservation that stays "
+                                                 "idle for graceMinutes.")
+    grace_minutes = serializers.FloatField(required=False, default=10, min_value=0,
+                                           max_value=1440)
+
+
+class LimitsIn(Input):
+    """Limits against hoarding; each absent one is no limit."""
+
+    max_duration_hours = serializers.FloatField(required=False, min_value=0.01,
+                                                max_value=366 * 24)
+    max_start_ahead_days = serializers.FloatField(required=False, min_value=0, max_value=366)
+    max_gpus_at_once = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
+    idle_reclaim = IdleReclaimIn(
+        required=False, help_text="Flag (and optionally release) reservations whose GPUs "
+                                  "report low utilization for a while.")
+
+
+class PoolOfferIn(PoolIdIn):
+    to = serializers.CharField(max_length=63, help_text="Tenant id or slug.")
+    quota = serializers.DictField(child=serializers.IntegerField(min_value=0, max_value=10**9),
+                                  allow_empty=False, help_text="Such as {\"gpu\": 16}.")
+    limits = LimitsIn(required=False, help_text="Replaces the offering's limits when given.")
+
+
+@endpoint("pools", "offer", returns=OFFERING, input=PoolOfferIn, mutating=True,
+          subject=pool_subject(owned=True),
+          emits=(ReservationEvent.POOL_OFFERED, ReservationEvent.OFFERING_UPDATED))
+def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU pools)."""
+    offering = pool_offer(tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id,
+                          to=tenant_by_ref(data["to"]), quota=data["quota"],
+                          limits=LimitsIn.wire_form(data["limits"]) if "limits" in data
+                          else None)
+    return present_offering(offering_list(tenant=ctx.tenant).get(pk=offering.pk))

@@ -10,12 +10,12 @@ from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, Publi
 from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import page_of
 from compute.platform.paging import page
+from fleet.api.pools import pool_subject
 from fleet.models import DeviceClass
 from reservations import presenters as wire
 from reservations import selectors
-from reservations.api.pools import pool_subject
 from reservations.events import ReservationEvent
-from reservations.ledger import ReservationState, Topology
+from reservations.models import ReservationState, Topology
 from reservations.presenters import present_reservation
 from reservations.services.book import reservation_create
 from reservations.services.extend import reservation_extend

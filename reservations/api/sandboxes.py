@@ -11,13 +11,13 @@ from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import STRING, array, nullable, obj, page_of
 from compute.core.errors import InvalidState
 from compute.platform.paging import page
+from fleet.api.pools import pool_subject
 from fleet.services.ask import node_ask
 from reservations import presenters as wire
 from reservations import selectors
-from reservations.api.pools import pool_subject
 from reservations.events import ReservationEvent
+from reservations.models.sandboxes import LIVE
 from reservations.presenters import present_sandbox
-from reservations.sandboxes import LIVE
 from reservations.services.sandboxes import sandbox_create, sandbox_release
 
 SANDBOX = Subject("sandbox", selectors.access_sandbox_by_id, "sandbox_id")

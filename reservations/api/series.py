@@ -11,9 +11,9 @@ from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import page_of
 from compute.core.errors import InvalidArgument
 from compute.platform.paging import page
+from fleet.api.pools import pool_subject
 from reservations import presenters as wire
 from reservations import selectors
-from reservations.api.pools import pool_subject
 from reservations.api.reservations import DevicesIn
 from reservations.events import ReservationEvent
 from reservations.presenters import present_series

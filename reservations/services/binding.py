@@ -23,10 +23,11 @@ from compute.core.db import database_now
 from compute.core.metrics import BIND_SECONDS
 from compute.platform.events.services import event_emit
 from fleet.models import Connectivity, Device, DeviceClass, Node
+from fleet.reports import ReportRefused, StaleReport
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
-from reservations.ledger import Allocation, Reservation, ReservationState
+from reservations.models import Allocation, Reservation, ReservationState
 from reservations.services.book import emit_placed, try_place
 from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
@@ -34,14 +35,12 @@ from reservations.states import transition
 TIMEOUT_REASON = "no AllocationBound within the timeout"
 
 
-class BindingRefused(Exception):
+class BindingRefused(ReportRefused):
     """A report that does not prove what it claims; the reason goes to the audit trail."""
 
 
-class StaleReport(Exception):
-    """A report the node signed, true when it was made and outdated since: it binds an
-    allocation that has ended (a node says again what it holds after each spec, and on
-    each new session). Dropped; nothing is refused, so nothing is audited."""
+# A bound report is stale (StaleReport) when it binds an allocation that has ended since: a
+# node says again what it holds after each spec, and on each new session.
 
 
 def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
@@ -227,7 +226,7 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
         rsv.save(update_fields=["failure_reason"])
     if placed is None:
         event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PENDING,
-                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
+                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.count})
     else:
         emit_placed(rsv, placed)
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.binding_fail",

@@ -50,17 +50,17 @@ from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
 from reservations.events import ReservationEvent
 from reservations.hostshare import MEETING_SPANS, RAISED_COUNTERS_SQL, counter_params
-from reservations.ledger import (
+from reservations.limits import (
+    check_at_once,
+    check_request,
+    offering_limits,
+)
+from reservations.models import (
     Allocation,
     Booking,
     Reservation,
     ReservationSeries,
     ReservationState,
-)
-from reservations.limits import (
-    check_at_once,
-    check_request,
-    offering_limits,
 )
 from reservations.placement import Candidate, Choice, Request, ranked
 from reservations.quotas import quota_consume
@@ -194,7 +194,7 @@ def _book(rsv: Reservation, choice: Choice, during: Any, *, placed_at: datetime
 
 
 def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
-    payload = {"poolId": rsv.pool_id, "nodeId": allocation.node_id, "gpus": rsv.gpu_count,
+    payload = {"poolId": rsv.pool_id, "nodeId": allocation.node_id, "gpus": rsv.count,
                "allocationId": allocation.id, "start": rsv.starts_at, "end": rsv.ends_at}
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PLACED, subject=rsv.id,
                payload=payload)
@@ -289,7 +289,7 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
     placed or pending event. Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
-    quota_consume(tenant=tenant, pool=pool, resource=shape.device_class, amount=shape.count)
+    quota_consume(tenant=tenant, pool=pool, resource=shape.device_class, count=shape.count)
     rsv = Reservation(tenant=tenant, pool=pool, requested_start=requested_start,
                       duration_ms=duration_ms, series=series, **shape.columns())
     insert_row(rsv)

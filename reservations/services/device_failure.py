@@ -10,7 +10,7 @@ from compute.core.db import database_now
 from compute.platform.events.services import event_emit
 from fleet.models import Device
 from reservations.events import ReservationEvent
-from reservations.ledger import Reservation, ReservationState
+from reservations.models import Reservation, ReservationState
 from reservations.services.book import emit_placed
 from reservations.services.release import place_again
 
@@ -44,7 +44,7 @@ def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Re
         rsv.failure_reason = f"{reason}; waiting for healthy GPUs"[:300]
         rsv.save(update_fields=["failure_reason"])
         event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PENDING,
-                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count})
+                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.count})
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.replace",
                  target=rsv.id, reason=reason,
                  data={"deviceId": device.id, "fromNode": allocation.node_id,

@@ -20,8 +20,8 @@ from reservations.constraints import (
 )
 from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh
-from reservations.ledger import Allocation, Booking, Reservation
 from reservations.limits import check_at_once, check_request, offering_limits
+from reservations.models import Allocation, Booking, Reservation
 from reservations.selectors import access_reservation_by_id
 from reservations.services.release import live_allocation
 from reservations.states import TERMINAL
@@ -60,7 +60,7 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
     rsv.duration_ms = new_duration
     rsv.save(update_fields=["during", "duration_ms"])
-    check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.gpu_count,
+    check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.count,
                   skip=rsv.id, during=rsv.during or window(rsv.requested_start or now,
                                                            new_duration))
     if by_ms < 0:

@@ -22,8 +22,7 @@ from compute.platform.events.services import event_emit
 from fleet.models.devices import GpuSample
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
-from reservations.ledger import Allocation, Booking, Reservation, ReservationState
-from reservations.offerings import Offering
+from reservations.models import Allocation, Booking, Offering, Reservation, ReservationState
 from reservations.services.release import end_reservation
 
 # The active reservations on %(node)s whose offering reclaims idle GPUs.

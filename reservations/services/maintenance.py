@@ -27,14 +27,14 @@ from fleet.services.nodes import node_event
 from reservations.candidates import later_start, window
 from reservations.constraints import LEDGER_CONSTRAINTS
 from reservations.events import ReservationEvent
-from reservations.ledger import (
+from reservations.models import (
     Allocation,
     Booking,
     MaintenanceWindow,
     Reservation,
     ReservationState,
+    Sandbox,
 )
-from reservations.sandboxes import Sandbox
 from reservations.selectors import access_maintenance_by_id
 from reservations.services.book import emit_placed
 from reservations.services.release import place_again

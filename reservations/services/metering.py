@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from reservations.usage import UsageRecord
+from reservations.models import UsageRecord
 
 _HOUR_S = Decimal(3600)
 
@@ -15,14 +15,14 @@ def hours(start: datetime, end: datetime) -> Decimal:
     return (seconds / _HOUR_S).quantize(Decimal("0.000001"))
 
 
-def usage_record(*, tenant_id: str, subject: str, meter: str, units: int, start: datetime,
+def usage_record(*, tenant_id: str, subject: str, meter: str, count: int, start: datetime,
                  end: datetime) -> None:
-    """`units` times the hours of [start, end) of `meter`; metering a window twice is a no-op."""
-    if end <= start or units <= 0:
+    """`count` times the hours of [start, end) of `meter`; metering a window twice is a no-op."""
+    if end <= start or count <= 0:
         return
     UsageRecord.objects.get_or_create(
         subject=subject, meter=meter, window_start=start,
-        defaults={"tenant_id": tenant_id, "quantity": hours(start, end) * units,
+        defaults={"tenant_id": tenant_id, "quantity": hours(start, end) * count,
                   "window_end": end})
 
 

@@ -11,7 +11,7 @@ from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.events import ReservationEvent
-from reservations.offerings import GPU_RESOURCES, HOST_RESOURCES, Offering, Quota
+from reservations.models.offerings import GPU_RESOURCES, HOST_RESOURCES, Offering, Quota
 
 
 def allowed_resources(pool_class: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh
-from reservations.ledger import Allocation, Booking, Reservation, ReservationState
+from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
 from reservations.services.book import try_place
@@ -61,7 +61,7 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
     started = rsv.during is not None and rsv.during.lower <= now
     # The quota row before the node's (the ledger's lock order, as booking takes them).
     quota_refund(tenant_id=rsv.tenant_id, pool=rsv.pool, resource=rsv.device_class,
-                 amount=rsv.gpu_count)
+                 count=rsv.count)
     if allocation is not None:
         if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
             node = Node.objects.select_for_update().get(pk=allocation.node_id)
@@ -71,14 +71,14 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
         end = min(rsv.during.upper, now)
         meter = gpu_meter(rsv.pool.gpu_model, rsv.device_class, rsv.profile)
         usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=meter,
-                     units=rsv.gpu_count, start=rsv.during.lower, end=end)
+                     count=rsv.count, start=rsv.during.lower, end=end)
     transition(rsv, to)
     rsv.ended_at = now
     rsv.failure_reason = reason[:300] or rsv.failure_reason
     rsv.save(update_fields=["state", "ended_at", "failure_reason"])
     pool_replan(rsv.pool_id)
     event_emit(tenant_id=rsv.tenant_id, type=ENDED_EVENT[to], subject=rsv.id,
-               payload={"poolId": rsv.pool_id, "gpus": rsv.gpu_count,
+               payload={"poolId": rsv.pool_id, "gpus": rsv.count,
                         "nodeId": allocation.node_id if allocation else None,
                         **({"reason": reason} if reason else {})})
 

@@ -14,7 +14,7 @@ from fleet.models import Node
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
-from reservations.sandboxes import LIVE, Sandbox, SandboxState
+from reservations.models.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.services.binding import BindingRefused, verified_report
 from reservations.services.sandboxes import sandbox_free_locked
 

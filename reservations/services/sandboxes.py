@@ -25,8 +25,8 @@ from fleet.models import SCHEDULABLE, Image, Node, Pool
 from fleet.selectors import access_pool_by_id
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
+from reservations.models.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.quotas import quota_consume, quota_refund
-from reservations.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.selectors import access_sandbox_by_id
 from reservations.services.maintenance import in_maintenance
 from reservations.services.metering import usage_record
@@ -142,8 +142,8 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
     ports = [f["hostPort"] for f in forwards]
     if len(set(ports)) != len(ports):
         raise InvalidArgument("forwards: a host port is forwarded twice", field="forwards")
-    quota_consume(tenant=tenant, pool=pool, resource="vcpu", amount=vcpus)
-    quota_consume(tenant=tenant, pool=pool, resource="memory", amount=memory_gib)
+    quota_consume(tenant=tenant, pool=pool, resource="vcpu", count=vcpus)
+    quota_consume(tenant=tenant, pool=pool, resource="memory", count=memory_gib)
     node = _claim_host(pool.id, vcpus, memory_gib, ports)
     if node is None:
         raise CapacityConflict(
@@ -192,17 +192,17 @@ def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
     window (from the node's boot report to now)."""
     now = database_now()
     pool = sandbox.pool
-    quota_refund(tenant_id=sandbox.tenant_id, pool=pool, resource="vcpu", amount=sandbox.vcpus)
+    quota_refund(tenant_id=sandbox.tenant_id, pool=pool, resource="vcpu", count=sandbox.vcpus)
     quota_refund(tenant_id=sandbox.tenant_id, pool=pool, resource="memory",
-                 amount=sandbox.memory_gib)
+                 count=sandbox.memory_gib)
     Node.objects.filter(pk=sandbox.node_id).update(
         vcpus_allocated=F("vcpus_allocated") - sandbox.vcpus,
         memory_gib_allocated=F("memory_gib_allocated") - sandbox.memory_gib)
     if sandbox.started_at is not None:
-        for meter, units in (("vcpu.hours", sandbox.vcpus),
+        for meter, count in (("vcpu.hours", sandbox.vcpus),
                              ("memory.gib-hours", sandbox.memory_gib)):
             usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
-                         units=units, start=sandbox.started_at, end=now)
+                         count=count, start=sandbox.started_at, end=now)
     sandbox.state, sandbox.ended_at = to, now
     sandbox.failure_reason, sandbox.exit_status = reason[:300], exit_status
     sandbox.save(update_fields=["state", "ended_at", "failure_reason", "exit_status"])

@@ -23,7 +23,7 @@ from fleet.selectors import access_pool_by_id
 from reservations.candidates import MAX_START_AHEAD, instant
 from reservations.device_filter import parse_selector
 from reservations.events import ReservationEvent
-from reservations.ledger import Reservation, ReservationSeries, ReservationState
+from reservations.models import Reservation, ReservationSeries, ReservationState
 from reservations.recurrence import parse_rule, zone_named
 from reservations.selectors import access_series_by_id
 from reservations.services.book import book_new, check_pool_request
@@ -94,7 +94,7 @@ def series_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int, 
         raise InvalidArgument(f"until: at most {MAX_START_AHEAD.days} days ahead",
                               field="until")
     series = ReservationSeries.objects.create(
-        tenant=tenant, pool=pool, gpu_count=gpus, topology=topology, product=product,
+        tenant=tenant, pool=pool, count=gpus, topology=topology, product=product,
         selector=selector, every=rule_text, time_zone=time_zone, first_day=first_day,
         until=until, horizon_days=horizon_days)
     created, refused = book_ahead(series, now)

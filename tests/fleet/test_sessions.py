@@ -14,6 +14,7 @@ from django.utils import timezone
 from bcd.contract.crypto import public_pem, sign_bytes
 from compute.platform.events.models import Event
 from fleet.models import Connectivity, Node, NodeCommand
+from fleet.reports import reconcile_reports
 from fleet.services.sessions import (
     StaleSession,
     command_result_record,
@@ -22,7 +23,6 @@ from fleet.services.sessions import (
     node_reconnect,
     session_open,
 )
-from reservations.reports import reconcile_reports
 from tests.factories import inventory, lapse_lease, make_bare_node, make_node, open_session
 from tests.support.writes import assert_wrote
 

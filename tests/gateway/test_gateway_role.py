@@ -27,8 +27,8 @@ from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
 from bcd.contract.reports import statement
 from fleet.models import Node, NodeSpec, ReportInbox
+from fleet.reports import reconcile_reports
 from reservations.models import Reservation
-from reservations.reports import reconcile_reports
 from reservations.services.binding import reservation_bind
 from tests.factories import make_node
 from tests.reservations.conftest import reserve

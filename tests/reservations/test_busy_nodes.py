@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import connections
 
-from reservations.ledger import Allocation
+from reservations.models import Allocation
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
 from tests.reservations.test_group_gaps import waiting

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from fleet.models import Device, Node
-from reservations.ledger import Booking
+from reservations.models import Booking
 from tests.factories import make_node, report_inventory
 from tests.reservations.conftest import reserve
 from tests.support.work import run_due_work

@@ -16,7 +16,7 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from compute.core.db import database_now
 from fleet.models import Device, Node, Pool
 from reservations.gaps import gaps_mend
-from reservations.ledger import Allocation, Booking, Reservation
+from reservations.models import Allocation, Booking, Reservation
 from reservations.placement import Request
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, gpus
@@ -50,7 +50,7 @@ def t0() -> datetime:
 def occupy(node: Node, indexes: range | list[int], start: datetime, end: datetime) -> None:
     """Book exactly these GPUs of the node over [start, end), as a placed reservation."""
     rsv = Reservation.objects.create(
-        tenant_id=node.pool.tenant_id, pool=node.pool, gpu_count=len(indexes),
+        tenant_id=node.pool.tenant_id, pool=node.pool, count=len(indexes),
         duration_ms=int((end - start) / timedelta(milliseconds=1)), state="placed",
         during=DateTimeTZRange(start, end, "[)"))
     allocation = Allocation.objects.create(reservation=rsv, node=node)

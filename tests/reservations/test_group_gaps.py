@@ -23,8 +23,7 @@ from compute.core.db import database_now
 from fleet.models import Device, Node
 from reservations.earliest import earliest_starts
 from reservations.gaps import GAP_DRIFT_SQL, gaps_mend
-from reservations.ledger import Allocation, Booking, Reservation
-from reservations.models import GroupGap, StaleGaps
+from reservations.models import Allocation, Booking, GroupGap, Reservation, StaleGaps
 from reservations.placement import Request
 from tests.factories import make_node
 from tests.support.processes import database_url
@@ -57,7 +56,7 @@ def hour(t0: datetime, start: float, end: float) -> DateTimeTZRange:
 def book(node: Node, devices: list[Device], during: DateTimeTZRange) -> Allocation | None:
     """One allocation over these devices, or None where the ledger refuses it."""
     rsv = Reservation.objects.create(
-        tenant_id=node.pool.tenant_id, pool=node.pool, gpu_count=len(devices), state="placed",
+        tenant_id=node.pool.tenant_id, pool=node.pool, count=len(devices), state="placed",
         duration_ms=int((during.upper - during.lower) / timedelta(milliseconds=1)),
         during=during)
     try:

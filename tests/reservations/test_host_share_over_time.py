@@ -13,8 +13,7 @@ from compute.core.db import conninfo
 from compute.http.edge import error_answer
 from fleet.models import Node
 from reservations.hostshare import expected_counters
-from reservations.models import Allocation
-from reservations.sandboxes import Sandbox
+from reservations.models import Allocation, Sandbox
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, reserve
 from tests.support.ledger import run_together

@@ -153,8 +153,8 @@ def test_racing_bookers_of_one_tenant_never_hold_more_than_the_limit_at_once(roo
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(max(held), 0) FROM (SELECT sum(d) OVER (ORDER BY at, s) AS held "
-            "FROM (SELECT lower(during) AS at, 1 AS s, gpu_count AS d FROM "
+            "FROM (SELECT lower(during) AS at, 1 AS s, count AS d FROM "
             "reservations_reservation WHERE tenant_id = %s AND state = 'placed' UNION ALL "
-            "SELECT upper(during), 0, -gpu_count FROM reservations_reservation "
+            "SELECT upper(during), 0, -count FROM reservations_reservation "
             "WHERE tenant_id = %s AND state = 'placed') e) r", [tenant.id, tenant.id])
         assert cursor.fetchone()[0] == 8

@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 
 from compute.core.errors import InvalidArgument
-from reservations.ledger import Reservation, ReservationSeries
+from reservations.models import Reservation, ReservationSeries
 from reservations.reconcilers import sweep
 from reservations.recurrence import parse_rule, zone_named
 from tests.factories import make_node

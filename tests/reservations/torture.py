@@ -90,7 +90,7 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
             outcomes: Counter[str], unexpected: list[str]) -> None:
     from bcd.contract.crypto import canonical, sign_bytes
     from compute.core.errors import ComputeError
-    from reservations.sandboxes import Sandbox
+    from reservations.models import Sandbox
     from reservations.services.book import pending_place, reservation_create
     from reservations.services.extend import reservation_extend
     from reservations.services.release import reservation_release
@@ -193,7 +193,7 @@ def _sample_quota(world: World, report: Report, stop: threading.Event) -> None:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 cursor.execute(
-                    "SELECT coalesce(max(n), 0) FROM (SELECT sum(gpu_count) AS n "
+                    "SELECT coalesce(max(n), 0) FROM (SELECT sum(count) AS n "
                     "FROM reservations_reservation WHERE tenant_id = %s AND state IN "
                     "('pending', 'placed', 'binding', 'active') GROUP BY device_class) held",
                     [world.acme.id])
@@ -292,7 +292,7 @@ def findings(world: World) -> dict[str, Any]:
         "vcpuCounterDrift": sum(counters[0] != expected[0] for counters, expected in drift),
         "memoryCounterDrift": sum(counters[1] != expected[1] for counters, expected in drift),
         "quotaDrift": scalar(
-            "SELECT coalesce(sum(abs(q.used - coalesce((SELECT sum(gpu_count) FROM "
+            "SELECT coalesce(sum(abs(q.used - coalesce((SELECT sum(count) FROM "
             " reservations_reservation r WHERE r.tenant_id = q.tenant_id AND "
             " r.pool_id = q.pool_id AND r.device_class = q.resource AND r.state IN "
             " ('pending', 'placed', 'binding', 'active')), 0))), 0)::int "
@@ -308,7 +308,7 @@ def findings(world: World) -> dict[str, Any]:
             "    AND a.ended_at IS NULL) = 1 AND "
             "   (SELECT count(*) FROM reservations_booking b JOIN reservations_allocation a "
             "    ON a.id = b.allocation_id WHERE a.reservation_id = r.id AND a.ended_at IS NULL "
-            "    AND b.during = r.during) = r.gpu_count "
+            "    AND b.during = r.during) = r.count "
             " ELSE NOT EXISTS (SELECT 1 FROM reservations_allocation a "
             "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
             " END"),

@@ -36,7 +36,7 @@ class ReportsApplier(threading.Thread):
         from django.db import DatabaseError, connections
 
         from fleet.models import ReportInbox
-        from reservations.reports import reconcile_reports
+        from fleet.reports import reconcile_reports
 
         try:
             while not self.stopping.wait(0.02):

@@ -12,7 +12,7 @@ from compute.http.console.session import Page, console_page
 from compute.platform.events.presenters import present_event
 from compute.platform.events.selectors import latest_events
 from reservations.board import fleet_board, gpus_held_now, sandboxes_on_node
-from reservations.ledger import ReservationState, Topology
+from reservations.models import ReservationState, Topology
 
 FEED_LENGTH = 50
 

@@ -1,7 +1,7 @@
 """The capacity ledger's tables."""
 
-from reservations.gaps import GroupGap, StaleGaps
-from reservations.ledger import (
+from reservations.models.gaps import GroupGap, StaleGaps
+from reservations.models.ledger import (
     Allocation,
     Booking,
     MaintenanceWindow,
@@ -10,9 +10,9 @@ from reservations.ledger import (
     ReservationState,
     Topology,
 )
-from reservations.offerings import Offering, Quota
-from reservations.sandboxes import Sandbox, SandboxState
-from reservations.usage import UsageRecord
+from reservations.models.offerings import Offering, Quota
+from reservations.models.sandboxes import Sandbox, SandboxState
+from reservations.models.usage import UsageRecord
 
 __all__ = ["Allocation", "Booking", "GroupGap", "MaintenanceWindow", "Offering", "Quota",
            "Reservation", "ReservationSeries", "ReservationState", "Sandbox", "SandboxState",

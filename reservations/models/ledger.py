@@ -36,7 +36,7 @@ class ReservationSeries(models.Model):
     tenant = models.ForeignKey("compute.Tenant", on_delete=models.PROTECT,
                                related_name="reservation_series")
     pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="+")
-    gpu_count = models.PositiveSmallIntegerField()
+    count = models.PositiveSmallIntegerField()
     topology = models.CharField(max_length=16, default="any")
     product = models.CharField(max_length=96, blank=True)
     selector = models.CharField(max_length=300, blank=True)
@@ -63,7 +63,7 @@ class Reservation(models.Model):
     """A tenant's request for GPUs of one pool for a window of time, and its lifecycle.
 
     A pending reservation has no allocation. A placed one has exactly one live allocation
-    whose bookings cover `gpu_count` devices over the reservation's window.
+    whose bookings cover `count` devices over the reservation's window.
     """
 
     id = id_field("rsv")
@@ -72,7 +72,7 @@ class Reservation(models.Model):
     pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="reservations")
     state = models.CharField(max_length=16, choices=ReservationState.choices,
                              default=ReservationState.PENDING, db_index=True)
-    gpu_count = models.PositiveSmallIntegerField(help_text="How many atoms of its class.")
+    count = models.PositiveSmallIntegerField(help_text="How many atoms of its class.")
     device_class = models.CharField(max_length=16, default="gpu",
                                     help_text="gpu (whole GPUs), mig or gpu-share.")
     profile = models.CharField(max_length=32, blank=True,
