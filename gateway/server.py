@@ -250,12 +250,14 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         try:
             beats, self.beats = self.beats, {}
             stale, back = await self.db(sessions.heartbeats_record, beats=beats)
-            for node_id in stale:
-                if node_id in self.sessions:
-                    self.sessions[node_id].close("a newer session of this node exists")
+            for node_id in stale:  # only the session the beat came on, not a newer one
+                session = self.sessions.get(node_id)
+                if session is not None and session.epoch == beats[node_id]:
+                    session.close("a newer session of this node exists")
             for node_id in back:
-                await self.db(sessions.node_reconnect, node_id=node_id,
-                              epoch=beats[node_id])
+                with contextlib.suppress(sessions.StaleSession):  # replaced meanwhile
+                    await self.db(sessions.node_reconnect, node_id=node_id,
+                                  epoch=beats[node_id])
             live = {n: s.epoch for n, s in self.sessions.items() if not s.closed}
             if live:
                 for command in await self.db(sessions.commands_to_send,

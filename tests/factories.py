@@ -89,19 +89,25 @@ def make_node(pool: Pool | str, *, adopted: bool = True, **report: Any) -> Node:
 
 def lapse_lease(node_id: str) -> Node | None:
     """The node's last heartbeat moves an hour back, then the liveness sweep runs (the real
-    path, without sleeping out a lease); returns the node if it turned unreachable. What the
-    gateway filed of the node's sessions is recorded first (by the test's reports applier,
-    if it runs one), as liveness waits for it."""
+    path, without sleeping out a lease); returns the node once it turned unreachable (None if
+    it did not within 10 s). What the gateway filed of the node's sessions is recorded first
+    (by the test's reports applier, if it runs one), as liveness waits for it; a heartbeat a
+    gateway received before the session ended may still be written after the move, so the
+    move is made again until the sweep finds the node silent."""
     from fleet.reconcilers import NODE, reconcile_node, sweep
     from fleet.services.sessions import session_changes_pending
 
-    wait_until(lambda: not session_changes_pending(node_id), 10, interval=0.02)
-    Node.objects.filter(pk=node_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
-    sweep()
-    if WorkItem.objects.filter(kind=NODE, key=node_id).exists():
-        reconcile_node(node_id)
-    node = Node.objects.get(pk=node_id)
-    return node if node.connectivity == Connectivity.UNREACHABLE else None
+    def lapsed() -> bool:
+        if session_changes_pending(node_id):
+            return False
+        Node.objects.filter(pk=node_id).update(
+            last_heartbeat_at=timezone.now() - timedelta(hours=1))
+        sweep()
+        if WorkItem.objects.filter(kind=NODE, key=node_id).exists():
+            reconcile_node(node_id)
+        return Node.objects.get(pk=node_id).connectivity == Connectivity.UNREACHABLE
+
+    return Node.objects.get(pk=node_id) if wait_until(lapsed, 10, interval=0.05) else None
 
 
 def make_unreachable(node: Node) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from bcd.inventory.fake import SimulatedInventory
 from fleet.models import Node, NodeReport, ReportInbox
+from fleet.services.sessions import session_changes_pending
 from tests.gateway.conftest import diag, join_through_gateway, session_for
 from tests.support.waiting import eventually, wait_until
 
@@ -383,6 +384,31 @@ def test_a_node_that_comes_back_is_reconnected(fleet):
     assert asyncio.run(connect_once())
     assert lapse_lease(payload["nodeId"]) is not None
     assert asyncio.run(connect_once())
+    # What the gateway filed of the new session is recorded by a worker (here the fixture's
+    # reports applier), after the agent was welcomed.
+    assert wait_until(lambda: not session_changes_pending(payload["nodeId"]), 10)
     types = [e["type"] for e in fleet.api("nodes.events", nodeId=payload["nodeId"])["items"]]
     assert types[-3:] == ["node.connected", "node.unreachable", "node.reconnected"]
     assert Node.objects.get(pk=payload["nodeId"]).connectivity == "connected"
+
+
+def test_a_heartbeat_of_an_older_session_written_late_leaves_the_newer_session_open(fleet):
+    """The gateway flushes heartbeats in batches: one received on a session that has since
+    been replaced is written after the new one opened. It is stale; the new session stays."""
+    credentials, payload, inventory = joined(fleet)
+    node_id = payload["nodeId"]
+    gateway = fleet.gateway.gateway
+
+    async def connect_then_flush_an_old_beat():
+        session = session_for(fleet, credentials, inventory, await diag(inventory))
+        task = asyncio.create_task(session.run())
+        assert await eventually(lambda: session.state.connected)
+        current = gateway.sessions[node_id]
+        gateway.beats[node_id] = current.epoch - 1  # the older session's, not yet written
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(gateway._pass(),
+                                                                   fleet.gateway.loop))
+        closed, still = current.closed, gateway.sessions.get(node_id) is current
+        task.cancel()
+        return closed, still
+
+    assert asyncio.run(connect_then_flush_an_old_beat()) == ("", True)
