@@ -27,13 +27,19 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
           negative_data_rejection, positive_data_acceptance]
 
 
+@pytest.fixture(scope="module")
+def schema():
+    """The document, read by schemathesis once for every method (reading it takes longer
+    than fuzzing one)."""
+    from compute.http.openapi import build_document
+
+    return schemathesis.openapi.from_dict(build_document())
+
+
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
                          ids=["valid", "invalid"])
 @pytest.mark.parametrize("method", sorted(f"{g}/{m}" for g, m in REGISTRY))
-def test_the_api_answers_what_its_document_says(method, mode, live_server, root_token):
-    from compute.http.openapi import build_document
-
-    schema = schemathesis.openapi.from_dict(build_document())
+def test_the_api_answers_what_its_document_says(method, mode, schema, live_server, root_token):
     operation = schema.find_operation_by_label(f"POST /api/compute/{method}")
     assert operation is not None, method
     headers = {"Authorization": f"Bearer {root_token}"}
