@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.core.api.inputs import Input
+from compute.core.api.inputs import Input, NamedDictField
 from compute.core.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from fleet.models import Device, Image, JoinToken, Node, Pool, Site
 
@@ -46,6 +46,31 @@ class TimeSlicingIn(Input):
                                         help_text="Shares of each GPU (bookable one by one).")
 
 
+CLASS_NAME = r"^[a-z][a-z0-9-]{0,31}$"  # a priority class's name
+
+
+class PriorityClassIn(Input):
+    weight = serializers.IntegerField(min_value=0, max_value=1000,
+                                      help_text="Pending requests of a higher weight are "
+                                                "placed first.")
+    preemptible = serializers.BooleanField(required=False, default=False)
+
+
+class SharingIn(Input):
+    """How tenants share the pool (reservations.sharing)."""
+
+    priority_classes = NamedDictField(
+        child=PriorityClassIn(), required=False, key_pattern=CLASS_NAME, max_keys=16,
+        help_text="Classes added to high (100), normal (50) and preemptible (0), or their "
+                  "weights changed, by name (lowercase letters, digits and dashes).")
+    fair_share_half_life_hours = serializers.FloatField(
+        required=False, min_value=0.1, max_value=24 * 366,
+        help_text="Usage counts half as much after this long (24 by default).")
+    owner_share = serializers.IntegerField(
+        required=False, min_value=1, max_value=10_000,
+        help_text="The owner's fair-share weight, against each offering's share (1).")
+
+
 class BmcPolicyIn(Input):
     allow_http = serializers.BooleanField(
         required=False, default=False,
@@ -75,6 +100,7 @@ class PolicyIn(Input):
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
     sandboxes = SandboxPolicyIn(required=False)
+    sharing = SharingIn(required=False)
     time_slicing = TimeSlicingIn(
         required=False,
         help_text="Slice each GPU (not in MIG mode) into this many time-sliced shares, "

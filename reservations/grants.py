@@ -2,6 +2,6 @@
 
 from compute.core.api.grants import grant
 
-grant("viewer", "capacity.*", "usage.*")
+grant("viewer", "capacity.*", "usage.*", "reservations.queue")
 grant("member", "reservations.*", "series.*", "sandboxes.*")
 grant("operator", "pools.*", "maintenance.*", "offerings.*")

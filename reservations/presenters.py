@@ -33,13 +33,15 @@ LIMITS = {"type": "object", "properties": {
 OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
                quota={"type": "object", "additionalProperties": obj(limit=INTEGER,
                                                                     used=INTEGER)},
-               limits=LIMITS, createdAt=TIME, updatedAt=TIME)
+               limits=LIMITS, share=INTEGER, priorityClasses=array(STRING), createdAt=TIME,
+               updatedAt=TIME)
 RESERVATION = obj(
     id=STRING, tenantId=STRING, poolId=STRING, state=STRING,
     devices=array(obj(**{"class": STRING, "count": INTEGER, "topology": STRING,
                          "profile": nullable(STRING)})),
     model=nullable(STRING), product=nullable(STRING), selector=nullable(STRING),
-    kubernetes=BOOLEAN, bindingKind=STRING, start=nullable(TIME), end=nullable(TIME),
+    kubernetes=BOOLEAN, priorityClass=STRING, bindingKind=STRING, start=nullable(TIME),
+    end=nullable(TIME),
     durationMs=nullable(INTEGER), nodeId=nullable(STRING), allocationId=nullable(STRING),
     hostShare=nullable(obj(vcpus=INTEGER, memoryGiB=INTEGER)), binding=nullable(OBJECT),
     placementAttempts=INTEGER, failureReason=nullable(STRING), seriesId=nullable(STRING),
@@ -68,7 +70,8 @@ def present_offering(offering: Offering) -> dict[str, Any]:
             "tenant": offering.tenant.slug,
             "quota": {q.resource: {"limit": q.limit, "used": q.used}
                       for q in offering.quotas.all()},
-            "limits": offering.limits, "createdAt": offering.created_at,
+            "limits": offering.limits, "share": offering.share,
+            "priorityClasses": offering.priority_classes, "createdAt": offering.created_at,
             "updatedAt": offering.updated_at}
 
 
@@ -80,7 +83,7 @@ def present_reservation(rsv: Reservation) -> dict[str, Any]:
                      "topology": rsv.topology, "profile": rsv.profile or None}],
         "model": rsv.model or None, "product": rsv.product or None,
         "selector": rsv.selector or None, "kubernetes": rsv.kubernetes,
-        "bindingKind": rsv.binding_kind,
+        "priorityClass": rsv.priority_class, "bindingKind": rsv.binding_kind,
         "start": rsv.starts_at, "end": rsv.ends_at, "durationMs": rsv.duration_ms,
         "nodeId": allocation.node_id if allocation else None,
         "allocationId": allocation.id if allocation else None,

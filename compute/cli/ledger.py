@@ -10,11 +10,14 @@ from typing import Any
 
 import click
 
-from compute.cli.common import api_command, output_options, show
+from compute.cli.common import api_command, call_and_show, output_options, show
 from compute.cli.common import client as make_client
 from compute.cli.durations import Duration
 
 RESERVATION_COLUMNS = ["id", "state", "poolId", "nodeId", "start", "end"]
+QUEUE_COLUMNS = ["position", "reservationId", "poolId", "count", "priorityClass", "fairShare",
+                 "why"]
+SHARE_COLUMNS = ["tenant", "share", "sharePart", "usageGpuHours", "usagePart", "factor"]
 
 
 @click.group()
@@ -155,6 +158,8 @@ def atom_options(func: Any) -> Any:
 @click.option("--preview", is_flag=True, help="Ask whether a request would fit now.")
 @click.option("--earliest", is_flag=True,
               help="Ask when a request fits first, on which node and GPUs.")
+@click.option("--shares", is_flag=True,
+              help="Each tenant's fair share: its weight, decayed usage and factor.")
 @click.option("--gpus", type=click.IntRange(1, 64), default=None)
 @click.option("--for", "duration", type=Duration(), default=None)
 @click.option("--nvlink", is_flag=True)
@@ -169,15 +174,24 @@ def atom_options(func: Any) -> Any:
               help="With --earliest: end by then, +3d (from now) or an ISO 8601 time.")
 @atom_options
 @output_options
-def capacity(pool: str, preview: bool, earliest: bool, gpus: int | None,
+def capacity(pool: str, preview: bool, earliest: bool, shares: bool, gpus: int | None,
              duration: int | None, nvlink: bool, model: str | None, product: str | None,
              selector: str | None, start: str | None, after: str | None, before: str | None,
              mig: str | None, share: bool, output: str | None, query: str | None,
              tenant: str | None) -> None:
     """A pool's capacity; with --preview --gpus N --for 2h [--start +2h], whether a request
     would fit, and if not why; with --earliest --gpus N --for 4h [--after T] [--before T],
-    the earliest window where it fits."""
+    the earliest window where it fits; with --shares, each tenant's fair share."""
     api = make_client()
+    if shares:
+        result = api.call("capacity.shares", {"poolId": pool}, tenant=tenant)
+        as_table = (output or ("table" if sys.stdout.isatty() else "json")) in ("table", "wide")
+        if as_table and not query:
+            click.echo(f"usage counts half after {result['halfLifeHours']:g} h")
+            show(result["tenants"], output=output, query=None, columns=SHARE_COLUMNS)
+        else:
+            show(result, output=output, query=query)
+        return
     if not (preview or earliest):
         show(api.call("capacity.get", {"poolId": pool}, tenant=tenant), output=output,
              query=query)
@@ -226,6 +240,9 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
 @click.option("--horizon-days", type=click.IntRange(1, 366), default=14, show_default=True,
               help="With --every: how far ahead occurrences are booked.")
 @click.option("--kubernetes", is_flag=True, help="Hold for the node's Kubernetes workers.")
+@click.option("--priority-class", "priority_class", default=None,
+              help="A priority class the pool grants you: high, normal (the default), "
+                   "preemptible, or one of the pool's own.")
 @click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
 @click.option("--wait", type=click.FloatRange(0, 3600), default=20.0, show_default=True,
               help="Seconds to wait for placement.")
@@ -235,8 +252,8 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
             start: str | None,
             at_earliest: bool, before: str | None, every: str | None, until: str | None,
             first_day: str | None, time_zone: str, horizon_days: int, kubernetes: bool,
-            key: str | None, wait: float, output: str | None, query: str | None,
-            tenant: str | None) -> None:
+            priority_class: str | None, key: str | None, wait: float, output: str | None,
+            query: str | None, tenant: str | None) -> None:
     """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
     fit; with --every, on every window of a rule until a day); retry with --key KEY to never
     book twice."""
@@ -246,7 +263,8 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
         reserve_every(pool, gpus, nvlink, product, selector, every, until, first_day,
                       time_zone, horizon_days, clashing={"--for": duration, "--start": start,
                                                          "--at-earliest": at_earliest,
-                                                         "--kubernetes": kubernetes},
+                                                         "--kubernetes": kubernetes,
+                                                         "--priority-class": priority_class},
                       output=output, query=query, tenant=tenant)
         return
     if duration is None:
@@ -257,7 +275,8 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
     click.echo(f"idempotency key: {key}", err=True)
     body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector, mig,
                             share),
-            "kubernetes": kubernetes or None, "idempotencyKey": key, "binding": "hold",
+            "kubernetes": kubernetes or None, "priorityClass": priority_class,
+            "idempotencyKey": key, "binding": "hold",
             "atEarliest": at_earliest or None, **time_fields("start", start),
             **time_fields("before", before)}
     api = make_client()
@@ -325,12 +344,24 @@ def reservations_get(reservation_id: str) -> dict[str, Any]:
     return {"reservationId": reservation_id}
 
 
-@api_command(reservations, "list", "reservations.list", columns=RESERVATION_COLUMNS)
+@reservations.command("list")
 @click.option("--pool", "pool_id", default=None)
 @click.option("--state", default=None)
-def reservations_list(pool_id: str | None, state: str | None) -> dict[str, Any]:
-    """Your reservations, oldest first."""
-    return {"poolId": pool_id, "state": state}
+@click.option("--pending", is_flag=True,
+              help="The pending queue instead: each request's position and why it waits.")
+@output_options
+def reservations_list(pool_id: str | None, state: str | None, pending: bool,
+                      output: str | None, query: str | None, tenant: str | None) -> None:
+    """Your reservations, oldest first; with --pending, your pending requests in the order
+    they are offered capacity (all of a pool you own)."""
+    if pending and state:
+        raise click.UsageError("--pending lists pending requests: drop --state")
+    if pending:
+        call_and_show("reservations.queue", {"poolId": pool_id}, tenant=tenant, output=output,
+                      query=query, columns=QUEUE_COLUMNS)
+        return
+    call_and_show("reservations.list", {"poolId": pool_id, "state": state}, tenant=tenant,
+                  output=output, query=query, columns=RESERVATION_COLUMNS)
 
 
 @click.command("release")

@@ -209,13 +209,22 @@ def parse_quota(values: tuple[str, ...]) -> dict[str, int]:
               help="Idle reclaim: release a flagged reservation still idle after the grace.")
 @click.option("--idle-grace", type=click.FloatRange(0, 1440), default=None, metavar="MINUTES",
               help="Idle reclaim: minutes between the warning and the release (default 10).")
+@click.option("--share", type=click.IntRange(1, 10_000), default=None,
+              help="The tenant's fair-share weight on the pool (1 when offered).")
+@click.option("--priority-classes", default=None, metavar="CLASSES",
+              help="Priority classes the tenant may ask for, e.g. high,normal,preemptible "
+                   "(normal,preemptible when offered).")
 def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float | None,
                 max_ahead_days: float | None, max_gpus_at_once: int | None,
                 idle_below: float | None, idle_for: float | None, idle_release: bool,
-                idle_grace: float | None) -> dict[str, Any]:
+                idle_grace: float | None, share: int | None,
+                priority_classes: str | None) -> dict[str, Any]:
     """Offer a pool to a tenant with a quota and, optionally, limits against hoarding (any
-    limit given replaces the offering's limits)."""
-    body: dict[str, Any] = {"poolId": pool_id, "to": to, "quota": parse_quota(quota)}
+    limit given replaces the offering's limits), a fair-share weight and priority classes."""
+    body: dict[str, Any] = {"poolId": pool_id, "to": to, "quota": parse_quota(quota),
+                            "share": share}
+    if priority_classes is not None:
+        body["priorityClasses"] = [c.strip() for c in priority_classes.split(",") if c.strip()]
     limits: dict[str, Any] = {key: value for key, value in (("maxDurationHours", max_hours),
                                             ("maxStartAheadDays", max_ahead_days),
                                             ("maxGpusAtOnce", max_gpus_at_once))

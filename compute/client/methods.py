@@ -73,6 +73,12 @@ class Capacity(Group):
             "kubernetes": kubernetes, "start": start, "startIn": start_in,
             "tenantId": tenant_id}, retry=True)
 
+    def shares(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
+        """Each tenant's share of the pool, its decayed usage and its fair-share factor: every
+        tenant for the pool's owner, the caller's own row for a tenant it is offered to.
+        """
+        return self._call("capacity.shares", {"poolId": pool_id, "tenantId": tenant_id}, retry=True)
+
 
 class Events(Group):
     """events.* methods."""
@@ -285,12 +291,15 @@ class Pools(Group):
             "tenantId": tenant_id}, retry=True)
 
     def offer(self, *, pool_id: str, to: str, quota: dict[str, Any],
-            limits: dict[str, Any] | None = None, tenant_id: str | None = None) -> Any:
+            limits: dict[str, Any] | None = None, share: int | None = None,
+            priority_classes: builtins.list[str] | None = None,
+            tenant_id: str | None = None) -> Any:
         """Offer a pool to a tenant with quotas (gpu for GPU pools; vcpu, memory for CPU
         pools).
         """
         return self._call("pools.offer", {"poolId": pool_id, "to": to, "quota": quota,
-            "limits": limits, "tenantId": tenant_id}, retry=False)
+            "limits": limits, "share": share, "priorityClasses": priority_classes,
+            "tenantId": tenant_id}, retry=False)
 
 
 class Reservations(Group):
@@ -301,13 +310,14 @@ class Reservations(Group):
             kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
             at_earliest: bool | None = None, before: str | None = None,
             before_in: int | None = None, binding: str | None = None,
-            idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
+            priority_class: str | None = None, idempotency_key: str | None = None,
+            tenant_id: str | None = None) -> Any:
         """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
         return self._call("reservations.create", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "start": start, "startIn": start_in,
             "atEarliest": at_earliest, "before": before, "beforeIn": before_in, "binding": binding,
-            "idempotencyKey": idempotency_key,
+            "priorityClass": priority_class, "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)
 
     def extend(self, *, reservation_id: str, by: int, tenant_id: str | None = None) -> Any:
@@ -326,6 +336,14 @@ class Reservations(Group):
         """Reservations of the tenant, oldest first."""
         return self._call("reservations.list", {"limit": limit, "after": after, "poolId": pool_id,
             "state": state, "tenantId": tenant_id}, retry=True)
+
+    def queue(self, *, pool_id: str | None = None, tenant_id: str | None = None) -> Any:
+        """Pending requests in the order they are offered capacity (priority, fair share, age),
+        each with its position and why it waits: all of an owned pool's, else the tenant's
+        own.
+        """
+        return self._call("reservations.queue", {"poolId": pool_id,
+            "tenantId": tenant_id}, retry=True)
 
     def release(self, *, reservation_id: str, cancel: bool | None = None,
             tenant_id: str | None = None) -> Any:

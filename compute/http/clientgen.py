@@ -94,6 +94,9 @@ def render() -> str:
 if __name__ == "__main__":
     import django
 
+    from compute.core.config import export_default
+
+    export_default("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     django.setup()
     TARGET.write_text(render())
     sys.stdout.write(f"wrote {TARGET}\n")

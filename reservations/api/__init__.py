@@ -7,8 +7,9 @@ from reservations.api import (
     reservations,
     sandboxes,
     series,
+    sharing,
     usage,
 )
 
 __all__ = ["capacity", "maintenance", "offerings", "reservations", "sandboxes", "series",
-           "usage"]
+           "sharing", "usage"]

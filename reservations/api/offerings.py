@@ -13,6 +13,7 @@ from compute.core.api.shapes import page_of
 from compute.platform.paging import page
 from compute.platform.tenancy.selectors import tenant_by_ref
 from fleet.api.pools import PoolIdIn, pool_subject
+from fleet.presenters import CLASS_NAME
 from reservations.events import ReservationEvent
 from reservations.presenters import OFFERING, present_offering
 from reservations.selectors import offering_list
@@ -55,6 +56,13 @@ class PoolOfferIn(PoolIdIn):
     quota = serializers.DictField(child=serializers.IntegerField(min_value=0, max_value=10**9),
                                   allow_empty=False, help_text="Such as {\"gpu\": 16}.")
     limits = LimitsIn(required=False, help_text="Replaces the offering's limits when given.")
+    share = serializers.IntegerField(required=False, min_value=1, max_value=10_000,
+                                     help_text="The tenant's fair-share weight on the pool "
+                                               "(1 when the offering is made).")
+    priority_classes = serializers.ListField(
+        child=serializers.RegexField(CLASS_NAME, max_length=32), required=False,
+        max_length=32, help_text="The priority classes the tenant may ask for (normal and "
+                                 "preemptible when the offering is made).")
 
 
 @endpoint("pools", "offer", returns=OFFERING, input=PoolOfferIn, mutating=True,
@@ -65,5 +73,6 @@ def pools_offer(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     offering = pool_offer(tenant=ctx.tenant, actor=ctx.principal, pool_id=ctx.subject.id,
                           to=tenant_by_ref(data["to"]), quota=data["quota"],
                           limits=LimitsIn.wire_form(data["limits"]) if "limits" in data
-                          else None)
+                          else None, share=data.get("share"),
+                          priority_classes=data.get("priority_classes"))
     return present_offering(offering_list(tenant=ctx.tenant).get(pk=offering.pk))

@@ -12,6 +12,7 @@ from compute.core.api.shapes import page_of
 from compute.platform.paging import page
 from fleet.api.pools import pool_subject
 from fleet.models import DeviceClass
+from fleet.presenters import CLASS_NAME
 from reservations import presenters as wire
 from reservations import selectors
 from reservations.events import ReservationEvent
@@ -80,6 +81,11 @@ class ReservationCreateIn(RequestShapeIn):
         required=False, min_value=1_000, max_value=MAX_DURATION_MS,
         help_text="With atEarliest: end by this many ms after now.")
     binding = serializers.ChoiceField(choices=["hold"], default="hold")
+    priority_class = serializers.RegexField(
+        CLASS_NAME, required=False, default="normal", max_length=32,
+        help_text="One of the pool's priority classes the tenant may use (high, normal, "
+                  "preemptible, and the pool's own): pending requests of a higher class "
+                  "are placed first.")
     idempotency_key = IdempotencyKeyField()
 
 

@@ -82,6 +82,11 @@ class Reservation(models.Model):
     product = models.CharField(max_length=96, blank=True)
     selector = models.CharField(max_length=300, blank=True)
     kubernetes = models.BooleanField(default=False)
+    priority_class = models.CharField(max_length=32, default="normal",
+                                      help_text="The priority class it was asked with.")
+    priority = models.SmallIntegerField(default=50, help_text=(
+        "Its class's weight when it was asked for: pending requests of a higher one are "
+        "placed first."))
     binding_kind = models.CharField(max_length=16, default="hold")
     requested_start = models.DateTimeField(null=True, blank=True,
                                            help_text="Null: start as soon as placed.")

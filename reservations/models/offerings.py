@@ -13,6 +13,10 @@ GPU_RESOURCES = (GPU_RESOURCE, "mig", "gpu-share")  # a quota per device class
 HOST_RESOURCES = ("vcpu", "memory")
 
 
+def granted_by_default() -> list[str]:
+    return ["normal", "preemptible"]
+
+
 class Offering(models.Model):
     """`pool` is offered to `tenant`. Its quotas bound what the tenant may hold at once."""
 
@@ -22,6 +26,11 @@ class Offering(models.Model):
                                related_name="offerings")
     limits = models.JSONField(default=dict, blank=True, help_text=(
         "Against hoarding: maxDurationHours, maxStartAheadDays, maxGpusAtOnce."))
+    share = models.PositiveIntegerField(default=1, help_text=(
+        "The tenant's fair-share weight on the pool, against the owner's and the other "
+        "offerings'."))
+    priority_classes = models.JSONField(default=granted_by_default, help_text=(
+        "The priority classes the tenant may ask for on the pool."))
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

@@ -65,6 +65,13 @@ from reservations.models import (
 from reservations.placement import Candidate, Choice, Request, ranked
 from reservations.quotas import quota_consume
 from reservations.shape import Ask, Shape
+from reservations.sharing import (
+    DEFAULT_CLASS,
+    PriorityClass,
+    pending_queue,
+    pool_classes,
+    priority_class_for,
+)
 from reservations.states import transition
 from reservations.work import RESERVATION
 
@@ -240,8 +247,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
                        duration_ms: int, start: datetime | None = None,
                        start_in_ms: int | None = None, at_earliest: bool = False,
                        before: datetime | None = None, before_in_ms: int | None = None,
-                       idempotency_key: str | None = None,
-                       pool: Pool | None = None) -> Reservation:
+                       idempotency_key: str | None = None, pool: Pool | None = None,
+                       priority_class: str = DEFAULT_CLASS) -> Reservation:
     """Reserve `shape` (so many GPUs, MIG instances of a profile, or time-sliced shares) of
     one pool for `duration_ms`, now or from a later start.
 
@@ -249,11 +256,13 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     request that fits nowhere is stored as pending and placed when capacity frees. With
     `at_earliest`, it is booked in the earliest window from its start (ending by `before`)
     where it fits, or refused when there is none. `pool` is `pool_id`'s row when the caller
-    has already found it within the tenant's reach (the API's draft does).
+    has already found it within the tenant's reach (the API's draft does). Its
+    `priority_class` is one the tenant may use on the pool (reservations.sharing).
     """
     inputs = {"pool_id": pool_id, **shape.inputs(), "duration_ms": duration_ms,
               "start": start, "start_in_ms": start_in_ms, "at_earliest": at_earliest,
-              "before": before, "before_in_ms": before_in_ms}
+              "before": before, "before_in_ms": before_in_ms,
+              **({"priority_class": priority_class} if priority_class != DEFAULT_CLASS else {})}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="reservations.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
@@ -263,6 +272,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     check_pool_request(pool, shape)
     check_atoms(pool, shape)
     parse_selector(shape.selector)
+    priority = priority_class_for(tenant.id, pool, priority_class)
     now = database_now()
     before = end_by(now, before, before_in_ms)
     if before is not None and not at_earliest:
@@ -270,28 +280,31 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     requested_start = later_start(now, start, start_in_ms)
     rsv, allocation = book_new(
         tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
-        duration_ms=duration_ms, at_earliest=at_earliest, before=before)
+        duration_ms=duration_ms, at_earliest=at_earliest, before=before, priority=priority)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
                  target=rsv.id, data={"poolId": pool.id, "gpus": shape.count,
                                       "class": shape.device_class, "durationMs": duration_ms,
+                                      "priorityClass": priority.name,
                                       "placed": bool(allocation)})
     return rsv
 
 
 def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
              requested_start: datetime | None, duration_ms: int, at_earliest: bool = False,
-             before: datetime | None = None,
-             series: ReservationSeries | None = None) -> tuple[Reservation, Allocation | None]:
+             before: datetime | None = None, series: ReservationSeries | None = None,
+             priority: PriorityClass | None = None) -> tuple[Reservation, Allocation | None]:
     """A new reservation of a checked request, inside the caller's service: the offering's
     limits, the quota, placement (now, or at the earliest window) or pending, and its
     placed or pending event. Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
     quota_consume(tenant=tenant, pool=pool, resource=shape.device_class, count=shape.count)
+    priority = priority or pool_classes(pool)[DEFAULT_CLASS]
     rsv = Reservation(tenant=tenant, pool=pool, requested_start=requested_start,
-                      duration_ms=duration_ms, series=series, **shape.columns())
+                      duration_ms=duration_ms, series=series, priority_class=priority.name,
+                      priority=priority.weight, **shape.columns())
     insert_row(rsv)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
@@ -349,12 +362,13 @@ def reservation_place_pending(*, reservation_id: str) -> Reservation | None:
 
 
 def pending_place(*, pool_id: str, limit: int = 100) -> int:
-    """Retry the pool's pending reservations in creation order; returns how many were placed.
+    """Retry the pool's pending reservations in the queue's order (priority, fair share,
+    age: reservations.sharing); returns how many were placed.
 
     Each attempt is its own transaction, so one that cannot fit never holds back the others.
     """
-    pending = list(Reservation.objects.filter(pool_id=pool_id, state=ReservationState.PENDING)
-                   .order_by("created_at", "id").values_list("id", flat=True)[:limit])
+    pool = Pool.objects.get(pk=pool_id)
+    pending = [q.reservation_id for q in pending_queue(pool, database_now())[:limit]]
     placed = 0
     for reservation_id in pending:
         rsv = reservation_place_pending(reservation_id=reservation_id)

@@ -12,6 +12,7 @@ from fleet.models import PoolClass
 from fleet.selectors import access_pool_by_id
 from reservations.events import ReservationEvent
 from reservations.models.offerings import GPU_RESOURCES, HOST_RESOURCES, Offering, Quota
+from reservations.sharing import check_granted
 
 
 def allowed_resources(pool_class: str) -> tuple[str, ...]:
@@ -20,13 +21,16 @@ def allowed_resources(pool_class: str) -> tuple[str, ...]:
 
 @audited
 def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
-               quota: dict[str, int], limits: dict[str, Any] | None = None) -> Offering:
+               quota: dict[str, int], limits: dict[str, Any] | None = None,
+               share: int | None = None,
+               priority_classes: list[str] | None = None) -> Offering:
     """Offer an owned pool to another tenant with quotas, or change an offering's quotas;
     `limits` (against hoarding, see reservations.limits) replace the offering's when given.
 
     A GPU pool's quota resources are its atoms: `gpu` (whole GPUs), `mig` (MIG instances)
     and `gpu-share` (time-sliced shares); a CPU pool's are `vcpu` and `memory` (GiB).
-    A limit below what the tenant already holds is refused.
+    A limit below what the tenant already holds is refused. `share` (its fair-share
+    weight) and `priority_classes` (those it may ask for) replace the offering's when given.
     """
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True, lock=True)
     allowed = allowed_resources(pool.pool_class)
@@ -42,7 +46,12 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
         offering.updated_at = timezone.now()
     if limits is not None:
         offering.limits = limits
-    offering.save(update_fields=["updated_at", "limits"])
+    if share is not None:
+        offering.share = share
+    if priority_classes is not None:
+        check_granted(pool, priority_classes)
+        offering.priority_classes = sorted(set(priority_classes))
+    offering.save(update_fields=["updated_at", "limits", "share", "priority_classes"])
     for resource, limit in sorted(quota.items()):
         row, _ = Quota.objects.select_for_update().get_or_create(
             tenant=to, pool=pool, resource=resource,
@@ -53,7 +62,8 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
                 resource=resource, used=row.used, limit=limit)
         row.limit = limit
         row.save(update_fields=["limit"])
-    data = {"poolId": pool.id, "to": to.id, "quota": quota, "limits": offering.limits}
+    data = {"poolId": pool.id, "to": to.id, "quota": quota, "limits": offering.limits,
+            "share": offering.share, "priorityClasses": offering.priority_classes}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.offer", target=pool.id,
                  data=data)
     event_emit(tenant_id=tenant.id, type=ReservationEvent.POOL_OFFERED, subject=pool.id,

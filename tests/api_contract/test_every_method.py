@@ -49,6 +49,7 @@ TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
     "tokens.create": {"name": "intruder", "role": "admin"},
     "sites.create": {"kind": "shared", "region": "eu-9"},
     "events.list": {},
+    "reservations.queue": {},
 }
 
 

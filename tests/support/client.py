@@ -25,6 +25,10 @@ class Answer:
     def code(self) -> str | None:
         return (self.body.get("error") or {}).get("code")
 
+    @property
+    def message(self) -> str:
+        return (self.body.get("error") or {}).get("message", "")
+
 
 class ApiClient:
     def __init__(self, client: Any, token: str | None = None, tenant_slug: str | None = None):
