@@ -260,6 +260,9 @@ class Agent:
                             "observed": self.session.applied_generation if self.session else 0},
             "sections": {"inventory": "reported" if state and state.connected else "pending",
                          "holds": f"{len(self.journal.held())} held"},
+            "holds": [{"allocationId": allocation, "reservationId": hold.reservation_id,
+                       "gpus": list(hold.gpus), "preemptAt": hold.preempt_at or None}
+                      for allocation, hold in sorted(self.held().items())],
             "cdi": self.cdi_source(),
             "simulated": self.config.sim,
             "virtualization": self.vms.accelerator or "probing",
@@ -475,6 +478,9 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"virtualization {status.get('virtualization', 'none')}")
     lines += [f"vm          {vm['sandboxId']} {vm['state']}, {vm['vcpus']} vCPUs, "
               f"{vm['memoryMiB']} MiB, pid {vm['pid']}" for vm in status.get("vms", [])]
+    lines += [f"preempting  {hold['allocationId']} ({hold['reservationId']}) at "
+              f"{hold['preemptAt']}: its GPUs are taken back then"
+              for hold in status.get("holds", []) if hold.get("preemptAt")]
     if status.get("simulated"):
         lines.append("readings    simulated (a simulated machine: no GPU was measured)")
     for gpu in status["gpus"]:

@@ -60,6 +60,10 @@ def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
     return paths.cdi_dir / hold.cdi_spec_name, paths.root / hold.env_file.lstrip("/")
 
 
+def notice_of(hold: Hold, paths: Paths) -> Path:
+    return paths.root / hold.notice_file.lstrip("/")
+
+
 def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str, Any]:
     """Write (or rewrite: idempotent) the hold's files; returns what the node now holds.
     Raises BadCdiSpec before writing anything when no valid CDI spec can be made."""
@@ -75,6 +79,12 @@ def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str,
         "BCD_CDI_DEVICES": ",".join(hold.cdi_devices),
         "NVIDIA_VISIBLE_DEVICES": ",".join(hold.gpus),
     }.items()))
+    notice = notice_of(hold, paths)
+    if hold.preempt_at:
+        write_private(notice, json.dumps({"reservationId": hold.reservation_id,
+                                          "preemptAt": hold.preempt_at}) + "\n")
+    else:
+        notice.unlink(missing_ok=True)
     return {**hold.binding(), "cdiSource": source}
 
 
@@ -86,7 +96,7 @@ def holds_on_disk(paths: Paths) -> dict[str, Hold]:
 def remove_hold(hold: Hold, paths: Paths) -> bool:
     """Remove the spec and env file, and stop the slice if nothing runs in it: a release
     never kills a running workload. False when the slice is still busy (retry later)."""
-    for path in files_of(hold, paths):
+    for path in (*files_of(hold, paths), notice_of(hold, paths)):
         path.unlink(missing_ok=True)
     return slice_stop_if_empty(hold, paths) or not systemd_present(paths)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.core.api.inputs import Input, NamedDictField
+from compute.core.api.inputs import Input
 from compute.core.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from fleet.models import Device, Image, JoinToken, Node, Pool, Site
 
@@ -50,6 +50,7 @@ CLASS_NAME = r"^[a-z][a-z0-9-]{0,31}$"  # a priority class's name
 
 
 class PriorityClassIn(Input):
+    name = serializers.RegexField(CLASS_NAME, max_length=32)
     weight = serializers.IntegerField(min_value=0, max_value=1000,
                                       help_text="Pending requests of a higher weight are "
                                                 "placed first.")
@@ -59,13 +60,16 @@ class PriorityClassIn(Input):
 class SharingIn(Input):
     """How tenants share the pool (reservations.sharing)."""
 
-    priority_classes = NamedDictField(
-        child=PriorityClassIn(), required=False, key_pattern=CLASS_NAME, max_keys=16,
+    priority_classes = PriorityClassIn(  # type: ignore[call-arg]
+        many=True, required=False, max_length=16,
         help_text="Classes added to high (100), normal (50) and preemptible (0), or their "
-                  "weights changed, by name (lowercase letters, digits and dashes).")
+                  "weights changed (by name; a name given twice takes its last entry).")
     fair_share_half_life_hours = serializers.FloatField(
         required=False, min_value=0.1, max_value=24 * 366,
         help_text="Usage counts half as much after this long (24 by default).")
+    preemption_notice_seconds = serializers.FloatField(
+        required=False, min_value=0, max_value=86_400,
+        help_text="How long a preempted reservation is told before it is released (120).")
     owner_share = serializers.IntegerField(
         required=False, min_value=1, max_value=10_000,
         help_text="The owner's fair-share weight, against each offering's share (1).")

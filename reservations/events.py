@@ -24,6 +24,8 @@ class ReservationEvent(EventType):
     RESERVATION_RELEASED = "reservation.released"
     RESERVATION_CANCELLED = "reservation.cancelled"
     RESERVATION_FAILED = "reservation.failed"
+    RESERVATION_PREEMPTING = "reservation.preempting"
+    RESERVATION_PREEMPTION_WITHDRAWN = "reservation.preemption_withdrawn"
     SERIES_CREATED = "series.created"
     SERIES_EXTENDED = "series.extended"
     SERIES_OCCURRENCE_REFUSED = "series.occurrence_refused"

@@ -30,6 +30,7 @@ from reservations.services.device_failure import (
     reservation_replace_off_device,
 )
 from reservations.services.idle import reservation_idle_check, watched_on
+from reservations.services.preemption import preempt_for_queue, reservation_preempted_release
 from reservations.services.release import reservation_expire
 from reservations.services.series import series_due, series_extend
 from reservations.states import HOLDING
@@ -38,12 +39,15 @@ from reservations.work import GAPS, POOL, RESERVATION, SERIES, pool_replan
 
 @handler(RESERVATION)
 def reconcile_reservation(reservation_id: str) -> None:
-    """One step for one reservation: end it, fail its late binding, or bind it."""
+    """One step for one reservation: end it (its window over, or preempted), fail its late
+    binding, or bind it."""
     rsv = Reservation.objects.filter(pk=reservation_id).first()
     if rsv is None or rsv.during is None:
         return
     now = database_now()
-    if rsv.state in HOLDING and rsv.during.upper <= now:
+    if rsv.state in HOLDING and rsv.preempt_at is not None and rsv.preempt_at <= now:
+        reservation_preempted_release(reservation_id=rsv.id)
+    elif rsv.state in HOLDING and rsv.during.upper <= now:
         reservation_expire(reservation_id=rsv.id)
     elif rsv.state == ReservationState.BINDING and \
             Reservation.objects.filter(binding_overdue(now), pk=rsv.id).exists():
@@ -97,8 +101,10 @@ def reconcile_telemetry(node_id: str) -> None:
 
 @handler(POOL)
 def reconcile_pool(pool_id: str) -> None:
-    """Offer a pool's free capacity to its pending reservations, oldest first."""
+    """Offer a pool's free capacity to its pending reservations in the queue's order; then
+    the first still waiting that may preempt, does."""
     pending_place(pool_id=pool_id)
+    preempt_for_queue(pool_id)
 
 
 @handler(SERIES)
@@ -120,6 +126,7 @@ def sweep(limit: int = 500) -> int:
     due = (Reservation.objects.filter(
         Q(state=ReservationState.PLACED, during__startswith__lte=now)
         | Q(state__in=HOLDING, during__endswith__lte=now)
+        | Q(state__in=HOLDING, preempt_at__lte=now)
         | binding_overdue(now))
         .values_list("id", flat=True)[:limit])
     count = 0

@@ -32,6 +32,7 @@ from reservations.models import Offering, Reservation, ReservationState
 
 DEFAULT_CLASS = "normal"
 HALF_LIFE_HOURS = 24.0
+NOTICE_SECONDS = 120.0  # a preempted reservation's notice
 MIG_SLICES = 7  # a MIG instance's profile names its slices of seven (3g.40gb: 3/7)
 DEFAULT_SHARES_PER_GPU = 1
 
@@ -55,9 +56,9 @@ def sharing_policy(pool: Pool) -> dict[str, Any]:
 def pool_classes(pool: Pool) -> dict[str, PriorityClass]:
     """The pool's priority classes by name."""
     classes = dict(BUILT_IN)
-    for name, spec in sharing_policy(pool).get("priorityClasses", {}).items():
-        classes[name] = PriorityClass(name, int(spec["weight"]),
-                                      bool(spec.get("preemptible", False)))
+    for spec in sharing_policy(pool).get("priorityClasses", []):
+        classes[spec["name"]] = PriorityClass(spec["name"], int(spec["weight"]),
+                                              bool(spec.get("preemptible", False)))
     return classes
 
 
@@ -122,6 +123,10 @@ SELECT tenant_id, sum(gpus * %(h)s / ln(2) * (
            AND coalesce(ended_at, 'infinity') > %(now)s - %(horizon)s::interval) held
  WHERE held_until > lower(during)
  GROUP BY tenant_id""", Reservation=Reservation)
+
+
+def notice_seconds(pool: Pool) -> float:
+    return float(sharing_policy(pool).get("preemptionNoticeSeconds", NOTICE_SECONDS))
 
 
 def half_life_hours(pool: Pool) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,14 @@ def share_uuid(gpu_uuid: str, slot: int) -> str:
     return f"{gpu_uuid}:share-{slot}"
 
 
+def _is_time(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
 class BadHold(ValueError):
     """A spec entry that is not a well-formed hold; the agent applies none of that spec."""
 
@@ -39,6 +48,7 @@ class Hold:
     gpus: tuple[str, ...]
     kubernetes: bool = False
     shares: tuple[str, ...] = ()  # time-sliced shares of the held GPUs
+    preempt_at: str = ""  # ISO 8601: the hold is preempted then (a notice beside its env file)
 
     @classmethod
     def from_wire(cls, entry: object) -> Hold:
@@ -64,12 +74,21 @@ class Hold:
                 isinstance(n, str) and (m := SHARE.match(n)) and m.group(1) in gpus
                 for n in shares):
             raise BadHold(f"{allocation_id}: shares must name shares of the held GPUs, once")
-        return cls(allocation_id, reservation_id, tuple(gpus), kubernetes, tuple(shares))
+        preempt_at = entry.get("preemptAt", "")
+        if not isinstance(preempt_at, str) or (preempt_at and not _is_time(preempt_at)):
+            raise BadHold(f"{allocation_id}: preemptAt must be an ISO 8601 time")
+        return cls(allocation_id, reservation_id, tuple(gpus), kubernetes, tuple(shares),
+                   preempt_at)
 
     def wire(self) -> dict[str, Any]:
-        wire = {"allocationId": self.allocation_id, "reservationId": self.reservation_id,
-                "gpus": list(self.gpus), "kubernetes": self.kubernetes}
-        return {**wire, "shares": list(self.shares)} if self.shares else wire
+        wire: dict[str, Any] = {"allocationId": self.allocation_id,
+                                "reservationId": self.reservation_id, "gpus": list(self.gpus),
+                                "kubernetes": self.kubernetes}
+        if self.shares:
+            wire["shares"] = list(self.shares)
+        if self.preempt_at:
+            wire["preemptAt"] = self.preempt_at
+        return wire
 
     @property
     def cdi_devices(self) -> list[str]:
@@ -84,13 +103,19 @@ class Hold:
         return f"{ENV_DIR}/{self.allocation_id}.env"
 
     @property
+    def notice_file(self) -> str:
+        """Written while the hold is being preempted: `{"reservationId", "preemptAt"}`, as a
+        cloud's spot notice; a workload watches for it."""
+        return f"{ENV_DIR}/{self.allocation_id}.preempt"
+
+    @property
     def slice_name(self) -> str:
         return f"bcd-alloc-{self.allocation_id}.slice"
 
     @property
     def env(self) -> dict[str, str]:
         """What a workload of the hold is told (the env file, and the CDI spec's edits)."""
-        env = {"BCD_ALLOCATION_ID": self.allocation_id}
+        env = {"BCD_ALLOCATION_ID": self.allocation_id, "BCD_PREEMPT_NOTICE": self.notice_file}
         return {**env, "BCD_GPU_SHARES": ",".join(self.shares)} if self.shares else env
 
     def binding(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from django.core.validators import RegexValidator
 from django.http import HttpRequest, JsonResponse
 from rest_framework import fields, serializers
 
-from compute.core.api.inputs import Input, NamedDictField, PublicIdField
+from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import REGISTRY
 from compute.core.errors import all_error_classes
 
@@ -42,9 +42,6 @@ def field_schema(field: fields.Field) -> dict[str, Any]:
         schema = {"type": "object", "additionalProperties": field_schema(field.child)}
         if not field.allow_empty:
             schema["minProperties"] = 1
-        if isinstance(field, NamedDictField):
-            schema.update(propertyNames={"pattern": field.key_pattern},
-                          maxProperties=field.max_keys)
     elif isinstance(field, PublicIdField):
         schema = {"type": "string", "pattern": f"^{field.prefix}_[0-9a-hjkmnp-tv-z]{{26}}$"}
     else:

@@ -87,6 +87,14 @@ class Reservation(models.Model):
     priority = models.SmallIntegerField(default=50, help_text=(
         "Its class's weight when it was asked for: pending requests of a higher one are "
         "placed first."))
+    borrowed = models.BooleanField(default=False, help_text=(
+        "Placed over its tenant's quota (a preemptible request, while GPUs were free): it "
+        "consumed no quota, and any request within quota may preempt it."))
+    preempt_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "Preempted: released at this time unless the request it makes room for no longer "
+        "needs it."))
+    preempted_for = models.CharField(max_length=32, blank=True,
+                                     help_text="The pending reservation it makes room for.")
     binding_kind = models.CharField(max_length=16, default="hold")
     requested_start = models.DateTimeField(null=True, blank=True,
                                            help_text="Null: start as soon as placed.")

@@ -22,7 +22,7 @@ from compute.core.db import (
     known_related,
     prepared_cursor,
 )
-from compute.core.errors import CapacityConflict, InvalidArgument
+from compute.core.errors import CapacityConflict, InvalidArgument, QuotaExceeded
 from compute.core.sqltext import fill, tables
 from compute.platform.events.services import event_emit
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
@@ -73,7 +73,7 @@ from reservations.sharing import (
     priority_class_for,
 )
 from reservations.states import transition
-from reservations.work import RESERVATION
+from reservations.work import RESERVATION, pool_replan
 
 GPU = DeviceClass.GPU.value
 MAX_RACES = 8  # re-reads after losing a booking race, before leaving the request pending
@@ -300,21 +300,32 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
     placed or pending event. Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
-    quota_consume(tenant=tenant, pool=pool, resource=shape.device_class, count=shape.count)
     priority = priority or pool_classes(pool)[DEFAULT_CLASS]
+    borrowed = False
+    try:
+        quota_consume(tenant=tenant, pool=pool, resource=shape.device_class, count=shape.count)
+    except QuotaExceeded:
+        if not priority.preemptible or at_earliest or requested_start is not None:
+            raise
+        borrowed = True  # over quota, while GPUs are free: preempted for any within quota
     rsv = Reservation(tenant=tenant, pool=pool, requested_start=requested_start,
                       duration_ms=duration_ms, series=series, priority_class=priority.name,
-                      priority=priority.weight, **shape.columns())
+                      priority=priority.weight, borrowed=borrowed, **shape.columns())
     insert_row(rsv)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
     else:
         allocation = try_place(rsv, pool, now)
+    if borrowed and allocation is None:
+        raise QuotaExceeded(f"{shape.device_class} quota on pool {pool.id} exceeded, and a "
+                            "preemptible request borrows only what is free now: none fits",
+                            resource=shape.device_class, borrowing=True)
     if shape.device_class == GPU:  # under the quota row's lock (taken above), over its window
         check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=shape.count, skip=rsv.id,
                       during=rsv.during or window(rsv.requested_start or now, duration_ms))
     known_related(rsv, "allocations", [allocation] if allocation else [])  # a new one's all
     if allocation is None:
+        pool_replan(pool.id)  # a worker sees whether it may preempt what it needs
         event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_PENDING,
                    subject=rsv.id, payload={"poolId": pool.id, "gpus": shape.count,
                                             "class": shape.device_class})

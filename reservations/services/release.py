@@ -60,8 +60,9 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
     allocation = live_allocation(rsv)
     started = rsv.during is not None and rsv.during.lower <= now
     # The quota row before the node's (the ledger's lock order, as booking takes them).
-    quota_refund(tenant_id=rsv.tenant_id, pool=rsv.pool, resource=rsv.device_class,
-                 count=rsv.count)
+    if not rsv.borrowed:  # a borrowed one consumed none
+        quota_refund(tenant_id=rsv.tenant_id, pool=rsv.pool, resource=rsv.device_class,
+                     count=rsv.count)
     if allocation is not None:
         if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
             node = Node.objects.select_for_update().get(pk=allocation.node_id)

@@ -45,7 +45,8 @@ def test_a_hold_on_four_of_eight_gpus_carries_exactly_their_edits_and_the_vendor
         tmp_path, fixture, folder):
     install(tmp_path, fixture, folder)
     held = [VENDOR_UUIDS[i] for i in (1, 3, 4, 6)]
-    spec, source = cdi_spec(a_hold(held), Paths(tmp_path), INDEX)
+    hold = a_hold(held)
+    spec, source = cdi_spec(hold, Paths(tmp_path), INDEX)
     check_spec(spec)  # the CDI schema
     assert source.endswith(fixture.name)
     assert [d["name"] for d in spec["devices"]] == held
@@ -61,7 +62,8 @@ def test_a_hold_on_four_of_eight_gpus_carries_exactly_their_edits_and_the_vendor
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}
     assert any("libcuda.so" in m["hostPath"] for m in top["mounts"])
     assert any("update-ldcache" in h["args"] for h in top["hooks"])
-    assert f"BCD_ALLOCATION_ID={spec['containerEdits']['env'][-1].split('=')[1]}" in top["env"]
+    assert f"BCD_ALLOCATION_ID={hold.allocation_id}" in top["env"]
+    assert f"BCD_PREEMPT_NOTICE={hold.notice_file}" in top["env"]
 
 
 def test_the_runtime_directory_overrides_etc_cdi(tmp_path):

@@ -275,3 +275,32 @@ def test_holds_a_lost_journal_forgot_are_removed_by_the_next_spec_that_drops_the
     assert not (root / f"run/bcd/allocations/{A['a']}.env").exists()
     assert not (root / f"etc/cdi/bcd-{A['a']}.json").exists()
     assert (root / f"run/bcd/allocations/{A['b']}.env").exists()
+
+
+def test_a_preempted_hold_gets_its_notice_beside_the_env_file_and_loses_it_when_withdrawn(
+        root):
+    from bcd.agent import status_text
+
+    instance = agent(root, [])
+    entry = hold(A["a"], gpus_of(root, 1))
+    notice = root / "run/bcd/allocations" / f"{A['a']}.preempt"
+    instance.apply_spec(1, {"allocations": [entry]})
+    assert not notice.exists()
+    env = (root / "run/bcd/allocations" / f"{A['a']}.env").read_text()
+    assert f"BCD_PREEMPT_NOTICE=/run/bcd/allocations/{A['a']}.preempt" in env
+    deadline = "2026-12-04T16:02:00+00:00"
+    reports = instance.apply_spec(2, {"allocations": [{**entry, "preemptAt": deadline}]})
+    assert [kind for kind, _, _ in reports] == ["bound"]  # still held, told its deadline
+    assert json.loads(notice.read_text()) == {"reservationId": entry["reservationId"],
+                                              "preemptAt": deadline}
+    shown = instance.status()
+    assert [h["preemptAt"] for h in shown["holds"]] == [deadline]
+    assert f"preempting  {A['a']} ({entry['reservationId']}) at {deadline}" in status_text(
+        shown)
+    instance.apply_spec(3, {"allocations": [entry]})  # the preemption was withdrawn
+    assert not notice.exists()
+    instance.apply_spec(4, {"allocations": [{**entry, "preemptAt": deadline}]})
+    instance.apply_spec(5, {"allocations": []})  # released: nothing of the hold stays
+    assert not notice.exists()
+    with pytest.raises(BadHold, match="preemptAt"):
+        instance.apply_spec(6, {"allocations": [{**entry, "preemptAt": "soon"}]})

@@ -122,7 +122,7 @@ def test_a_larger_share_weighs_usage_less(root, acme, globex):
 
 
 def test_a_tenant_asks_only_for_a_class_it_was_granted(root, acme):
-    pool = sharing_pool(root, priorityClasses={"urgent": {"weight": 200}})
+    pool = sharing_pool(root, priorityClasses=[{"name": "urgent", "weight": 200}])
     offer(root, pool, "acme")
     make_node(pool["id"])
     with assert_wrote(audit=None):
@@ -147,7 +147,7 @@ def test_a_tenant_asks_only_for_a_class_it_was_granted(root, acme):
 def test_a_policy_class_name_is_checked(root):
     site = root("sites.create", kind="shared", region="eu-1")
     answer = root.call("pools.create", siteId=site["id"], gpuModel="H100",
-                       policy={**POLICY, "sharing": {"priorityClasses": {"Bad Name": {
-                           "weight": 1}}}}, **{"class": "metal-host"})
+                       policy={**POLICY, "sharing": {"priorityClasses": [{
+                           "name": "Bad Name", "weight": 1}]}}, **{"class": "metal-host"})
     assert (answer.status, answer.code) == (400, "invalid_argument")
-    assert "Bad Name" in answer.message
+    assert "policy.sharing.priorityClasses[0].name" in answer.message

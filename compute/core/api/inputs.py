@@ -157,20 +157,3 @@ def first_error(detail: Any, path: str = "") -> tuple[str, str]:
                 return first_error(item, f"{path}[{index}]")
     return path, str(detail)
 
-
-class NamedDictField(serializers.DictField):
-    """An object whose keys are names of a pattern (at most `max_keys` of them); the document
-    states both (propertyNames, maxProperties)."""
-
-    def __init__(self, *, key_pattern: str, max_keys: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.key_pattern, self.max_keys = key_pattern, max_keys
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        value = super().to_internal_value(data)
-        if len(value) > self.max_keys:
-            raise ValidationError(f"at most {self.max_keys} entries")
-        bad = [key for key in value if not re.search(self.key_pattern, key)]
-        if bad:
-            raise ValidationError(f"{bad[0][:40]!r} is not a name matching {self.key_pattern}")
-        return value

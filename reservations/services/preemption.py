@@ -1,0 +1,193 @@
+"""Preemption: a pending request takes GPUs back from preemptible reservations, after notice.
+
+A reservation of a preemptible class may be preempted for a pending request of a higher
+priority, or, when it was placed over its tenant's quota (borrowed), for any request within
+quota. Never a reservation of another class, and never for a request that would not then
+fit: the victims are the fewest reservations, newest first, on one node, whose release lets
+the placer itself fit the request there (asked with their allocations ended inside a
+savepoint that is rolled back).
+
+Each victim is told (`reservation.preempting`, with the deadline of the pool's notice
+period, and a notice file beside its hold's env file on the node) and released at the
+deadline with the cause `preempted`, unless the request no longer waits for it (placed
+elsewhere, or withdrawn): then the preemption is withdrawn.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from audit.services import audit_exempt, audit_record, audited
+from compute.core.db import database_now
+from compute.platform.events.services import event_emit
+from compute.platform.queue.work import enqueue
+from fleet.models import Node, Pool
+from fleet.services.specs import node_spec_change_locked
+from reservations.candidates import device_filter_q, placement_request, propose, window
+from reservations.events import ReservationEvent
+from reservations.hostshare import host_counters_refresh
+from reservations.models import Allocation, Booking, Reservation, ReservationState
+from reservations.services.binding import hold_of
+from reservations.services.release import end_reservation
+from reservations.shape import Shape
+from reservations.sharing import notice_seconds, pending_queue, pool_classes
+from reservations.states import HOLDING
+from reservations.work import RESERVATION
+
+MAX_VICTIMS = 8  # reservations preempted at most for one request
+QUEUE_LOOK = 10  # pending requests, from the head of the queue, that may preempt
+
+
+def may_preempt(requester: Reservation, victim: Reservation, pool: Pool) -> bool:
+    victim_class = pool_classes(pool).get(victim.priority_class)
+    if victim_class is None or not victim_class.preemptible:
+        return False
+    return victim.priority < requester.priority or (victim.borrowed and not requester.borrowed)
+
+
+def _fits_without(rsv: Reservation, pool: Pool, allocations: list[Allocation],
+                  now: datetime) -> bool:
+    """Whether the placer fits `rsv` on the allocations' node once they have ended."""
+    node_id = allocations[0].node_id
+    shape = Shape.of(rsv)
+    during = window(max(rsv.requested_start or now, now), rsv.duration_ms)
+    point = transaction.savepoint()
+    try:
+        ids = [a.id for a in allocations]
+        Booking.objects.filter(allocation_id__in=ids).delete()
+        Allocation.objects.filter(pk__in=ids).update(ended_at=now)
+        host_counters_refresh(node_id)
+        choice, _ = propose(pool, during, placement_request(pool, shape),
+                            device_filter=device_filter_q(shape), only=[node_id],
+                            whole_pool=False)
+        return choice is not None
+    finally:
+        transaction.savepoint_rollback(point)
+
+
+def placed(allocation: Allocation) -> datetime:
+    return allocation.reservation.placed_at or allocation.created_at
+
+
+def preemption_victims(rsv: Reservation, pool: Pool, now: datetime) -> list[Reservation]:
+    """The fewest reservations, newest first, on one node, whose release makes `rsv` fit
+    (the newer set when two nodes need as many); none when no such set exists."""
+    during = window(max(rsv.requested_start or now, now), rsv.duration_ms)
+    live = (Allocation.objects.select_related("reservation")
+            .filter(ended_at__isnull=True, reservation__pool=pool,
+                    reservation__state__in=HOLDING, reservation__preempt_at__isnull=True,
+                    reservation__during__overlap=during)
+            .order_by("-reservation__placed_at", "-reservation_id"))
+    by_node: dict[str, list[Allocation]] = {}
+    for allocation in live:
+        if may_preempt(rsv, allocation.reservation, pool):
+            by_node.setdefault(allocation.node_id, []).append(allocation)
+    best: list[Allocation] = []
+    for allocations in by_node.values():
+        allocations = allocations[:MAX_VICTIMS * 2]
+        # One victim, newest first; else the newest two, three, ... together.
+        tries = [[a] for a in allocations] + [allocations[:size] for size in
+                                              range(2, min(len(allocations), MAX_VICTIMS) + 1)]
+        for victims in tries:
+            if best and len(victims) > len(best):
+                break
+            if _fits_without(rsv, pool, victims, now):
+                if not best or len(victims) < len(best) or placed(victims[0]) > placed(best[0]):
+                    best = victims
+                break
+    return [allocation.reservation for allocation in best]
+
+
+def _tell_the_node(victim: Reservation) -> None:
+    """A bound hold's spec carries its deadline (or no longer does): the node writes (or
+    removes) the notice."""
+    if victim.state not in (ReservationState.BINDING, ReservationState.ACTIVE):
+        return
+    allocation = victim.allocations.get(ended_at__isnull=True)
+    node = Node.objects.select_for_update().get(pk=allocation.node_id)
+    node_spec_change_locked(node, add=hold_of(allocation, victim).wire())
+
+
+@audited
+def reservation_preempt_for(*, reservation_id: str) -> list[Reservation]:
+    """Preempt what a pending request needs, if it may and would then fit; the victims."""
+    rsv = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+           .filter(pk=reservation_id, state=ReservationState.PENDING).first())
+    if rsv is None or Reservation.objects.filter(preempted_for=reservation_id,
+                                                 state__in=HOLDING).exists():
+        audit_exempt("no request to make room for, or room is being made")
+        return []
+    pool, now = rsv.pool, database_now()
+    victims = preemption_victims(rsv, pool, now)
+    if not victims:
+        audit_exempt("nothing may be preempted that would make the request fit")
+        return []
+    deadline = now + timedelta(seconds=notice_seconds(pool))
+    locked = list(Reservation.objects.select_for_update()
+                  .filter(pk__in=[v.id for v in victims], state__in=HOLDING,
+                          preempt_at__isnull=True).order_by("id"))
+    for victim in locked:
+        victim.preempt_at, victim.preempted_for = deadline, rsv.id
+        victim.save(update_fields=["preempt_at", "preempted_for"])
+        _tell_the_node(victim)
+        enqueue(RESERVATION, victim.id, due_at=deadline)
+        event_emit(tenant_id=victim.tenant_id, type=ReservationEvent.RESERVATION_PREEMPTING,
+                   subject=victim.id, payload={
+                       "poolId": pool.id, "preemptAt": deadline,
+                       "forPriorityClass": rsv.priority_class,
+                       "reason": "borrowed over quota" if victim.borrowed and not rsv.borrowed
+                       else "a request of a higher priority"})
+    audit_record(tenant_id=pool.tenant_id, actor_id="system", action="reservation.preempt",
+                 target=rsv.id, data={"victims": [v.id for v in locked],
+                                      "preemptAt": deadline.isoformat()},
+                 reason="pending request of a higher priority or within quota")
+    return locked
+
+
+@audited
+def reservation_preempted_release(*, reservation_id: str) -> Reservation | None:
+    """At its deadline, release a preempted reservation with the cause `preempted`, or, if
+    the request it made room for no longer waits, withdraw the preemption."""
+    now = database_now()
+    victim = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+              .filter(pk=reservation_id, state__in=HOLDING, preempt_at__lte=now).first())
+    if victim is None:
+        audit_exempt("not a preempted reservation at its deadline")
+        return None
+    if Reservation.objects.filter(pk=victim.preempted_for,
+                                  state=ReservationState.PENDING).exists():
+        started = victim.during is not None and victim.during.lower <= now
+        end_reservation(victim, to=ReservationState.RELEASED if started
+                        else ReservationState.CANCELLED, now=now,
+                        reason=f"preempted for {victim.preempted_for}")
+        audit_record(tenant_id=victim.tenant_id, actor_id="system",
+                     action="reservation.preempted", target=victim.id,
+                     data={"for": victim.preempted_for}, reason="preempted")
+        return victim
+    victim.preempt_at, victim.preempted_for = None, ""
+    victim.save(update_fields=["preempt_at", "preempted_for"])
+    _tell_the_node(victim)
+    event_emit(tenant_id=victim.tenant_id,
+               type=ReservationEvent.RESERVATION_PREEMPTION_WITHDRAWN, subject=victim.id,
+               payload={"poolId": victim.pool_id})
+    audit_record(tenant_id=victim.tenant_id, actor_id="system",
+                 action="reservation.preempt.withdraw", target=victim.id,
+                 reason="the request no longer waits")
+    return victim
+
+
+def preempt_for_queue(pool_id: str) -> list[Reservation]:
+    """After the pool's pending requests were offered free capacity: the first of those
+    still waiting (from the head of the queue) that may preempt, does."""
+    pool = Pool.objects.get(pk=pool_id)
+    preemptible = [name for name, c in pool_classes(pool).items() if c.preemptible]
+    if not Reservation.objects.filter(pool=pool, state__in=HOLDING, preempt_at__isnull=True,
+                                      priority_class__in=preemptible).exists():
+        return []
+    for queued in pending_queue(pool, database_now())[:QUEUE_LOOK]:
+        victims = reservation_preempt_for(reservation_id=queued.reservation_id)
+        if victims:
+            return victims
+    return []

@@ -1,0 +1,149 @@
+"""Borrowing and preemption on the real ledger: a preemptible reservation over quota is taken
+back, after notice, for a request within quota or of a higher class; never a reservation of
+another class, never for a request that would not then fit; the fewest victims, newest
+first; withdrawn when the request no longer waits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from compute.platform.events.models import Event
+from fleet.models import NodeSpec
+from fleet.reconcilers import sweep as fleet_sweep
+from reservations.models import Quota, Reservation
+from reservations.reconcilers import sweep
+from tests.conftest import POLICY
+from tests.factories import make_node
+from tests.reservations.conftest import reserve
+from tests.support.work import run_due_work
+
+
+def sharing_pool(root, notice=600):
+    site = root("sites.create", kind="shared", region="eu-1")
+    return root("pools.create", siteId=site["id"], gpuModel="H100",
+                policy={**POLICY, "sharing": {"preemptionNoticeSeconds": notice}},
+                **{"class": "metal-host"})
+
+
+def row(rsv):
+    return Reservation.objects.get(pk=rsv["id"])
+
+
+def deadline_passes(*victims):
+    """The notice runs out: the sweep finds the preempted reservations due."""
+    Reservation.objects.filter(pk__in=[v["id"] for v in victims]).update(
+        preempt_at=timezone.now() - timedelta(seconds=1))
+    sweep()
+    fleet_sweep()
+    run_due_work()
+
+
+def types_of(rsv):
+    return list(Event.objects.filter(subject=rsv["id"]).order_by("seq")
+                .values_list("type", flat=True))
+
+
+def test_a_borrowed_reservation_is_preempted_with_notice_for_a_request_within_quota(
+        root, acme, globex):
+    pool = sharing_pool(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 4})
+    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8})
+    node = make_node(pool["id"])
+    borrowed = reserve(acme, pool, 8, priorityClass="preemptible").result
+    assert (borrowed["state"], borrowed["borrowed"]) == ("placed", True)
+    assert Quota.objects.get(tenant_id=acme.tenant_id, pool_id=pool["id"]).used == 0
+    run_due_work()  # bound: the node is told to hold it
+    assert row(borrowed).state == "binding"
+
+    needs = reserve(globex, pool, 8).result
+    assert needs["state"] == "pending"
+    run_due_work()  # the pool's queue: nothing free, so what was borrowed is taken back
+    victim = row(borrowed)
+    assert victim.preempted_for == needs["id"]
+    notice = (victim.preempt_at - timezone.now()).total_seconds()
+    assert 590 < notice <= 600
+    assert types_of(borrowed)[-1] == "reservation.preempting"
+    spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+    assert [a.get("preemptAt") for a in spec["allocations"]] == [victim.preempt_at.isoformat()]
+    preempt = AuditEvent.objects.get(action="reservation.preempt")
+    assert (preempt.target, preempt.data["victims"]) == (needs["id"], [borrowed["id"]])
+    assert acme("reservations.get", reservationId=borrowed["id"])["preemptAt"] is not None
+
+    deadline_passes(borrowed)
+    assert row(borrowed).state == "released"
+    assert row(borrowed).failure_reason == f"preempted for {needs['id']}"
+    assert AuditEvent.objects.filter(action="reservation.preempted",
+                                     target=borrowed["id"]).count() == 1
+    assert row(needs).state in ("placed", "binding")
+    assert Quota.objects.get(tenant_id=acme.tenant_id, pool_id=pool["id"]).used == 0
+
+
+def test_borrowing_takes_only_what_is_free_now(root, acme):
+    pool = sharing_pool(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 2})
+    make_node(pool["id"])
+    reserve(root, pool, 8)
+    refused = reserve(acme, pool, 4, priorityClass="preemptible")
+    assert (refused.status, refused.code) == (409, "quota_exceeded")
+    assert "borrows only what is free now" in refused.message
+    over = reserve(acme, pool, 4)  # not preemptible: the quota is a hard cap
+    assert over.code == "quota_exceeded"
+    assert not Reservation.objects.filter(tenant_id=acme.tenant_id).exists()
+
+
+def test_a_higher_class_preempts_the_newest_fewest_and_never_another_class(root, acme, globex):
+    pool = sharing_pool(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8},
+         priorityClasses=["high", "normal"])
+    make_node(pool["id"])
+    oldest = reserve(acme, pool, 4, priorityClass="preemptible").result
+    middle = reserve(acme, pool, 2, priorityClass="preemptible").result
+    newest = reserve(acme, pool, 2, priorityClass="preemptible").result
+    # Two GPUs: the newest of the reservations that each free enough.
+    two = reserve(globex, pool, 2, priorityClass="high").result
+    run_due_work()
+    assert [row(r).preempted_for for r in (oldest, middle, newest)] == ["", "", two["id"]]
+    # Four more: one reservation (the oldest, four GPUs) rather than two of two.
+    four = reserve(globex, pool, 4, priorityClass="high").result
+    run_due_work()
+    assert [row(r).preempted_for for r in (oldest, middle)] == [four["id"], ""]
+
+
+def test_nothing_is_preempted_that_is_not_preemptible_or_would_not_make_the_request_fit(
+        root, acme, globex):
+    pool = sharing_pool(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8},
+         priorityClasses=["high"])
+    make_node(pool["id"])
+    steady = reserve(acme, pool, 4).result  # normal: never preempted
+    spare = reserve(acme, pool, 4, priorityClass="preemptible").result
+    whole = reserve(globex, pool, 8, priorityClass="high").result  # 4 freed is not enough
+    run_due_work()
+    assert (row(steady).preempt_at, row(spare).preempt_at) == (None, None)
+    assert row(whole).state == "pending"
+    assert not AuditEvent.objects.filter(action="reservation.preempt").exists()
+
+
+def test_a_preemption_is_withdrawn_when_the_request_no_longer_waits(root, acme, globex):
+    pool = sharing_pool(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8},
+         priorityClasses=["high"])
+    node = make_node(pool["id"])
+    spare = reserve(acme, pool, 8, priorityClass="preemptible").result
+    run_due_work()
+    needs = reserve(globex, pool, 8, priorityClass="high").result
+    run_due_work()
+    assert row(spare).preempted_for == needs["id"]
+    globex("reservations.release", reservationId=needs["id"])  # it gave up waiting
+    deadline_passes(spare)
+    kept = row(spare)
+    assert (kept.state, kept.preempt_at, kept.preempted_for) == ("binding", None, "")
+    assert types_of(spare)[-1] == "reservation.preemption_withdrawn"
+    spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+    assert [a.get("preemptAt") for a in spec["allocations"]] == [None]
