@@ -228,3 +228,23 @@ def test_mig_instances_idle_flags_and_offering_limits_show(root, root_token, poo
     assert "Idle since" in text(browser, f"/console/reservations/{rsv['id']}")
     form = text(browser, "/console/reservations")
     assert '<option value="gpu-share">GPU shares</option>' in form
+
+
+def test_the_pending_queue_and_each_tenants_fair_share_show(root, root_token, pool, acme):
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8}, share=3)
+    make_node(pool["id"])
+    reserve(root, pool, 8)
+    waiting = reserve(acme, pool, 8).result
+    first = reserve(root, pool, 8, priorityClass="high").result
+    owner = text(signed_in(root_token), "/console/reservations")
+    queue = owner[owner.index('id="queue"'):owner.index("<h2>Recurring")]
+    assert queue.index(f'id="queue-{first["id"]}"') < queue.index(f'id="queue-{waiting["id"]}"')
+    assert '<td class="why">1 ahead (1 of a higher priority); ' in queue
+    pools = text(signed_in(root_token), "/console/pools")
+    assert "<h3>Fair share</h3>" in pools
+    assert "<td>acme</td><td>3</td><td>0.75</td>" in pools  # 3 of the owner's 1 and acme's 3
+    member = text(signed_in(acme("tokens.create", name="m", role="member")["token"]),
+                  "/console/reservations")
+    mine = member[member.index('id="queue"'):member.index("<h2>Recurring")]
+    assert f'id="queue-{waiting["id"]}"' in mine
+    assert first["id"] not in mine  # another tenant's request: its place counts, its id hides

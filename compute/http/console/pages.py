@@ -35,20 +35,24 @@ def board_tiles(request: HttpRequest, page: Page) -> HttpResponse:
 
 @console_page
 def pools(request: HttpRequest, page: Page) -> HttpResponse:
-    """Each pool with its capacity rollup, policy, and offerings with their quotas."""
+    """Each pool with its capacity rollup, policy, offerings with their quotas, and each
+    tenant's fair share."""
     offered: dict[str, list[dict[str, Any]]] = defaultdict(list)
     if page.can("offerings.list"):
         for offering in page.call("offerings.list", limit=1000)["items"]:
             offered[offering["poolId"]].append(offering)
     rows = [{"pool": pool, "capacity": page.call("capacity.get", poolId=pool["id"]),
-             "offerings": offered[pool["id"]]}
+             "offerings": offered[pool["id"]],
+             "shares": page.call("capacity.shares", poolId=pool["id"])["tenants"]
+             if pool["class"] == "metal-host" else []}
             for pool in page.call("pools.list", limit=1000)["items"]]
     return page.render("console/pools.html", {"rows": rows})
 
 
 @console_page
 def reservations(request: HttpRequest, page: Page) -> HttpResponse:
-    """Reservations, filtered by state and pool (and tenant, through ?tenant=)."""
+    """Reservations, filtered by state and pool (and tenant, through ?tenant=), and the
+    pending queue: each waiting request's position, class, fair share and why."""
     state, pool_id = request.GET.get("state") or None, request.GET.get("pool") or None
     filters = {k: v for k, v in {"state": state, "poolId": pool_id}.items() if v}
     items = page.call("reservations.list", limit=1000, **filters)["items"]
@@ -60,6 +64,8 @@ def reservations(request: HttpRequest, page: Page) -> HttpResponse:
         "release_allowed": page.can("reservations.release"),
         "series": page.call("series.list", limit=1000)["items"],
         "series_release_allowed": page.can("series.release"),
+        "queue": page.call("reservations.queue", **({"poolId": pool_id} if pool_id else {}))[
+            "items"] if page.can("reservations.queue") else [],
         "tenants": page.call("tenants.list", limit=1000)["items"] if page.is_root else []})
 
 
