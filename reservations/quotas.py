@@ -13,6 +13,14 @@ from fleet.models import Pool
 from reservations.models import Quota
 
 
+def quota_allows(*, tenant: Tenant, pool: Pool, resource: str, count: int) -> bool:
+    """Whether `quota_consume` would take `count` now (a read, no lock)."""
+    if pool.tenant_id == tenant.id or count == 0:
+        return True
+    row = Quota.objects.filter(tenant=tenant, pool=pool, resource=resource).first()
+    return row is not None and row.used + count <= row.limit
+
+
 def quota_consume(*, tenant: Tenant, pool: Pool, resource: str, count: int) -> None:
     if pool.tenant_id == tenant.id or count == 0:
         return

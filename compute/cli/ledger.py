@@ -138,7 +138,9 @@ def shape_options(func: Any) -> Any:
         click.option("--for", "duration", type=Duration(), default=None,
                      help="How long, e.g. 2h (required unless --every)."),
         click.option("--nvlink", is_flag=True, help="All GPUs in one NVLink domain."),
-        click.option("--model", default=None, help="GPU family, e.g. H100."),
+        click.option("--model", default=None,
+                     help="GPU family, e.g. H100; to reserve, several as T4|P100: the best "
+                          "of your pools in the pool's site with one of them."),
         click.option("--product", default=None, help="Exact product, e.g. H100-SXM5-80GB."),
         click.option("--selector", default=None, help="e.g. 'vramGiB >= 80'."),
         *ATOM_OPTIONS,
@@ -273,12 +275,16 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
         raise click.UsageError("--before goes with --at-earliest")
     key = key or str(uuid.uuid4())
     click.echo(f"idempotency key: {key}", err=True)
-    body = {**request_shape(pool, gpus, duration, nvlink, model, product, selector, mig,
-                            share),
+    models = [m.strip() for m in model.split("|") if m.strip()] if model and "|" in model \
+        else None
+    body = {**request_shape(pool, gpus, duration, nvlink, None if models else model, product,
+                            selector, mig, share),
             "kubernetes": kubernetes or None, "priorityClass": priority_class,
             "idempotencyKey": key, "binding": "hold",
             "atEarliest": at_earliest or None, **time_fields("start", start),
             **time_fields("before", before)}
+    if models:  # any of these: the best of the site's pools that has one
+        body["devices"][0]["models"] = models
     api = make_client()
     result = api.call("reservations.create", body, tenant=tenant)
     # A reservation that starts now is followed until the node holds it (active).

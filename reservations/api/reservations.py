@@ -67,7 +67,17 @@ def shape_of(data: dict[str, Any]) -> Shape:
                  selector=data.pop("selector", ""), kubernetes=data.pop("kubernetes", False))
 
 
+class ReservationDeviceIn(DeviceRequestIn):
+    models = serializers.ListField(
+        child=serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,31}$", max_length=32),
+        required=False, min_length=1, max_length=8,
+        help_text="Acceptable GPU models: the pool named and the tenant's other GPU pools of "
+                  "its site with one of these models are candidates; the placer picks among "
+                  "them by the same scoring.")
+
+
 class ReservationCreateIn(RequestShapeIn):
+    devices = ReservationDeviceIn(many=True, min_length=1, max_length=1)
     start = serializers.DateTimeField(required=False, help_text="Absent: as soon as placed.")
     start_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
                                         help_text="Start this many ms after now (server clock).")
@@ -96,8 +106,9 @@ class ReservationCreateIn(RequestShapeIn):
 def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
     data.pop("binding")
+    models = data["devices"][0].pop("models", [])
     shape = shape_of(data)
-    rsv = reservation_create(
+    rsv = reservation_create(models=models,
         tenant=ctx.tenant, actor=ctx.principal, pool=ctx.subject, shape=shape,
         pool_id=data.pop("pool_id"), duration_ms=data.pop("duration"),
         start_in_ms=data.pop("start_in", None), before_in_ms=data.pop("before_in", None),

@@ -8,6 +8,7 @@ change; bookings are guarded by the EXCLUDE constraint, not by locks).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -30,7 +31,7 @@ from compute.platform.queue.work import enqueue
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import DeviceClass, Pool, PoolClass
 from fleet.models.nodes import Node
-from fleet.selectors import access_pool_by_id
+from fleet.selectors import access_pool_by_id, pool_list
 from reservations.candidates import (
     device_filter_q,
     end_by,
@@ -63,7 +64,7 @@ from reservations.models import (
     ReservationState,
 )
 from reservations.placement import Candidate, Choice, Request, ranked
-from reservations.quotas import quota_consume
+from reservations.quotas import quota_allows, quota_consume
 from reservations.shape import Ask, Shape
 from reservations.sharing import (
     DEFAULT_CLASS,
@@ -248,7 +249,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
                        start_in_ms: int | None = None, at_earliest: bool = False,
                        before: datetime | None = None, before_in_ms: int | None = None,
                        idempotency_key: str | None = None, pool: Pool | None = None,
-                       priority_class: str = DEFAULT_CLASS) -> Reservation:
+                       priority_class: str = DEFAULT_CLASS,
+                       models: Sequence[str] = ()) -> Reservation:
     """Reserve `shape` (so many GPUs, MIG instances of a profile, or time-sliced shares) of
     one pool for `duration_ms`, now or from a later start.
 
@@ -257,27 +259,33 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     `at_earliest`, it is booked in the earliest window from its start (ending by `before`)
     where it fits, or refused when there is none. `pool` is `pool_id`'s row when the caller
     has already found it within the tenant's reach (the API's draft does). Its
-    `priority_class` is one the tenant may use on the pool (reservations.sharing).
+    `priority_class` is one the tenant may use on the pool (reservations.sharing). With
+    `models`, the tenant's GPU pools of the same site with one of those models are
+    candidates too, and the request is booked in the best of them (`best_pool`).
     """
     inputs = {"pool_id": pool_id, **shape.inputs(), "duration_ms": duration_ms,
               "start": start, "start_in_ms": start_in_ms, "at_earliest": at_earliest,
               "before": before, "before_in_ms": before_in_ms,
-              **({"priority_class": priority_class} if priority_class != DEFAULT_CLASS else {})}
+              **({"priority_class": priority_class} if priority_class != DEFAULT_CLASS else {}),
+              **({"models": sorted(models)} if models else {})}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="reservations.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
         return Reservation.objects.get(pk=existing)
     if pool is None or pool.pk != pool_id:
         pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
-    check_pool_request(pool, shape)
-    check_atoms(pool, shape)
-    parse_selector(shape.selector)
-    priority = priority_class_for(tenant.id, pool, priority_class)
     now = database_now()
     before = end_by(now, before, before_in_ms)
     if before is not None and not at_earliest:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
+    if models:
+        pool = best_pool(tenant, pool, shape, models,
+                         window(requested_start or now, duration_ms))
+    check_pool_request(pool, shape)
+    check_atoms(pool, shape)
+    parse_selector(shape.selector)
+    priority = priority_class_for(tenant.id, pool, priority_class)
     rsv, allocation = book_new(
         tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
         duration_ms=duration_ms, at_earliest=at_earliest, before=before, priority=priority)
@@ -289,6 +297,33 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
                                       "priorityClass": priority.name,
                                       "placed": bool(allocation)})
     return rsv
+
+
+def best_pool(tenant: Tenant, pool: Pool, shape: Shape, models: Sequence[str],
+              during: Any) -> Pool:
+    """Among `pool` and the tenant's other GPU pools of its site with one of `models`, the
+    one where the placer's best choice for `shape` scores best over `during`, leaving out
+    those whose quota or policy would refuse it; `pool` itself when it fits in none now
+    (the request then waits there)."""
+    wanted = {model.upper() for model in models}
+    others = (pool_list(tenant=tenant).filter(site_id=pool.site_id,
+                                              pool_class=PoolClass.METAL_HOST)
+              .exclude(pk=pool.pk).order_by("id"))
+    best: tuple[Any, Pool] | None = None
+    for candidate in [pool, *(p for p in others if p.gpu_model.upper() in wanted)]:
+        try:
+            check_pool_request(candidate, shape)
+            check_atoms(candidate, shape)
+        except InvalidArgument:
+            continue
+        if not quota_allows(tenant=tenant, pool=candidate, resource=shape.device_class,
+                            count=shape.count):
+            continue
+        choice, _ = propose(candidate, during, placement_request(candidate, shape),
+                            device_filter=device_filter_q(shape))
+        if choice is not None and (best is None or choice.score < best[0]):
+            best = (choice.score, candidate)
+    return best[1] if best else pool
 
 
 def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
