@@ -151,3 +151,34 @@ def test_a_policy_class_name_is_checked(root):
                            "name": "Bad Name", "weight": 1}]}}, **{"class": "metal-host"})
     assert (answer.status, answer.code) == (400, "invalid_argument")
     assert "policy.sharing.priorityClasses[0].name" in answer.message
+
+
+def test_the_cli_shows_the_queue_and_the_shares(root, root_token, acme, live_server):
+    import json
+    import os
+    import subprocess
+
+    pool = sharing_pool(root)
+    offer(root, pool, "acme", share=2)
+    make_node(pool["id"])
+    reserve(root, pool, 8)
+    waiting = reserve(acme, pool, 4).result
+    first = reserve(root, pool, 4, priorityClass="high").result
+    env = {"PATH": os.environ["PATH"], "BETTER_COMPUTE_URL": live_server.url,
+           "BETTER_COMPUTE_TOKEN": root_token}
+
+    def cli(*args):
+        done = subprocess.run(["better-compute", *args], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    queue = json.loads(cli("reservations", "list", "--pending", "--pool", pool["id"],
+                           "--output", "json"))["items"]
+    assert [(q["reservationId"], q["position"]) for q in queue] == [(first["id"], 1),
+                                                                    (waiting["id"], 2)]
+    table = cli("reservations", "list", "--pending", "--output", "table")
+    assert table.splitlines()[0].split()[:3] == ["POSITION", "RESERVATIONID", "POOLID"]
+    shares = cli("capacity", "--pool", pool["id"], "--shares", "--output", "table")
+    assert shares.splitlines()[0] == "usage counts half after 24 h"
+    assert any(line.split()[:2] == ["acme", "2"] for line in shares.splitlines())
