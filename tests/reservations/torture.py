@@ -149,7 +149,31 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
     except ComputeError as error:
         outcomes[f"refused.{error.code}"] += 1
     except Exception as error:  # anything else is a defect the test must show
-        unexpected.append(f"{_operation(roll, bool(mine))}: {type(error).__name__}: {error}")
+        unexpected.append(f"{_operation(roll, bool(mine))}: {type(error).__name__}: {error}"
+                          + _history_of_device(str(error)))
+
+
+def _history_of_device(message: str) -> str:
+    """For a booking conflict: every booking of the device named, with its reservation's
+    life (state, events), so that a conflict says which operations wrote what."""
+    import re
+
+    from compute.platform.events.models import Event
+    from reservations.models import Booking
+
+    found = re.search(r"\(device_id, during\)=\((dev_[0-9a-z]+)", message)
+    if found is None:
+        return ""
+    lines = []
+    for booking in (Booking.objects.filter(device_id=found.group(1))
+                    .select_related("allocation__reservation").order_by("id")):
+        rsv = booking.allocation.reservation
+        events = ", ".join(f"{t}@{at:%H:%M:%S.%f}" for t, at in Event.objects.filter(
+            subject=rsv.id).order_by("seq").values_list("type", "created_at"))
+        lines.append(f"\n  {booking.during} alloc {booking.allocation_id} (ended "
+                     f"{booking.allocation.ended_at}) rsv {rsv.id} {rsv.state} {rsv.during} "
+                     f"[{events}]")
+    return "".join(lines)
 
 
 def _operation(roll: float, booked: bool) -> str:
