@@ -128,6 +128,9 @@ def reservation_preempt_for(*, reservation_id: str) -> list[Reservation]:
     locked = list(Reservation.objects.select_for_update()
                   .filter(pk__in=[v.id for v in victims], state__in=HOLDING,
                           preempt_at__isnull=True).order_by("id"))
+    if len(locked) != len(victims):  # one ended or was chosen meanwhile: look again later
+        audit_exempt("the reservations chosen changed while they were locked")
+        return []
     for victim in locked:
         victim.preempt_at, victim.preempted_for = deadline, rsv.id
         victim.save(update_fields=["preempt_at", "preempted_for"])
@@ -147,35 +150,44 @@ def reservation_preempt_for(*, reservation_id: str) -> list[Reservation]:
 
 
 @audited
-def reservation_preempted_release(*, reservation_id: str) -> Reservation | None:
-    """At its deadline, release a preempted reservation with the cause `preempted`, or, if
-    the request it made room for no longer waits, withdraw the preemption."""
+def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
+    """At its deadline, release a preempted reservation, with every other one preempted for
+    the same request whose deadline has passed (so that nothing smaller takes the GPUs the
+    first frees before the last is free), with the cause `preempted`; or, if the request no
+    longer waits, withdraw their preemption. One audit row on the pool owner's trail, as
+    for the preemption."""
     now = database_now()
-    victim = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+    victim = (Reservation.objects.select_related("pool")
               .filter(pk=reservation_id, state__in=HOLDING, preempt_at__lte=now).first())
     if victim is None:
         audit_exempt("not a preempted reservation at its deadline")
-        return None
-    if Reservation.objects.filter(pk=victim.preempted_for,
-                                  state=ReservationState.PENDING).exists():
-        started = victim.during is not None and victim.during.lower <= now
-        end_reservation(victim, to=ReservationState.RELEASED if started
-                        else ReservationState.CANCELLED, now=now,
-                        reason=f"preempted for {victim.preempted_for}")
-        audit_record(tenant_id=victim.tenant_id, actor_id="system",
-                     action="reservation.preempted", target=victim.id,
-                     data={"for": victim.preempted_for}, reason="preempted")
-        return victim
-    victim.preempt_at, victim.preempted_for = None, ""
-    victim.save(update_fields=["preempt_at", "preempted_for"])
-    _tell_the_node(victim)
-    event_emit(tenant_id=victim.tenant_id,
-               type=ReservationEvent.RESERVATION_PREEMPTION_WITHDRAWN, subject=victim.id,
-               payload={"poolId": victim.pool_id})
-    audit_record(tenant_id=victim.tenant_id, actor_id="system",
-                 action="reservation.preempt.withdraw", target=victim.id,
-                 reason="the request no longer waits")
-    return victim
+        return []
+    group = list(Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+                 .filter(preempted_for=victim.preempted_for, state__in=HOLDING,
+                         preempt_at__lte=now).order_by("id"))
+    if not group:  # another worker holds them: it does this
+        audit_exempt("the preempted reservations are being released by another worker")
+        return []
+    requester = victim.preempted_for
+    waits = Reservation.objects.filter(pk=requester, state=ReservationState.PENDING).exists()
+    for member in group:
+        if waits:
+            started = member.during is not None and member.during.lower <= now
+            end_reservation(member, to=ReservationState.RELEASED if started
+                            else ReservationState.CANCELLED, now=now,
+                            reason=f"preempted for {requester}")
+            continue
+        member.preempt_at, member.preempted_for = None, ""
+        member.save(update_fields=["preempt_at", "preempted_for"])
+        _tell_the_node(member)
+        event_emit(tenant_id=member.tenant_id,
+                   type=ReservationEvent.RESERVATION_PREEMPTION_WITHDRAWN, subject=member.id,
+                   payload={"poolId": member.pool_id})
+    audit_record(tenant_id=victim.pool.tenant_id, actor_id="system",
+                 action="reservation.preempted" if waits else "reservation.preempt.withdraw",
+                 target=requester, data={"victims": [m.id for m in group]},
+                 reason="notice given" if waits else "the request no longer waits")
+    return group
 
 
 def preempt_for_queue(pool_id: str) -> list[Reservation]:

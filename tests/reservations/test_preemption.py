@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.utils import timezone
-
 from audit.models import AuditEvent
+from compute.core.db import database_now
 from compute.platform.events.models import Event
 from fleet.models import NodeSpec
 from fleet.reconcilers import sweep as fleet_sweep
@@ -33,9 +32,10 @@ def row(rsv):
 
 
 def deadline_passes(*victims):
-    """The notice runs out: the sweep finds the preempted reservations due."""
+    """The notice runs out (on the database's clock, which the test's transaction fixes):
+    the sweep finds the preempted reservations due."""
     Reservation.objects.filter(pk__in=[v["id"] for v in victims]).update(
-        preempt_at=timezone.now() - timedelta(seconds=1))
+        preempt_at=database_now() - timedelta(seconds=1))
     sweep()
     fleet_sweep()
     run_due_work()
@@ -63,7 +63,7 @@ def test_a_borrowed_reservation_is_preempted_with_notice_for_a_request_within_qu
     run_due_work()  # the pool's queue: nothing free, so what was borrowed is taken back
     victim = row(borrowed)
     assert victim.preempted_for == needs["id"]
-    notice = (victim.preempt_at - timezone.now()).total_seconds()
+    notice = (victim.preempt_at - database_now()).total_seconds()
     assert 590 < notice <= 600
     assert types_of(borrowed)[-1] == "reservation.preempting"
     spec = NodeSpec.objects.filter(node=node).latest("generation").spec
@@ -75,8 +75,8 @@ def test_a_borrowed_reservation_is_preempted_with_notice_for_a_request_within_qu
     deadline_passes(borrowed)
     assert row(borrowed).state == "released"
     assert row(borrowed).failure_reason == f"preempted for {needs['id']}"
-    assert AuditEvent.objects.filter(action="reservation.preempted",
-                                     target=borrowed["id"]).count() == 1
+    released = AuditEvent.objects.get(action="reservation.preempted")
+    assert (released.target, released.data["victims"]) == (needs["id"], [borrowed["id"]])
     assert row(needs).state in ("placed", "binding")
     assert Quota.objects.get(tenant_id=acme.tenant_id, pool_id=pool["id"]).used == 0
 
