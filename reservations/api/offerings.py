@@ -61,8 +61,9 @@ class PoolOfferIn(PoolIdIn):
                                                "(1 when the offering is made).")
     priority_classes = serializers.ListField(
         child=serializers.RegexField(CLASS_NAME, max_length=32), required=False,
-        max_length=32, help_text="The priority classes the tenant may ask for (normal and "
-                                 "preemptible when the offering is made).")
+        min_length=1, max_length=32,
+        help_text="The priority classes the tenant may ask for (normal and preemptible when "
+                  "the offering is made).")
 
 
 @endpoint("pools", "offer", returns=OFFERING, input=PoolOfferIn, mutating=True,

@@ -133,6 +133,10 @@ def test_a_tenant_asks_only_for_a_class_it_was_granted(root, acme):
     unknown = reserve(acme, pool, 1, priorityClass="nightly")
     assert unknown.code == "invalid_argument"
     assert "no class 'nightly'" in unknown.message
+    none = root.call("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 16},
+                     priorityClasses=[])  # an offering that grants no class books nothing
+    assert (none.status, none.code) == (400, "invalid_argument")
+    assert "priorityClasses" in none.message
     bad = root.call("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 16},
                     priorityClasses=["nightly"])
     assert bad.code == "invalid_argument"
