@@ -42,7 +42,7 @@ class SandboxPolicyIn(Input):
 
 
 class TimeSlicingIn(Input):
-    replicas = serializers.IntegerField(min_value=2, max_value=64,
+    replicas = serializers.IntegerField(min_value=1, max_value=64,
                                         help_text="Shares of each GPU (bookable one by one).")
 
 

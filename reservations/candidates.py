@@ -154,7 +154,8 @@ SHORTLIST_SQL = tables("""
 IN_THE_WAY = """b.gpu_id = coalesce({device}.parent_id, {device}.id) AND b.during && {during}
    AND ({device}.parent_id IS NULL OR b.device_id = {device}.id OR b.whole)"""
 
-# One row per (schedulable node, NVLink domain) with its free device ids in index order; a
+# One row per (schedulable node, group) with its free device ids in index order (a group is
+# an NVLink domain of GPUs, or the time-sliced shares of one GPU); a
 # joined string parses much faster than a text[] of hundreds of ids. A node's host share in
 # use over the window is what its sandboxes hold plus the most its GPU allocations hold at
 # one moment of the window (two bookings that never meet do not add up).
@@ -189,7 +190,7 @@ sandboxed AS (
    WHERE ended_at IS NULL AND node_id IN (SELECT id FROM nodes) GROUP BY node_id)
 SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
        coalesce(held.vcpus, 0) + coalesce(sandboxed.vcpus, 0),
-       coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), {Device}.nvlink_domain,
+       coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), {group},
        count(*),
        coalesce(string_agg({Device}.id, ',' ORDER BY {Device}.index) FILTER (
            WHERE {Device}.health = 'healthy' {device_filter}
@@ -198,9 +199,11 @@ SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
   LEFT JOIN held ON held.node_id = nodes.id
   LEFT JOIN sandboxed ON sandboxed.node_id = nodes.id
  WHERE {Device}.present AND {Device}.device_class = %(class)s
- GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus, {Device}.nvlink_domain,
+ GROUP BY nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus, {group},
           held.vcpus, held.memory, sandboxed.vcpus, sandboxed.memory""",
     Allocation=Allocation, Device=Device, Node=Node, Sandbox=Sandbox)
+GROUP = tables("""CASE WHEN {Device}.device_class = 'gpu-share' THEN {Device}.parent_id
+       ELSE {Device}.nvlink_domain END""", Device=Device)
 
 
 # The nodes' bookings in the window: each device's, through the booking index; on a shortlist,
@@ -247,7 +250,7 @@ def _candidates_sql(nodes: str) -> str:
     shortlist = nodes == "shortlist"
     return fill(CANDIDATES_SQL, schedulable=schedulable, shortlist=among,
                 meeting=SHORTLIST_MEETING if shortlist else DEVICES_MEETING,
-                touched=SHORTLIST_CTE if shortlist else "",
+                touched=SHORTLIST_CTE if shortlist else "", group=GROUP,
                 in_the_way=fill(IN_THE_WAY, device=table(Device), during="%(during)s"),
                 **passed_on("device_filter"))
 

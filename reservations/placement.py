@@ -4,7 +4,9 @@ It only proposes. The caller books the choice under the ledger's EXCLUDE constra
 asks again when another booker won the race.
 
 A candidate node comes as groups of free devices, one group per NVLink domain (a device
-without NVLink is a group of its own). Preferences, in order:
+without NVLink is a group of its own) or, for time-sliced shares, per GPU (so shares fill
+the GPUs already shared first, and `same-gpu` takes them all of one GPU). Preferences, in
+order:
 1. fewest NVLink domains touched (`nvlink-all` allows exactly one);
 2. complete NVLink sets: a request the size of a free domain takes that whole domain, and a
    smaller one fills the fullest partly used domain, leaving whole domains whole;
@@ -42,6 +44,9 @@ class Candidate:
     @property
     def free_count(self) -> int:
         return sum(len(g.free) for g in self.groups)
+
+
+ONE_GROUP = ("nvlink-all", "same-gpu")  # every atom of one group: a domain, one GPU's shares
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,7 @@ def _pick(groups: list[Group], request: Request
         group = min(fitting, key=lambda g: (len(g.free) - count, len(g.free) != g.size,
                                             g.free[0]))
         return group.free[:count], 1, len(group.free) - count, int(len(group.free) != group.size)
-    if request.topology == "nvlink-all":
+    if request.topology in ONE_GROUP:
         return None
     # Spread over as few domains as possible: the largest free groups first.
     chosen: list[str] = []
@@ -148,6 +153,10 @@ def why_not(candidates: Sequence[Candidate], request: Request) -> str:
         if largest < request.count:
             return (f"no node has {request.count} GPUs in one NVLink domain (the largest "
                     f"domain has {largest})")
+    if request.topology == "same-gpu":
+        largest = max((g.size for c in candidates for g in c.groups), default=0)
+        if largest < request.count:
+            return f"no GPU has {request.count} shares (the most is {largest})"
     most = max(sum(g.size for g in c.groups) for c in candidates)
     if most < request.count:
         return f"no node has {request.count} {request.noun} (the largest has {most})"

@@ -5,7 +5,8 @@ the same fields (`Shape.of`, `Shape.columns`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet.models import DeviceClass
@@ -25,6 +26,7 @@ class Shape:
     product: str = ""
     selector: str = ""
     kubernetes: bool = False
+    fraction: float = 0.0  # of one GPU, asked as time-sliced shares; `on` counts them
 
     @classmethod
     def of(cls, rsv: Reservation) -> Shape:
@@ -39,16 +41,27 @@ class Shape:
         return cls(count=series.count, topology=series.topology, product=series.product,
                    selector=series.selector)
 
+    def on(self, pool: Pool) -> Shape:
+        """The shape as `pool` books it: a fraction of a GPU becomes the fewest of the pool's
+        time-sliced shares of one GPU that cover it (0.22 of a GPU sliced in 10: 3 shares)."""
+        if not self.fraction:
+            return self
+        replicas = int((pool.policy.get("timeSlicing") or {}).get("replicas") or 1)
+        count = max(1, math.ceil(round(self.fraction * replicas, 9)))
+        return replace(self, count=count, device_class=DeviceClass.SHARE, topology="same-gpu")
+
     def columns(self) -> dict[str, Any]:
-        """The reservation row's fields for this shape."""
-        return asdict(self)
+        """The reservation row's fields for this shape (a fraction is booked as its count)."""
+        columns = asdict(self)
+        del columns["fraction"]
+        return columns
 
     def inputs(self) -> dict[str, Any]:
         """As an idempotency key's recorded input compares it."""
         return {"gpus": self.count, "topology": self.topology, "model": self.model,
                 "product": self.product, "selector": self.selector,
                 "kubernetes": self.kubernetes, "device_class": self.device_class,
-                "profile": self.profile}
+                "profile": self.profile, **({"fraction": self.fraction} if self.fraction else {})}
 
 
 @dataclass(frozen=True)

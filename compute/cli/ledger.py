@@ -134,7 +134,8 @@ ATOM_OPTIONS = [
 def shape_options(func: Any) -> Any:
     for option in reversed([
         click.option("--pool", required=True, help="Pool id."),
-        click.option("--gpus", type=click.IntRange(1, 64), required=True),
+        click.option("--gpus", type=click.IntRange(1, 64), default=None,
+                     help="How many GPUs (or MIG instances, or shares)."),
         click.option("--for", "duration", type=Duration(), default=None,
                      help="How long, e.g. 2h (required unless --every)."),
         click.option("--nvlink", is_flag=True, help="All GPUs in one NVLink domain."),
@@ -242,6 +243,9 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
 @click.option("--horizon-days", type=click.IntRange(1, 366), default=14, show_default=True,
               help="With --every: how far ahead occurrences are booked.")
 @click.option("--kubernetes", is_flag=True, help="Hold for the node's Kubernetes workers.")
+@click.option("--fraction", type=click.FloatRange(0.001, 1), default=None,
+              help="Instead of --gpus: this part of one GPU (e.g. 0.22), booked as the fewest "
+                   "time-sliced shares of one GPU that cover it.")
 @click.option("--priority-class", "priority_class", default=None,
               help="A priority class the pool grants you: high, normal (the default), "
                    "preemptible, or one of the pool's own.")
@@ -249,20 +253,24 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
 @click.option("--wait", type=click.FloatRange(0, 3600), default=20.0, show_default=True,
               help="Seconds to wait for placement.")
 @output_options
-def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str | None,
+def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, model: str | None,
             product: str | None, selector: str | None, mig: str | None, share: bool,
             start: str | None,
             at_earliest: bool, before: str | None, every: str | None, until: str | None,
             first_day: str | None, time_zone: str, horizon_days: int, kubernetes: bool,
-            priority_class: str | None, key: str | None, wait: float, output: str | None,
-            query: str | None, tenant: str | None) -> None:
+            fraction: float | None, priority_class: str | None, key: str | None, wait: float,
+            output: str | None, query: str | None, tenant: str | None) -> None:
     """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
     fit; with --every, on every window of a rule until a day); retry with --key KEY to never
     book twice."""
-    if every and (mig or share):
-        raise click.UsageError("--every books whole GPUs: drop --mig and --share")
+    if (gpus is None) == (fraction is None):
+        raise click.UsageError("give --gpus N, or --fraction F for a part of one GPU")
+    if fraction is not None and (mig or nvlink):
+        raise click.UsageError("--fraction is a part of one GPU: drop --mig and --nvlink")
+    if every and (mig or share or fraction):
+        raise click.UsageError("--every books whole GPUs: drop --mig, --share and --fraction")
     if every:
-        reserve_every(pool, gpus, nvlink, product, selector, every, until, first_day,
+        reserve_every(pool, gpus or 1, nvlink, product, selector, every, until, first_day,
                       time_zone, horizon_days, clashing={"--for": duration, "--start": start,
                                                          "--at-earliest": at_earliest,
                                                          "--kubernetes": kubernetes,
@@ -277,12 +285,14 @@ def reserve(pool: str, gpus: int, duration: int | None, nvlink: bool, model: str
     click.echo(f"idempotency key: {key}", err=True)
     models = [m.strip() for m in model.split("|") if m.strip()] if model and "|" in model \
         else None
-    body = {**request_shape(pool, gpus, duration, nvlink, None if models else model, product,
+    body = {**request_shape(pool, gpus or 1, duration, nvlink, None if models else model, product,
                             selector, mig, share),
             "kubernetes": kubernetes or None, "priorityClass": priority_class,
             "idempotencyKey": key, "binding": "hold",
             "atEarliest": at_earliest or None, **time_fields("start", start),
             **time_fields("before", before)}
+    if fraction is not None:  # counted in shares by the pool that books it
+        body["devices"] = [{"class": "gpu-share", "fraction": fraction}]
     if models:  # any of these: the best of the site's pools that has one
         body["devices"][0]["models"] = models
     api = make_client()

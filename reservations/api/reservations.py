@@ -63,17 +63,39 @@ def shape_of(data: dict[str, Any]) -> Shape:
     device = data.pop("devices")[0]
     return Shape(count=device["count"], device_class=device["device_class"],
                  profile=device["profile"], topology=device["topology"],
+                 fraction=device.get("fraction") or 0.0,
                  model=data.pop("model", ""), product=data.pop("product", ""),
                  selector=data.pop("selector", ""), kubernetes=data.pop("kubernetes", False))
 
 
 class ReservationDeviceIn(DeviceRequestIn):
+    count = serializers.IntegerField(min_value=1, max_value=64, required=False,
+                                     help_text="How many atoms; required unless fraction.")
+    fraction = serializers.FloatField(
+        min_value=0.001, max_value=1, required=False,
+        help_text="For gpu-share, instead of count: this part of one GPU (0.22), booked as the "
+                  "fewest of the pool's time-sliced shares of one GPU that cover it.")
     models = serializers.ListField(
         child=serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,31}$", max_length=32),
         required=False, min_length=1, max_length=8,
         help_text="Acceptable GPU models: the pool named and the tenant's other GPU pools of "
                   "its site with one of these models are candidates; the placer picks among "
                   "them by the same scoring.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        fraction = attrs.get("fraction")
+        if fraction is None and "count" not in attrs:
+            raise serializers.ValidationError({"count": "a count (or, for gpu-share, a "
+                                                        "fraction) is required"})
+        if fraction is not None:
+            if "count" in attrs:
+                raise serializers.ValidationError({"fraction": "give a count or a fraction, "
+                                                               "not both"})
+            if attrs["device_class"] != DeviceClass.SHARE:
+                raise serializers.ValidationError({"fraction": "only gpu-share requests ask "
+                                                               "for a fraction of a GPU"})
+            attrs["count"] = 1  # counted on the pool that books it (Shape.on)
+        return attrs
 
 
 class ReservationCreateIn(RequestShapeIn):

@@ -25,6 +25,7 @@ class ReservationState(models.TextChoices):
 class Topology(models.TextChoices):
     ANY = "any"
     NVLINK_ALL = "nvlink-all"
+    SAME_GPU = "same-gpu"  # time-sliced shares all of one GPU (a fraction of a GPU)
 
 
 class ReservationSeries(models.Model):

@@ -62,6 +62,7 @@ from reservations.models import (
     Reservation,
     ReservationSeries,
     ReservationState,
+    Topology,
 )
 from reservations.placement import Candidate, Choice, Request, ranked
 from reservations.quotas import quota_allows, quota_consume
@@ -220,18 +221,25 @@ def check_pool_request(pool: Pool, shape: Shape) -> None:
     if kubernetes and not pool.policy.get("kubernetes"):
         raise InvalidArgument(f"kubernetes: pool {pool.id} does not allow Kubernetes workers",
                               field="kubernetes")
-    if topology not in ("any", "nvlink-all"):
-        raise InvalidArgument(f"topology: {topology!r} is not any or nvlink-all",
-                              field="devices")
+    if topology not in Topology.values:
+        raise InvalidArgument(f"topology: {topology!r} is not one of "
+                              f"{', '.join(Topology.values)}", field="devices")
 
 
 def check_atoms(pool: Pool, shape: Shape) -> None:
     """A request for MIG instances names their profile; one for shares needs a pool that
-    slices its GPUs; neither asks for NVLink."""
+    slices its GPUs, and asks for them anywhere or all of one GPU (`same-gpu`, at most the
+    pool's shares per GPU); only whole GPUs ask for NVLink."""
     device_class, profile, topology = shape.device_class, shape.profile, shape.topology
-    if device_class != GPU and topology != "any":
+    one_gpu = device_class == DeviceClass.SHARE and topology == Topology.SAME_GPU
+    if device_class != GPU and topology != "any" and not one_gpu:
         raise InvalidArgument(f"devices[0].topology: {device_class} atoms are not NVLinked; "
-                              "ask for topology any", field="devices")
+                              "ask for topology any"
+                              + (" or same-gpu" if device_class == DeviceClass.SHARE else ""),
+                              field="devices")
+    if device_class == GPU and topology == Topology.SAME_GPU:
+        raise InvalidArgument("devices[0].topology: same-gpu is for gpu-share requests (the "
+                              "shares of one GPU)", field="devices")
     if device_class == DeviceClass.MIG and not profile:
         raise InvalidArgument("devices[0].profile: a mig request names its profile, such as "
                               "1g.10gb", field="devices")
@@ -241,6 +249,11 @@ def check_atoms(pool: Pool, shape: Shape) -> None:
     if device_class == DeviceClass.SHARE and not pool.policy.get("timeSlicing"):
         raise InvalidArgument(f"devices[0].class: pool {pool.id} does not slice its GPUs "
                               "(policy.timeSlicing)", field="devices")
+    replicas = int((pool.policy.get("timeSlicing") or {}).get("replicas") or 0)
+    if one_gpu and shape.count > replicas:
+        raise InvalidArgument(f"devices[0].count: pool {pool.id} slices each GPU into "
+                              f"{replicas} shares; {shape.count} cannot be of one GPU",
+                              field="devices")
 
 
 @audited
@@ -282,6 +295,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     if models:
         pool = best_pool(tenant, pool, shape, models,
                          window(requested_start or now, duration_ms))
+    shape = shape.on(pool)
     check_pool_request(pool, shape)
     check_atoms(pool, shape)
     parse_selector(shape.selector)
@@ -311,16 +325,17 @@ def best_pool(tenant: Tenant, pool: Pool, shape: Shape, models: Sequence[str],
               .exclude(pk=pool.pk).order_by("id"))
     best: tuple[Any, Pool] | None = None
     for candidate in [pool, *(p for p in others if p.gpu_model.upper() in wanted)]:
+        shape_there = shape.on(candidate)
         try:
-            check_pool_request(candidate, shape)
-            check_atoms(candidate, shape)
+            check_pool_request(candidate, shape_there)
+            check_atoms(candidate, shape_there)
         except InvalidArgument:
             continue
-        if not quota_allows(tenant=tenant, pool=candidate, resource=shape.device_class,
-                            count=shape.count):
+        if not quota_allows(tenant=tenant, pool=candidate, resource=shape_there.device_class,
+                            count=shape_there.count):
             continue
-        choice, _ = propose(candidate, during, placement_request(candidate, shape),
-                            device_filter=device_filter_q(shape))
+        choice, _ = propose(candidate, during, placement_request(candidate, shape_there),
+                            device_filter=device_filter_q(shape_there))
         if choice is not None and (best is None or choice.score < best[0]):
             best = (choice.score, candidate)
     return best[1] if best else pool

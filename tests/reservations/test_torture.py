@@ -38,6 +38,8 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
     assert found["overlaps"] == 0, found["overlapping"]
     assert found["overSize"] == 0  # no node's claims exceed its vCPUs or memory
     assert found["partOverlaps"] == 0
+    assert found["splitFractions"] == 0, found
+    assert found["placedFractions"] > 5, found
     # The free time of whole groups, mended while the bookers raced, is right on every
     # node not marked stale; once the last marks are mended, on every node.
     assert report.mended > 100
@@ -69,6 +71,22 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
     for done in ("sandbox.created", "sandbox.started", "sandbox.released", "sandbox.stopped",
                  "sandbox.exited"):
         assert outcomes[done] > 0, (done, outcomes)
+
+
+@pytest.mark.parametrize("shares", [1, 3, 7, 10])
+def test_shares_of_one_to_ten_per_gpu_never_overlap(shares):
+    """The same race on pools slicing each GPU into 1 to 10 shares: whole GPUs, MIG
+    instances, counted shares and fractions of one GPU on the same physical GPUs."""
+    world = torture.build_world(nodes=2, shares=shares)
+    report = torture.run(world, clients=8, ops=300, seed=shares)
+    assert report.unexpected == [], "\n".join(report.unexpected)
+    found = torture.findings(world)
+    assert (found["overlaps"], found["partOverlaps"], found["splitFractions"]) == (0, 0, 0), \
+        found["overlapping"]
+    assert found["incoherent"] == 0
+    assert found["quotaDrift"] == 0
+    assert found["placedByClass"].get("gpu-share", 0) > 5, found["placedByClass"]
+    assert found["placedFractions"] > 0, found
 
 
 @pytest.fixture

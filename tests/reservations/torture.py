@@ -46,7 +46,7 @@ class Report:
     seconds: float = 0.0
 
 
-def build_world(*, nodes: int = 3) -> World:
+def build_world(*, nodes: int = 3, shares: int = SHARES) -> World:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from bcd.contract.crypto import public_pem
@@ -70,7 +70,7 @@ def build_world(*, nodes: int = 3) -> World:
     pool = pool_create(tenant=root, actor=admin, site_id=site.id, pool_class="metal-host",
                        gpu_model="H100",
                        policy={"hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96},
-                               "timeSlicing": {"replicas": SHARES}})
+                               "timeSlicing": {"replicas": shares}})
     keys = {}
     for index in range(nodes):
         key = ec.generate_private_key(ec.SECP256R1())
@@ -194,7 +194,11 @@ def _atoms(rng: random.Random) -> Any:
     if roll < 0.75:
         return Shape(device_class="mig", count=rng.choice([1, 2, 3]),
                      profile=rng.choice(["1g.10gb", "1g.10gb", "3g.40gb"]))
-    return Shape(device_class="gpu-share", count=rng.choice([1, 2, 4]))
+    if roll < 0.85:
+        return Shape(device_class="gpu-share", count=rng.choice([1, 2, 4]))
+    # A fraction of one GPU: the fewest shares of one GPU that cover it.
+    return Shape(device_class="gpu-share", count=1,
+                 fraction=rng.choice([0.1, 0.22, 0.25, 0.5, 0.75, 1.0]))
 
 
 _OWNERS: dict[str, Any] = {}
@@ -337,6 +341,15 @@ def findings(world: World) -> dict[str, Any]:
             "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
             " END"),
         "partOverlaps": scalar(PART_OVERLAPS_SQL),
+        # Fractions of a GPU (topology same-gpu) whose shares are not all of one GPU.
+        "splitFractions": scalar(
+            "SELECT count(*) FROM (SELECT a.id FROM reservations_reservation r "
+            " JOIN reservations_allocation a ON a.reservation_id = r.id "
+            " JOIN reservations_booking b ON b.allocation_id = a.id "
+            " WHERE r.topology = 'same-gpu' GROUP BY a.id "
+            " HAVING count(DISTINCT b.gpu_id) > 1) split"),
+        "placedFractions": scalar("SELECT count(*) FROM reservations_reservation "
+                                  "WHERE topology = 'same-gpu' AND placed_at IS NOT NULL"),
         "overlapping": overlapping_rows(),
         "exclusionConstraints": scalar(
             "SELECT array_agg(conname::text ORDER BY conname) FROM pg_constraint "
@@ -382,6 +395,7 @@ def main() -> None:
     parser.add_argument("--drop-gpu-exclude", action="store_true",
                         help="drop only the constraint between a GPU and its parts")
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--shares", type=int, default=SHARES, help="time-sliced shares per GPU")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.project.settings")
     import django
@@ -397,7 +411,7 @@ def main() -> None:
     with connection.cursor() as cursor:
         for constraint in dropped:
             cursor.execute(f"ALTER TABLE reservations_booking DROP CONSTRAINT {constraint}")
-    world = build_world(nodes=args.nodes)
+    world = build_world(nodes=args.nodes, shares=args.shares)
     report = run(world, clients=args.clients, ops=args.ops)
     print(json.dumps({"findings": findings(world), "outcomes": report.outcomes,  # noqa: T201
                       "mended": report.mended,
