@@ -95,11 +95,13 @@ def clone_nodes(template: Any, copies: int) -> None:
             node.pk, node.hostname = new_id("node"), f"bench-{n:05d}"
             node.serial = node.product_uuid = node.key_pin = ""
             nodes.append(node)
-            for device in devices:
+            renamed = {device.id: new_id("dev") for device in devices}
+            for device in devices:  # a part (MIG instance, share) follows its GPU's new id
                 atoms.append(Device(**{**{f.attname: getattr(device, f.attname)
                                           for f in Device._meta.concrete_fields},
-                                       "id": new_id("dev"), "node_id": node.pk,
-                                       "uuid": f"GPU-{node.pk}-{device.index}"}))
+                                       "id": renamed[device.id], "node_id": node.pk,
+                                       "parent_id": renamed.get(device.parent_id or ""),
+                                       "uuid": f"{device.uuid}-{node.pk}"}))
         with transaction.atomic():
             Node.objects.bulk_create(nodes)
             Device.objects.bulk_create(atoms)

@@ -70,6 +70,11 @@ class SharingIn(Input):
     preemption_notice_seconds = serializers.FloatField(
         required=False, min_value=0, max_value=86_400,
         help_text="How long a preempted reservation is told before it is released (120).")
+    plan_starts = serializers.BooleanField(
+        required=False,
+        help_text="A waiting request that fits nowhere now is booked at the earliest window "
+                  "it fits (its planned start, which only moves earlier): smaller requests "
+                  "use the GPUs before it only if they end before it (backfill).")
     owner_share = serializers.IntegerField(
         required=False, min_value=1, max_value=10_000,
         help_text="The owner's fair-share weight, against each offering's share (1).")

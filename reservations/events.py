@@ -26,6 +26,8 @@ class ReservationEvent(EventType):
     RESERVATION_FAILED = "reservation.failed"
     RESERVATION_PREEMPTING = "reservation.preempting"
     RESERVATION_PREEMPTION_WITHDRAWN = "reservation.preemption_withdrawn"
+    RESERVATION_PLANNED = "reservation.planned"
+    RESERVATION_STARTED_EARLIER = "reservation.started_earlier"
     SERIES_CREATED = "series.created"
     SERIES_EXTENDED = "series.extended"
     SERIES_OCCURRENCE_REFUSED = "series.occurrence_refused"

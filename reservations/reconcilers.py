@@ -18,6 +18,7 @@ from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
 from reservations.gaps import gaps_mend, stale_nodes
 from reservations.models import Reservation, ReservationState
+from reservations.services.backfill import plan_starts, start_planned_earlier
 from reservations.services.binding import (
     TIMEOUT_REASON,
     binding_fail,
@@ -101,8 +102,12 @@ def reconcile_telemetry(node_id: str) -> None:
 
 @handler(POOL)
 def reconcile_pool(pool_id: str) -> None:
-    """Offer a pool's free capacity to its pending reservations in the queue's order; then
-    the first still waiting that may preempt, does."""
+    """Offer a pool's free capacity to its reservations in the queue's order: planned ones
+    that now fit start now, then (where the pool plans starts) each pending one is placed
+    now or at its earliest window, then the rest are placed where they fit now; then the
+    first still waiting that may preempt, does."""
+    start_planned_earlier(pool_id)
+    plan_starts(pool_id)
     pending_place(pool_id=pool_id)
     preempt_for_queue(pool_id)
 
@@ -133,8 +138,10 @@ def sweep(limit: int = 500) -> int:
     for rsv_id in due:
         enqueue(RESERVATION, rsv_id)
         count += 1
-    for pool_id in (Reservation.objects.filter(state=ReservationState.PENDING)
-                    .values_list("pool_id", flat=True).distinct()):
+    waiting = (Q(state=ReservationState.PENDING)
+               | Q(state=ReservationState.PLACED, planned=True, during__startswith__gt=now))
+    for pool_id in Reservation.objects.filter(waiting).values_list("pool_id",
+                                                                   flat=True).distinct():
         enqueue(POOL, pool_id)
         count += 1
     for series_id in series_due(now)[:limit]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
@@ -175,8 +175,12 @@ class Queued:
     ahead_by_priority: int  # ahead for a higher priority
     ahead_by_share: int  # same priority, a tenant with a higher fair-share factor
     ahead_by_age: int  # same priority and factor, asked earlier
+    planned_start: datetime | None = None  # booked at its earliest window (planStarts)
 
     def why(self) -> str:
+        if self.planned_start is not None:
+            return (f"planned to start at {self.planned_start.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+                    " (earlier if GPUs free first)")
         ahead = [f"{n} {what}" for n, what in (
             (self.ahead_by_priority, "of a higher priority"),
             (self.ahead_by_share, "of tenants with a higher fair-share factor"),
@@ -184,6 +188,19 @@ class Queued:
         place = (f"{self.position - 1} ahead ({', '.join(ahead)})" if ahead
                  else "first in line")
         return f"{place}; {self.failure_reason}" if self.failure_reason else place
+
+
+def planned_queue(pool: Pool, now: datetime) -> list[Queued]:
+    """The pool's planned starts (reservations.services.backfill), earliest first: ahead of
+    every pending request, as their GPUs are already booked."""
+    rows = (Reservation.objects.filter(pool=pool, state=ReservationState.PLACED, planned=True,
+                                       during__startswith__gt=now)
+            .order_by("during__startswith", "id"))
+    shares = fair_shares(pool, now) if rows else {}
+    return [Queued(r.id, r.tenant_id, pool.id, r.count, r.device_class, r.priority_class,
+                   r.priority, shares[r.tenant_id].factor if r.tenant_id in shares else 0.0,
+                   r.created_at, "", position, 0, 0, 0, planned_start=r.during.lower)
+            for position, r in enumerate(rows, 1)]
 
 
 def pending_queue(pool: Pool, now: datetime) -> list[Queued]:

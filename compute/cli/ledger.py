@@ -16,7 +16,7 @@ from compute.cli.durations import Duration
 
 RESERVATION_COLUMNS = ["id", "state", "poolId", "nodeId", "start", "end"]
 QUEUE_COLUMNS = ["position", "reservationId", "poolId", "count", "priorityClass", "fairShare",
-                 "why"]
+                 "plannedStart", "why"]
 SHARE_COLUMNS = ["tenant", "share", "sharePart", "usageGpuHours", "usagePart", "factor"]
 
 

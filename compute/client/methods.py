@@ -338,9 +338,9 @@ class Reservations(Group):
             "state": state, "tenantId": tenant_id}, retry=True)
 
     def queue(self, *, pool_id: str | None = None, tenant_id: str | None = None) -> Any:
-        """Pending requests in the order they are offered capacity (priority, fair share, age),
-        each with its position and why it waits: all of an owned pool's, else the tenant's
-        own.
+        """Waiting requests in the order they are offered capacity: planned starts first (their
+        GPUs are booked from then), then pending ones (priority, fair share, age), each with
+        its position and why it waits: all of an owned pool's, else the tenant's own.
         """
         return self._call("reservations.queue", {"poolId": pool_id,
             "tenantId": tenant_id}, retry=True)

@@ -69,8 +69,8 @@ def shape_of(data: dict[str, Any]) -> Shape:
 
 
 class ReservationDeviceIn(DeviceRequestIn):
-    count = serializers.IntegerField(min_value=1, max_value=64, required=False,
-                                     help_text="How many atoms; required unless fraction.")
+    count = serializers.IntegerField(min_value=1, max_value=64, required=False, default=1,
+                                     help_text="How many atoms (1 if left out).")
     fraction = serializers.FloatField(
         min_value=0.001, max_value=1, required=False,
         help_text="For gpu-share, instead of count: this part of one GPU (0.22), booked as the "
@@ -81,21 +81,6 @@ class ReservationDeviceIn(DeviceRequestIn):
         help_text="Acceptable GPU models: the pool named and the tenant's other GPU pools of "
                   "its site with one of these models are candidates; the placer picks among "
                   "them by the same scoring.")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        fraction = attrs.get("fraction")
-        if fraction is None and "count" not in attrs:
-            raise serializers.ValidationError({"count": "a count (or, for gpu-share, a "
-                                                        "fraction) is required"})
-        if fraction is not None:
-            if "count" in attrs:
-                raise serializers.ValidationError({"fraction": "give a count or a fraction, "
-                                                               "not both"})
-            if attrs["device_class"] != DeviceClass.SHARE:
-                raise serializers.ValidationError({"fraction": "only gpu-share requests ask "
-                                                               "for a fraction of a GPU"})
-            attrs["count"] = 1  # counted on the pool that books it (Shape.on)
-        return attrs
 
 
 class ReservationCreateIn(RequestShapeIn):

@@ -3,23 +3,30 @@ and capacity.shares (each tenant's fair share of a pool)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import CallContext, endpoint
-from compute.core.api.shapes import INTEGER, NUMBER, STRING, TIME, array, obj
+from compute.core.api.shapes import INTEGER, NUMBER, STRING, TIME, array, nullable, obj
 from compute.core.db import database_now
 from compute.platform.tenancy.models import Tenant
 from fleet.api.pools import pool_subject
 from fleet.models import Pool
 from fleet.selectors import access_pool_by_id
 from reservations.models import Reservation, ReservationState
-from reservations.sharing import Queued, fair_shares, half_life_hours, pending_queue
+from reservations.sharing import (
+    Queued,
+    fair_shares,
+    half_life_hours,
+    pending_queue,
+    planned_queue,
+)
 
 QUEUED = obj(reservationId=STRING, tenantId=STRING, poolId=STRING, position=INTEGER,
              count=INTEGER, priorityClass=STRING, priority=INTEGER, fairShare=NUMBER,
              aheadByPriority=INTEGER, aheadByShare=INTEGER, aheadByAge=INTEGER, why=STRING,
-             createdAt=TIME, **{"class": STRING})
+             plannedStart=nullable(TIME), createdAt=TIME, **{"class": STRING})
 QUEUE = obj(items=array(QUEUED))
 SHARE = obj(tenantId=STRING, tenant=STRING, share=INTEGER, sharePart=NUMBER,
             usageGpuHours=NUMBER, usagePart=NUMBER, factor=NUMBER)
@@ -32,7 +39,8 @@ def present_queued(entry: Queued) -> dict[str, Any]:
             "class": entry.device_class, "priorityClass": entry.priority_class,
             "priority": entry.priority, "fairShare": round(entry.factor, 4),
             "aheadByPriority": entry.ahead_by_priority, "aheadByShare": entry.ahead_by_share,
-            "aheadByAge": entry.ahead_by_age, "why": entry.why(), "createdAt": entry.created_at}
+            "aheadByAge": entry.ahead_by_age, "why": entry.why(),
+            "plannedStart": entry.planned_start, "createdAt": entry.created_at}
 
 
 class QueueIn(Input):
@@ -50,11 +58,15 @@ def queue_pools(tenant: Tenant, pool_id: str | None) -> list[Pool]:
 
 @endpoint("reservations", "queue", returns=QUEUE, input=QueueIn, mutating=False)
 def reservations_queue(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
-    """Pending requests in the order they are offered capacity (priority, fair share, age),
-    each with its position and why it waits: all of an owned pool's, else the tenant's own."""
+    """Waiting requests in the order they are offered capacity: planned starts first (their
+    GPUs are booked from then), then pending ones (priority, fair share, age), each with its
+    position and why it waits: all of an owned pool's, else the tenant's own."""
     now, items = database_now(), []
     for pool in queue_pools(ctx.tenant, data.get("pool_id")):
-        items += [present_queued(q) for q in pending_queue(pool, now)
+        planned = planned_queue(pool, now)
+        waiting = planned + [replace(q, position=q.position + len(planned))
+                             for q in pending_queue(pool, now)]
+        items += [present_queued(q) for q in waiting
                   if pool.tenant_id == ctx.tenant.id or q.tenant_id == ctx.tenant.id]
     return {"items": items}
 

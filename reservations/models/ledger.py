@@ -94,6 +94,9 @@ class Reservation(models.Model):
     preempt_at = models.DateTimeField(null=True, blank=True, help_text=(
         "Preempted: released at this time unless the request it makes room for no longer "
         "needs it."))
+    planned = models.BooleanField(default=False, help_text=(
+        "Placed by the queue at the earliest window it fits (a planned start), for a request "
+        "that asked to start as soon as it could: the window only moves earlier."))
     preempted_for = models.CharField(max_length=32, blank=True,
                                      help_text="The pending reservation it makes room for.")
     binding_kind = models.CharField(max_length=16, default="hold")

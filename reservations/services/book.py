@@ -256,6 +256,18 @@ def check_atoms(pool: Pool, shape: Shape) -> None:
                               field="devices")
 
 
+def check_fraction(shape: Shape) -> None:
+    """A fraction of a GPU is asked of gpu-share, instead of a count."""
+    if not shape.fraction:
+        return
+    if shape.device_class != DeviceClass.SHARE:
+        raise InvalidArgument("devices[0].fraction: only gpu-share requests ask for a "
+                              "fraction of a GPU", field="devices")
+    if shape.count != 1:
+        raise InvalidArgument("devices[0].fraction: give a count or a fraction, not both",
+                              field="devices")
+
+
 @audited
 def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape: Shape,
                        duration_ms: int, start: datetime | None = None,
@@ -295,6 +307,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     if models:
         pool = best_pool(tenant, pool, shape, models,
                          window(requested_start or now, duration_ms))
+    check_fraction(shape)
     shape = shape.on(pool)
     check_pool_request(pool, shape)
     check_atoms(pool, shape)

@@ -17,6 +17,7 @@ from compute.http.console.pages import gpu_hours_chart
 from compute.platform.tenancy.services import user_create
 from reservations.models import Reservation, UsageRecord
 from tests.compute.test_console import signed_in
+from tests.conftest import POLICY
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
 from tests.support.writes import recorded
@@ -248,3 +249,22 @@ def test_the_pending_queue_and_each_tenants_fair_share_show(root, root_token, po
     mine = member[member.index('id="queue"'):member.index("<h2>Recurring")]
     assert f'id="queue-{waiting["id"]}"' in mine
     assert first["id"] not in mine  # another tenant's request: its place counts, its id hides
+
+
+def test_the_queue_shows_planned_starts(root, root_token):
+    from reservations.reconcilers import reconcile_pool
+
+    site = root("sites.create", kind="shared", region="eu-1")
+    pool = root("pools.create", siteId=site["id"], gpuModel="H100", **{"class": "metal-host"},
+                policy={**POLICY, "sharing": {"planStarts": True}})
+    make_node(pool["id"])
+    reserve(root, pool, 6, duration=2 * 3_600_000)
+    big = reserve(root, pool, 8).result
+    reconcile_pool(pool["id"])
+    page = text(signed_in(root_token), "/console/reservations")
+    queue = page[page.index('id="queue"'):page.index("<h2>Recurring")]
+    row = queue[queue.index(f'id="queue-{big["id"]}"'):]
+    assert '<td class="position">1</td>' in row
+    planned = row[row.index('<td class="planned">') + len('<td class="planned">'):]
+    assert planned[:2] == "20", planned[:40]  # a time, in the planned-start column
+    assert "planned to start at" in row

@@ -85,7 +85,6 @@ def test_a_fraction_more_than_a_pools_shares_per_gpu_cover_is_never_split(root):
 @pytest.mark.parametrize(("device", "field", "words"), [
     ({"class": "gpu", "fraction": 0.5}, "fraction", "only gpu-share"),
     ({"class": "gpu-share", "fraction": 0.5, "count": 2}, "fraction", "not both"),
-    ({"class": "gpu-share"}, "count", "is required"),
     ({"class": "gpu-share", "fraction": 1.5}, "fraction", "1"),
     ({"class": "gpu-share", "fraction": 0}, "fraction", "0.001"),
     ({"class": "gpu-share", "count": 11, "topology": "same-gpu"}, "devices", "10 shares"),

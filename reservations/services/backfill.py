@@ -1,0 +1,131 @@
+"""Planned starts: backfill that never starves a large request (pools whose sharing policy
+has `planStarts`).
+
+A pending request that fits nowhere now is booked, in the queue's order, at the earliest
+window where it fits: its planned start. The plan is an ordinary future booking in the
+ledger, so the EXCLUDE constraint itself keeps every later request off those GPUs in that
+window; a smaller request may still use them before the planned start if it ends by then
+(the ranges do not meet). When GPUs free earlier, the reservation is moved to start now,
+in one transaction that gives up the planned window only if the new one is booked: a
+planned start only moves earlier.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from audit.services import audit_exempt, audit_record, audited
+from compute.core.db import database_now
+from compute.core.errors import CapacityConflict
+from compute.platform.events.services import event_emit
+from fleet.models import Node, Pool
+from reservations.candidates import instant
+from reservations.events import ReservationEvent
+from reservations.models import Reservation, ReservationState
+from reservations.services.book import emit_placed, place_at_earliest, try_place
+from reservations.services.release import free_allocation, live_allocation
+from reservations.sharing import pending_queue, sharing_policy
+
+PLANNED_PER_PASS = 16  # pending requests, from the head of the queue, planned in one pass
+
+
+def plans_starts(pool: Pool) -> bool:
+    return bool(sharing_policy(pool).get("planStarts"))
+
+
+def plan_starts(pool_id: str) -> int:
+    """Book the pool's pending requests that fit nowhere now at their earliest windows, in
+    the queue's order; how many were planned."""
+    pool = Pool.objects.get(pk=pool_id)
+    if not plans_starts(pool):
+        return 0
+    queue = pending_queue(pool, database_now())[:PLANNED_PER_PASS]
+    return sum(reservation_plan(reservation_id=q.reservation_id) is not None for q in queue)
+
+
+@audited
+def reservation_plan(*, reservation_id: str) -> Reservation | None:
+    """Book one pending request at its earliest window (now, if it fits now); None when
+    another worker holds it, it is no longer pending, or no window is left."""
+    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+           .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None)
+           .select_related("pool").first())
+    if rsv is None:
+        audit_exempt("nothing to plan: another worker holds it, or it no longer waits")
+        return None
+    now = database_now()
+    allocation = try_place(rsv, rsv.pool, now)
+    if allocation is not None:
+        audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
+                     target=rsv.id, data={"nodeId": allocation.node_id},
+                     reason="capacity freed")
+        emit_placed(rsv, allocation)
+        return rsv
+    try:
+        allocation = place_at_earliest(rsv, rsv.pool, now, None)
+    except CapacityConflict:
+        audit_exempt("still pending: no window within the horizon")
+        return None
+    start = rsv.during.lower
+    rsv.requested_start = None  # it asked for as soon as it fits: it may move earlier
+    rsv.planned = True
+    rsv.save(update_fields=["requested_start", "planned"])
+    audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.plan",
+                 target=rsv.id, data={"nodeId": allocation.node_id,
+                                      "plannedStart": instant(start)},
+                 reason="fits nowhere now: booked at its earliest window")
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PLANNED,
+               subject=rsv.id, payload={"poolId": rsv.pool_id, "nodeId": allocation.node_id,
+                                        "gpus": rsv.count, "plannedStart": start,
+                                        "end": rsv.during.upper})
+    return rsv
+
+
+def start_planned_earlier(pool_id: str) -> int:
+    """Move the pool's planned reservations that now fit to start now, earliest planned
+    first; how many moved."""
+    now = database_now()
+    planned = (Reservation.objects.filter(pool_id=pool_id, state=ReservationState.PLACED,
+                                          planned=True, during__startswith__gt=now)
+               .order_by("during__startswith", "id").values_list("id", flat=True))
+    return sum(reservation_start_earlier(reservation_id=rsv_id) is not None
+               for rsv_id in list(planned[:PLANNED_PER_PASS]))
+
+
+@audited
+def reservation_start_earlier(*, reservation_id: str) -> Reservation | None:
+    """Start a planned reservation now if it fits now; None when it does not (its plan
+    stands), or another worker holds it."""
+    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+           .filter(pk=reservation_id, state=ReservationState.PLACED, planned=True)
+           .select_related("pool").first())
+    now = database_now()
+    old = live_allocation(rsv) if rsv is not None else None
+    if rsv is None or old is None or rsv.during is None or rsv.during.lower <= now:
+        audit_exempt("nothing to move: held elsewhere, or already started")
+        return None
+    planned_start = rsv.during.lower
+    # The node's row before its bookings, as a booker takes them (else a booker holding
+    # the node and this, holding the bookings it gives up, would wait on each other).
+    Node.objects.select_for_update().filter(pk=old.node_id).first()
+    # Its planned window given up and the request asked again now, in a savepoint: where
+    # it does not fit now, the savepoint is rolled back and the plan stands as it was.
+    point = transaction.savepoint()
+    free_allocation(old, now, keep_history=False)
+    rsv.state = ReservationState.PENDING
+    allocation = try_place(rsv, rsv.pool, now)
+    if allocation is None:
+        transaction.savepoint_rollback(point)
+        audit_exempt("its planned start stands: it does not fit now")
+        return None
+    transaction.savepoint_commit(point)
+    audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.start_earlier",
+                 target=rsv.id, data={"nodeId": allocation.node_id,
+                                      "plannedStart": instant(planned_start)},
+                 reason="GPUs freed before its planned start")
+    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_STARTED_EARLIER,
+               subject=rsv.id, payload={"poolId": rsv.pool_id, "nodeId": allocation.node_id,
+                                        "plannedStart": planned_start,
+                                        "start": rsv.during.lower})
+    emit_placed(rsv, allocation)
+    return rsv
