@@ -96,7 +96,7 @@ def host_fraction(pool: Pool, device_class: str, profile: str) -> float:
         slices = profile.split("g.", 1)[0]
         return min(1.0, int(slices) / MIG_SLICES) if slices.isdigit() else 1 / MIG_SLICES
     if device_class == "gpu-share":
-        return 1 / max(1, int(pool.policy.get("timeSlicing", {}).get("replicas", 1)))
+        return 1 / max(1, pool.shares_per_gpu)
     return 1.0
 
 

@@ -46,9 +46,8 @@ class Shape:
         time-sliced shares of one GPU that cover it (0.22 of a GPU sliced in 10: 3 shares)."""
         if not self.fraction:
             return self
-        replicas = int((pool.policy.get("timeSlicing") or {}).get("replicas") or 1)
-        count = max(1, math.ceil(round(self.fraction * replicas, 9)))
-        return replace(self, count=count, device_class=DeviceClass.SHARE, topology="same-gpu")
+        count = max(1, math.ceil(round(self.fraction * max(1, pool.shares_per_gpu), 9)))
+        return replace(self, count=count, topology="same-gpu")
 
     def columns(self) -> dict[str, Any]:
         """The reservation row's fields for this shape (a fraction is booked as its count)."""

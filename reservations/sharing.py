@@ -138,8 +138,7 @@ def fair_shares(pool: Pool, now: datetime) -> dict[str, TenantShare]:
     weights = {pool.tenant_id: int(sharing_policy(pool).get("ownerShare", 1))}
     weights.update(Offering.objects.filter(pool=pool).values_list("tenant_id", "share"))
     hours = half_life_hours(pool)
-    shares_per_gpu = int((pool.policy.get("timeSlicing") or {}).get("replicas")
-                         or DEFAULT_SHARES_PER_GPU)
+    shares_per_gpu = pool.shares_per_gpu or DEFAULT_SHARES_PER_GPU
     with connection.cursor() as cursor:
         cursor.execute(DECAYED_USAGE_SQL, {
             "h": hours * 3600, "now": now, "pool": pool.id, "mig": MIG_SLICES,

@@ -39,3 +39,8 @@ class Pool(models.Model):
     @property
     def host_share(self) -> dict[str, Any]:
         return dict(self.policy.get("hostShare") or {})
+
+    @property
+    def shares_per_gpu(self) -> int:
+        """Time-sliced shares of each GPU (policy.timeSlicing.replicas); 0 when not sliced."""
+        return int((self.policy.get("timeSlicing") or {}).get("replicas") or 0)

@@ -102,7 +102,7 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
 
 def _upsert_shares(node: Node, gpu: GpuReport, parent: Device) -> list[str]:
     """The time-sliced shares of a GPU, when its pool's policy slices GPUs; their UUIDs."""
-    replicas = int(node.pool.policy.get("timeSlicing", {}).get("replicas", 0))
+    replicas = node.pool.shares_per_gpu
     uuids = []
     for slot in range(1, replicas + 1):
         uuid = share_uuid(gpu.uuid, slot)

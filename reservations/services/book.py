@@ -246,13 +246,12 @@ def check_atoms(pool: Pool, shape: Shape) -> None:
     if device_class != DeviceClass.MIG and profile:
         raise InvalidArgument("devices[0].profile: only mig requests have a profile",
                               field="devices")
-    if device_class == DeviceClass.SHARE and not pool.policy.get("timeSlicing"):
+    if device_class == DeviceClass.SHARE and not pool.shares_per_gpu:
         raise InvalidArgument(f"devices[0].class: pool {pool.id} does not slice its GPUs "
                               "(policy.timeSlicing)", field="devices")
-    replicas = int((pool.policy.get("timeSlicing") or {}).get("replicas") or 0)
-    if one_gpu and shape.count > replicas:
+    if one_gpu and shape.count > pool.shares_per_gpu:
         raise InvalidArgument(f"devices[0].count: pool {pool.id} slices each GPU into "
-                              f"{replicas} shares; {shape.count} cannot be of one GPU",
+                              f"{pool.shares_per_gpu} shares; {shape.count} cannot be of one GPU",
                               field="devices")
 
 
@@ -304,10 +303,10 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     if before is not None and not at_earliest:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
+    check_fraction(shape)
     if models:
         pool = best_pool(tenant, pool, shape, models,
                          window(requested_start or now, duration_ms))
-    check_fraction(shape)
     shape = shape.on(pool)
     check_pool_request(pool, shape)
     check_atoms(pool, shape)
