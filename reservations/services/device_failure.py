@@ -5,6 +5,8 @@ A reservation that holds the GPU now is flagged, never moved behind its user's b
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from audit.services import audit_record, audited
 from compute.core.db import database_now
 from compute.platform.events.services import event_emit
@@ -22,6 +24,13 @@ def _locked(reservation_id: str) -> Reservation | None:
 
 def _books(rsv: Reservation, device_id: str) -> bool:
     return rsv.allocations.filter(ended_at__isnull=True, bookings__device_id=device_id).exists()
+
+
+def _holds_now(rsv: Reservation, now: datetime) -> bool:
+    if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
+        return True
+    return rsv.state == ReservationState.PLACED and rsv.during is not None \
+        and rsv.during.lower <= now
 
 
 @audited
@@ -54,11 +63,10 @@ def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Re
 
 @audited
 def reservation_flag_device(*, reservation_id: str, device: Device) -> Reservation | None:
-    """A reservation holding `device` now (or binding it): flagged with an event and an
-    audit row, never moved."""
+    """A reservation holding `device` now (binding it, or whose window began before its
+    binding did): flagged with an event and an audit row, never moved."""
     rsv = _locked(reservation_id)
-    if rsv is None or rsv.state not in (ReservationState.BINDING, ReservationState.ACTIVE) \
-            or not _books(rsv, device.id):
+    if rsv is None or not _holds_now(rsv, database_now()) or not _books(rsv, device.id):
         return rsv
     reason = f"GPU {device.uuid} unhealthy: {device.health_reason or 'reported by its node'}"
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_DEVICE_UNHEALTHY,

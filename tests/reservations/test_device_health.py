@@ -138,3 +138,22 @@ def test_a_reservation_holding_the_gpu_now_is_flagged_never_moved(root):
     flag = AuditEvent.objects.filter(action="reservation.flag", target=rsv["id"]).get()
     assert XID_79 in flag.reason
 
+
+
+def test_a_reservation_whose_window_began_before_its_binding_is_flagged_too(root):
+    """The GPU's item may run before the reservation's binding does: it is flagged all the
+    same (it will hold the GPU in a moment), never placed again."""
+    from reservations.reconcilers import reconcile_device
+
+    pool = with_policy(root, "replace-future")
+    make_node(pool["id"], domains=(8,))
+    make_node(pool["id"], domains=(8,))
+    rsv = reserve(root, pool, 8).result
+    assert rsv["state"] == "placed"  # its binding has not run yet
+    node = Node.objects.get(pk=rsv["nodeId"])
+    report_health(node, {2: XID_79})
+    with recorded() as written:
+        reconcile_device(device(node, 2).id)
+    assert written.events == ["reservation.device_unhealthy"]
+    assert written.audit == ["reservation.flag"]
+    assert root("reservations.get", reservationId=rsv["id"])["nodeId"] == node.id
