@@ -25,12 +25,12 @@ from reservations.services.binding import (
     binding_overdue,
     reservation_bind,
 )
-from reservations.services.book import pending_place
 from reservations.services.device_failure import (
     reservation_flag_device,
     reservation_replace_off_device,
 )
 from reservations.services.idle import reservation_idle_check, watched_on
+from reservations.services.pending import pending_place
 from reservations.services.preemption import preempt_for_queue, reservation_preempted_release
 from reservations.services.release import reservation_expire
 from reservations.services.series import series_due, series_extend

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
+from django.db.models import Q
 
 from compute.core.errors import InvalidArgument
 from compute.core.sqltext import tables
@@ -202,11 +203,25 @@ def planned_queue(pool: Pool, now: datetime) -> list[Queued]:
             for position, r in enumerate(rows, 1)]
 
 
-def pending_queue(pool: Pool, now: datetime) -> list[Queued]:
-    """The pool's pending requests in the order they are offered capacity."""
-    rows = list(Reservation.objects.filter(pool=pool, state=ReservationState.PENDING)
+def accepting(pool: Pool, **state: Any) -> Q:
+    """Requests of other pools of `pool`'s site that accept its GPU model, by tenants that
+    may book it (its owner, and those it is offered to)."""
+    tenants = [pool.tenant_id, *Offering.objects.filter(pool=pool)
+               .values_list("tenant_id", flat=True)]
+    return Q(pool__site_id=pool.site_id, gpu_models__contains=[pool.gpu_model.upper()],
+             tenant_id__in=tenants, **state) & ~Q(pool=pool)
+
+
+def pending_queue(pool: Pool, now: datetime, *, movable: bool = False) -> list[Queued]:
+    """The pool's pending requests in the order they are offered capacity; with `movable`,
+    those waiting in other pools that accept this pool's model too (pending_place offers
+    them its capacity; priorities and preemption stay with each request's own pool)."""
+    waiting = Q(pool=pool, state=ReservationState.PENDING)
+    if movable and pool.gpu_model:
+        waiting |= accepting(pool, state=ReservationState.PENDING)
+    rows = list(Reservation.objects.filter(waiting)
                 .values_list("id", "tenant_id", "priority_class", "priority", "created_at",
-                             "failure_reason", "count", "device_class"))
+                             "failure_reason", "count", "device_class", "pool_id"))
     if not rows:
         return []
     shares = fair_shares(pool, now)
@@ -216,11 +231,11 @@ def pending_queue(pool: Pool, now: datetime) -> list[Queued]:
     first_of_factor: dict[tuple[int, float], int] = {}  # factor), starts in the order
     queue = []
     for index, (rsv_id, tenant_id, name, priority, created, reason, count,
-                device_class) in enumerate(rows):
+                device_class, home) in enumerate(rows):
         factor = factors.get(tenant_id, 0.0)
         by_priority = first_of_priority.setdefault(priority, index)
         by_share = first_of_factor.setdefault((priority, factor), index) - by_priority
-        queue.append(Queued(rsv_id, tenant_id, pool.id, count, device_class, name, priority,
+        queue.append(Queued(rsv_id, tenant_id, home, count, device_class, name, priority,
                             factor, created, reason, index + 1, by_priority, by_share,
                             index - by_priority - by_share))
     return queue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.contrib.postgres.fields import DateTimeRangeField
+from django.contrib.postgres.fields import ArrayField, DateTimeRangeField
 from django.contrib.postgres.indexes import GistIndex
 from django.db import models
 from django.utils import timezone
@@ -97,6 +97,9 @@ class Reservation(models.Model):
     planned = models.BooleanField(default=False, help_text=(
         "Placed by the queue at the earliest window it fits (a planned start), for a request "
         "that asked to start as soon as it could: the window only moves earlier."))
+    gpu_models = ArrayField(models.CharField(max_length=64), default=list, blank=True, help_text=(
+        "The GPU models the request accepts (upper case; empty: its pool's only): while it "
+        "waits, a pool of its site with one of them may place it."))
     preempted_for = models.CharField(max_length=32, blank=True,
                                      help_text="The pending reservation it makes room for.")
     binding_kind = models.CharField(max_length=16, default="hold")

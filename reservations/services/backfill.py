@@ -13,6 +13,7 @@ planned start only moves earlier.
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Q
 
 from audit.services import audit_exempt, audit_record, audited
 from compute.core.db import database_now
@@ -21,10 +22,11 @@ from compute.platform.events.services import event_emit
 from fleet.models import Node, Pool
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
-from reservations.models import Reservation, ReservationState
+from reservations.models import Quota, Reservation, ReservationState
 from reservations.services.book import emit_placed, place_at_earliest, try_place
+from reservations.services.pending import place_in
 from reservations.services.release import free_allocation, live_allocation
-from reservations.sharing import pending_queue, sharing_policy
+from reservations.sharing import accepting, pending_queue, sharing_policy
 
 PLANNED_PER_PASS = 16  # pending requests, from the head of the queue, planned in one pass
 
@@ -82,28 +84,41 @@ def reservation_plan(*, reservation_id: str) -> Reservation | None:
 
 
 def start_planned_earlier(pool_id: str) -> int:
-    """Move the pool's planned reservations that now fit to start now, earliest planned
-    first; how many moved."""
+    """Move the planned reservations that now fit in the pool to start now, earliest
+    planned first: its own, and those planned in other pools that accept its model; how
+    many moved."""
+    pool = Pool.objects.get(pk=pool_id)
     now = database_now()
-    planned = (Reservation.objects.filter(pool_id=pool_id, state=ReservationState.PLACED,
-                                          planned=True, during__startswith__gt=now)
-               .order_by("during__startswith", "id").values_list("id", flat=True))
-    return sum(reservation_start_earlier(reservation_id=rsv_id) is not None
-               for rsv_id in list(planned[:PLANNED_PER_PASS]))
+    later = {"state": ReservationState.PLACED, "planned": True, "during__startswith__gt": now}
+    planned = Q(pool=pool, **later)
+    if pool.gpu_model:
+        planned |= accepting(pool, **later)
+    ids = (Reservation.objects.filter(planned).order_by("during__startswith", "id")
+           .values_list("id", flat=True))
+    return sum(reservation_start_earlier(reservation_id=rsv_id, pool_id=pool_id) is not None
+               for rsv_id in list(ids[:PLANNED_PER_PASS]))
 
 
 @audited
-def reservation_start_earlier(*, reservation_id: str) -> Reservation | None:
-    """Start a planned reservation now if it fits now; None when it does not (its plan
-    stands), or another worker holds it."""
+def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
+                              ) -> Reservation | None:
+    """Start a planned reservation now if it fits now, in its pool or in `pool_id` (another
+    of its site whose model it accepts); None when it does not (its plan stands), or
+    another worker holds it."""
     rsv = (Reservation.objects.select_for_update(skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PLACED, planned=True)
-           .select_related("pool").first())
+           .select_related("pool", "tenant").first())
     now = database_now()
     old = live_allocation(rsv) if rsv is not None else None
     if rsv is None or old is None or rsv.during is None or rsv.during.lower <= now:
         audit_exempt("nothing to move: held elsewhere, or already started")
         return None
+    origin = rsv.pool_id
+    target = None if pool_id in (None, origin) else Pool.objects.get(pk=pool_id)
+    if target is not None:  # the quota rows it moves between, before any node's
+        list(Quota.objects.select_for_update().filter(
+            tenant_id=rsv.tenant_id, pool_id__in=[origin, target.id],
+            resource=rsv.device_class).order_by("pool_id"))
     planned_start = rsv.during.lower
     # The node's row before its bookings, as a booker takes them (else a booker holding
     # the node and this, holding the bookings it gives up, would wait on each other).
@@ -113,7 +128,8 @@ def reservation_start_earlier(*, reservation_id: str) -> Reservation | None:
     point = transaction.savepoint()
     free_allocation(old, now, keep_history=False)
     rsv.state = ReservationState.PENDING
-    allocation = try_place(rsv, rsv.pool, now)
+    allocation = (try_place(rsv, rsv.pool, now) if target is None
+                  else place_in(rsv, target, now))
     if allocation is None:
         transaction.savepoint_rollback(point)
         audit_exempt("its planned start stands: it does not fit now")
@@ -121,7 +137,9 @@ def reservation_start_earlier(*, reservation_id: str) -> Reservation | None:
     transaction.savepoint_commit(point)
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.start_earlier",
                  target=rsv.id, data={"nodeId": allocation.node_id,
-                                      "plannedStart": instant(planned_start)},
+                                      "plannedStart": instant(planned_start),
+                                      **({"fromPool": origin, "poolId": rsv.pool_id}
+                                         if rsv.pool_id != origin else {})},
                  reason="GPUs freed before its planned start")
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_STARTED_EARLIER,
                subject=rsv.id, payload={"poolId": rsv.pool_id, "nodeId": allocation.node_id,

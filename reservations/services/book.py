@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
-from audit.services import audit_exempt, audit_record, audited
+from audit.services import audit_record, audited
 from compute.core.db import (
     constraint_errors,
     database_now,
@@ -70,7 +70,6 @@ from reservations.shape import Ask, Shape
 from reservations.sharing import (
     DEFAULT_CLASS,
     PriorityClass,
-    pending_queue,
     pool_classes,
     priority_class_for,
 )
@@ -314,7 +313,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     priority = priority_class_for(tenant.id, pool, priority_class)
     rsv, allocation = book_new(
         tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
-        duration_ms=duration_ms, at_earliest=at_earliest, before=before, priority=priority)
+        duration_ms=duration_ms, at_earliest=at_earliest, before=before, priority=priority,
+        models=models)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",
@@ -356,7 +356,8 @@ def best_pool(tenant: Tenant, pool: Pool, shape: Shape, models: Sequence[str],
 def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
              requested_start: datetime | None, duration_ms: int, at_earliest: bool = False,
              before: datetime | None = None, series: ReservationSeries | None = None,
-             priority: PriorityClass | None = None) -> tuple[Reservation, Allocation | None]:
+             priority: PriorityClass | None = None,
+             models: Sequence[str] = ()) -> tuple[Reservation, Allocation | None]:
     """A new reservation of a checked request, inside the caller's service: the offering's
     limits, the quota, placement (now, or at the earliest window) or pending, and its
     placed or pending event. Refusals raise and leave nothing."""
@@ -372,7 +373,8 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
         borrowed = True  # over quota, while GPUs are free: preempted for any within quota
     rsv = Reservation(tenant=tenant, pool=pool, requested_start=requested_start,
                       duration_ms=duration_ms, series=series, priority_class=priority.name,
-                      priority=priority.weight, borrowed=borrowed, **shape.columns())
+                      priority=priority.weight, borrowed=borrowed,
+                      gpu_models=sorted({model.upper() for model in models}), **shape.columns())
     insert_row(rsv)
     if at_earliest:
         allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
@@ -414,37 +416,3 @@ def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
             return allocation
         search = replace(search, after=start)
     raise CapacityConflict(f"no earliest slot: {search.reason()}")
-
-
-@audited
-def reservation_place_pending(*, reservation_id: str) -> Reservation | None:
-    """Try to place one pending reservation; None if another worker holds it."""
-    rsv = (Reservation.objects.select_for_update(skip_locked=True)
-           .filter(pk=reservation_id, state=ReservationState.PENDING).first())
-    if rsv is None:
-        return None
-    pool = Pool.objects.get(pk=rsv.pool_id)
-    allocation = try_place(rsv, pool, database_now())
-    if allocation is not None:
-        audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
-                     target=rsv.id, data={"nodeId": allocation.node_id}, reason="capacity freed")
-        emit_placed(rsv, allocation)
-    else:
-        audit_exempt("still pending: only its reason for waiting was written")
-    return rsv
-
-
-def pending_place(*, pool_id: str, limit: int = 100) -> int:
-    """Retry the pool's pending reservations in the queue's order (priority, fair share,
-    age: reservations.sharing); returns how many were placed.
-
-    Each attempt is its own transaction, so one that cannot fit never holds back the others.
-    """
-    pool = Pool.objects.get(pk=pool_id)
-    pending = [q.reservation_id for q in pending_queue(pool, database_now())[:limit]]
-    placed = 0
-    for reservation_id in pending:
-        rsv = reservation_place_pending(reservation_id=reservation_id)
-        if rsv is not None and rsv.state == ReservationState.PLACED:
-            placed += 1
-    return placed

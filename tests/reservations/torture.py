@@ -91,8 +91,9 @@ def _one_op(world: World, rng: random.Random, mine: list[str], sandboxes: list[s
     from bcd.contract.crypto import canonical, sign_bytes
     from compute.core.errors import ComputeError
     from reservations.models import Sandbox
-    from reservations.services.book import pending_place, reservation_create
+    from reservations.services.book import reservation_create
     from reservations.services.extend import reservation_extend
+    from reservations.services.pending import pending_place
     from reservations.services.release import reservation_release
     from reservations.services.sandbox_reports import vm_report_record
     from reservations.services.sandboxes import sandbox_create, sandbox_release
