@@ -2,7 +2,8 @@
 has `planStarts`).
 
 A pending request that fits nowhere now is booked, in the queue's order, at the earliest
-window where it fits: its planned start. The plan is an ordinary future booking in the
+window where it fits: its planned start (unless preempting makes it fit now: then it
+waits for that). The plan is an ordinary future booking in the
 ledger, so the EXCLUDE constraint itself keeps every later request off those GPUs in that
 window; a smaller request may still use them before the planned start if it ends by then
 (the ranges do not meet). When GPUs free earlier, the reservation is moved to start now,
@@ -25,6 +26,7 @@ from reservations.events import ReservationEvent
 from reservations.models import Quota, Reservation, ReservationState
 from reservations.services.book import emit_placed, place_at_earliest, try_place
 from reservations.services.pending import place_in
+from reservations.services.preemption import makes_room
 from reservations.services.release import free_allocation, live_allocation
 from reservations.sharing import accepting, pending_queue, sharing_policy
 
@@ -63,6 +65,9 @@ def reservation_plan(*, reservation_id: str) -> Reservation | None:
                      reason="capacity freed")
         emit_placed(rsv, allocation)
         return rsv
+    if makes_room(rsv, rsv.pool, now):
+        audit_exempt("still pending: preemption makes room for it now")
+        return None
     try:
         allocation = place_at_earliest(rsv, rsv.pool, now, None)
     except CapacityConflict:

@@ -9,8 +9,9 @@ savepoint that is rolled back).
 
 Each victim is told (`reservation.preempting`, with the deadline of the pool's notice
 period, and a notice file beside its hold's env file on the node) and released at the
-deadline with the cause `preempted`, unless the request no longer waits for it (placed
-elsewhere, or withdrawn): then the preemption is withdrawn.
+deadline with the cause `preempted`, the request placed in the same transaction (so nothing
+booked meanwhile takes what was freed for it); unless the request no longer waits for it
+(placed elsewhere, or withdrawn): then the preemption is withdrawn.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh
 from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.services.binding import hold_of
+from reservations.services.book import emit_placed, try_place
 from reservations.services.release import end_reservation
 from reservations.shape import Shape
 from reservations.sharing import notice_seconds, pending_queue, pool_classes
@@ -98,6 +100,18 @@ def preemption_victims(rsv: Reservation, pool: Pool, now: datetime) -> list[Rese
                     best = victims
                 break
     return [allocation.reservation for allocation in best]
+
+
+def makes_room(rsv: Reservation, pool: Pool, now: datetime) -> bool:
+    """Room is being made for `rsv` by preemption, or preempting would make it fit now: it
+    waits for that, not for a later window (reservations.services.backfill)."""
+    if Reservation.objects.filter(preempted_for=rsv.id, state__in=HOLDING).exists():
+        return True
+    preemptible = [name for name, c in pool_classes(pool).items() if c.preemptible]
+    if not Reservation.objects.filter(pool=pool, state__in=HOLDING, preempt_at__isnull=True,
+                                      priority_class__in=preemptible).exists():
+        return False
+    return bool(preemption_victims(rsv, pool, now))
 
 
 def _tell_the_node(victim: Reservation) -> None:
@@ -170,6 +184,11 @@ def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
         return []
     requester = victim.preempted_for
     waits = Reservation.objects.filter(pk=requester, state=ReservationState.PENDING).exists()
+    # Locked now (skipped if a placing worker holds it) and placed as soon as the group has
+    # ended, so that nothing booked meanwhile takes the GPUs it was freed for.
+    waiting = (Reservation.objects.select_for_update(skip_locked=True)
+               .select_related("pool", "tenant")
+               .filter(pk=requester, state=ReservationState.PENDING).first()) if waits else None
     for member in group:
         if waits:
             started = member.during is not None and member.during.lower <= now
@@ -183,10 +202,16 @@ def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
         event_emit(tenant_id=member.tenant_id,
                    type=ReservationEvent.RESERVATION_PREEMPTION_WITHDRAWN, subject=member.id,
                    payload={"poolId": member.pool_id})
+    data: dict[str, object] = {"victims": [m.id for m in group]}
+    allocation = try_place(waiting, waiting.pool, now) if waiting is not None else None
+    if allocation is not None:
+        data["placedOn"] = allocation.node_id
     audit_record(tenant_id=victim.pool.tenant_id, actor_id="system",
                  action="reservation.preempted" if waits else "reservation.preempt.withdraw",
-                 target=requester, data={"victims": [m.id for m in group]},
+                 target=requester, data=data,
                  reason="notice given" if waits else "the request no longer waits")
+    if waiting is not None and allocation is not None:
+        emit_placed(waiting, allocation)
     return group
 
 

@@ -185,3 +185,21 @@ def test_a_stream_of_small_requests_never_delays_a_planned_start(root, pool):
     assert all(r.during.upper <= final.during.lower for r in backfilled)
     assert row(blocker).state in ("placed", "binding")
     assert overlapping_bookings() == 0
+
+
+def test_a_request_that_may_preempt_now_is_not_planned_for_later(root):
+    """Where preemption would make a high-priority request fit now, it preempts: it is not
+    booked at the window after the preemptible work would have ended."""
+    pool = planning_pool(root)
+    make_node(pool["id"])
+    spot = reserve(root, pool, 8, duration=10 * HOUR, priorityClass="preemptible").result
+    urgent = reserve(root, pool, 4, priorityClass="high").result
+    assert urgent["state"] == "pending"
+    reconcile_pool(pool["id"])
+    assert (row(urgent).state, row(urgent).planned) == ("pending", False)
+    assert row(spot).preempted_for == urgent["id"]  # room is being made for it
+    reconcile_pool(pool["id"])  # and while it is, it is not planned either
+    assert row(urgent).state == "pending"
+    small = reserve(root, pool, 2).result  # a normal one, with nothing it may preempt
+    reconcile_pool(pool["id"])
+    assert (row(small).state, row(small).planned) == ("placed", True)

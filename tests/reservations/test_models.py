@@ -96,7 +96,7 @@ def test_a_pool_the_tenant_may_not_use_or_without_room_leaves_it_waiting(root, a
     reconcile_pool(p100["id"])  # now offered, but its quota there is one GPU
     still = Reservation.objects.get(pk=waiting["id"])
     assert (still.state, still.pool_id) == ("pending", t4["id"])
-    assert held_gpus(t4["id"]) == 2 and held_gpus(p100["id"]) == 0  # nothing half-moved
+    assert (held_gpus(t4["id"]), held_gpus(p100["id"])) == (2, 0)  # nothing half-moved
     assert "P100" not in still.failure_reason  # its reason is still its own pool's
 
 
@@ -116,7 +116,8 @@ def test_a_planned_start_moves_to_now_in_another_pool_it_accepts(root):
     root("reservations.release", reservationId=p100_full["id"])
     reconcile_pool(p100["id"])
     now = Reservation.objects.get(pk=waiting["id"])
-    assert now.pool_id == p100["id"] and now.during.lower < planned.during.lower
+    assert now.pool_id == p100["id"]
+    assert now.during.lower < planned.during.lower
     assert not Booking.objects.filter(allocation__reservation_id=waiting["id"],
                                       allocation__ended_at__isnull=True,
                                       device__node__pool_id=t4["id"]).exists()

@@ -14,6 +14,7 @@ from fleet.models import NodeSpec
 from fleet.reconcilers import sweep as fleet_sweep
 from reservations.models import Quota, Reservation
 from reservations.reconcilers import sweep
+from reservations.services.preemption import reservation_preempted_release
 from tests.conftest import POLICY
 from tests.factories import make_node
 from tests.reservations.conftest import reserve
@@ -25,6 +26,15 @@ def sharing_pool(root, notice=600):
     return root("pools.create", siteId=site["id"], gpuModel="H100",
                 policy={**POLICY, "sharing": {"preemptionNoticeSeconds": notice}},
                 **{"class": "metal-host"})
+
+
+def acme_and_globex_high(root):
+    """A pool offered to acme (eight GPUs) and to globex (eight, with the class `high`)."""
+    pool = sharing_pool(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8},
+         priorityClasses=["high"])
+    return pool
 
 
 def row(rsv):
@@ -115,10 +125,7 @@ def test_a_higher_class_preempts_the_newest_fewest_and_never_another_class(root,
 
 def test_nothing_is_preempted_that_is_not_preemptible_or_would_not_make_the_request_fit(
         root, acme, globex):
-    pool = sharing_pool(root)
-    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
-    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8},
-         priorityClasses=["high"])
+    pool = acme_and_globex_high(root)
     make_node(pool["id"])
     steady = reserve(acme, pool, 4).result  # normal: never preempted
     spare = reserve(acme, pool, 4, priorityClass="preemptible").result
@@ -130,10 +137,7 @@ def test_nothing_is_preempted_that_is_not_preemptible_or_would_not_make_the_requ
 
 
 def test_a_preemption_is_withdrawn_when_the_request_no_longer_waits(root, acme, globex):
-    pool = sharing_pool(root)
-    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
-    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8},
-         priorityClasses=["high"])
+    pool = acme_and_globex_high(root)
     node = make_node(pool["id"])
     spare = reserve(acme, pool, 8, priorityClass="preemptible").result
     run_due_work()
@@ -147,3 +151,25 @@ def test_a_preemption_is_withdrawn_when_the_request_no_longer_waits(root, acme, 
     assert types_of(spare)[-1] == "reservation.preemption_withdrawn"
     spec = NodeSpec.objects.filter(node=node).latest("generation").spec
     assert [a.get("preemptAt") for a in spec["allocations"]] == [None]
+
+
+def test_the_request_is_placed_as_its_victims_are_released_so_no_new_booking_takes_the_gpus(
+        root, acme, globex):
+    pool = acme_and_globex_high(root)
+    node = make_node(pool["id"])
+    spare = reserve(acme, pool, 8, priorityClass="preemptible").result
+    needs = reserve(globex, pool, 8, priorityClass="high").result
+    run_due_work()
+    assert row(spare).preempted_for == needs["id"]
+    Reservation.objects.filter(pk=spare["id"]).update(
+        preempt_at=database_now() - timedelta(seconds=1))
+    released = reservation_preempted_release(reservation_id=spare["id"])
+    assert [r.id for r in released] == [spare["id"]]
+    # Before any queue has run, the request holds what was freed for it ...
+    assert (row(spare).state, row(needs).state) == ("released", "placed")
+    audit = AuditEvent.objects.get(action="reservation.preempted")
+    assert audit.data == {"victims": [spare["id"]], "placedOn": node.id}
+    assert types_of(needs)[-1] == "reservation.placed"
+    # ... so a request booked right after the release finds nothing free.
+    late = reserve(acme, pool, 8, priorityClass="preemptible")
+    assert late.code == "quota_exceeded" or late.result["state"] == "pending"
