@@ -1,7 +1,7 @@
 """A production GPU-cluster trace replayed on the real ledger, against published policies.
 
     python -m bench.trace --nodes openb_node_list_gpu_node.csv \\
-        --pods openb_pod_list_default.csv [--mode inflation] [--shares 10] [--json OUT]
+        --pods openb_pod_list_default.csv [--mode inflation|timeline] [--shares 10] [--json OUT]
 
 Reads the public openb format (Alibaba, USENIX ATC 2023 "Beware of Fragmentation"): GPU
 nodes (`sn, cpu_milli, memory_mib, gpu, model`) and tasks (`num_gpu`, `gpu_milli`, and
@@ -281,15 +281,18 @@ def levels(stream: Sequence[Task], capacity: int, unallocated: Callable[[], floa
 class Ledger:
     """The trace's nodes as adopted nodes of one pool per model, on the real database."""
 
-    def __init__(self, nodes: Sequence[TraceNode], per_gpu: int) -> None:
+    def __init__(self, nodes: Sequence[TraceNode], per_gpu: int, *, region: str = "trace",
+                 sharing: dict[str, Any] | None = None, admin: Any = None) -> None:
+        """`sharing` is each pool's sharing policy; `admin` the root's principal when the
+        database already has one (another ledger of the same run)."""
         from compute.platform.tenancy.selectors import root_tenant
         from compute.platform.tenancy.services import root_bootstrap
         from fleet.services.pools import pool_create
         from fleet.services.sites import site_create
 
-        self.admin = root_bootstrap().token.principal
+        self.admin = admin or root_bootstrap().token.principal
         self.tenant = root_tenant()
-        site = site_create(tenant=self.tenant, actor=self.admin, kind="shared", region="trace")
+        site = site_create(tenant=self.tenant, actor=self.admin, kind="shared", region=region)
         self.per_gpu = per_gpu
         self.pools = {}
         for model in sorted({n.model for n in nodes}):
@@ -297,7 +300,8 @@ class Ledger:
                 tenant=self.tenant, actor=self.admin, site_id=site.id,
                 pool_class="metal-host", gpu_model=model,
                 policy={"hostShare": {"vcpusPerGpu": 0, "memoryGiBPerGpu": 0},
-                        "timeSlicing": {"replicas": per_gpu}})
+                        "timeSlicing": {"replicas": per_gpu},
+                        **({"sharing": sharing} if sharing else {})})
         self._add_nodes(nodes)
         self.allocated = 0  # shares booked
         self.capacity = sum(n.gpus for n in nodes) * per_gpu
@@ -405,18 +409,37 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=Path, required=True)
     parser.add_argument("--pods", type=Path, required=True)
-    parser.add_argument("--mode", choices=["inflation"], default="inflation")
+    parser.add_argument("--mode", choices=["inflation", "timeline"], default="inflation")
     parser.add_argument("--shares", type=int, default=10, help="time-sliced shares per GPU")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    timed = parser.add_argument_group("timeline")
+    timed.add_argument("--gpus", type=int, default=400,
+                       help="GPUs of the sampled cluster (default 400)")
+    timed.add_argument("--compress", type=float, default=30,
+                       help="arrival times divided by this (default 30)")
+    timed.add_argument("--tenants", type=int, default=8)
+    timed.add_argument("--tick", type=float, default=60, help="clock step, trace seconds")
+    timed.add_argument("--limit", type=int, default=None, help="the first N tasks only")
     args = parser.parse_args()
-    nodes, tasks = read_nodes(args.nodes), read_tasks(args.pods)
-    result = inflation(nodes, tasks, args.shares, args.seed)
-    rows = [{"policy": name, **{f"{level}%": figures["unallocatedGpus"][str(level)]
-                                for level in LEVELS}}
-            for name, figures in result["policies"].items()]
-    print(f"\nGPUs unallocated ({args.pods.name}), by share of the cluster's GPUs requested:")
-    print(table(rows))
+    nodes = read_nodes(args.nodes)
+    if args.mode == "timeline":
+        from bench.timeline import rows_of, timeline
+
+        result = timeline(nodes, args.pods, per_gpu=args.shares, gpus=args.gpus,
+                          compress=args.compress, tenants=args.tenants, tick=args.tick,
+                          limit=args.limit, seed=args.seed)
+        print(f"\nTimeline ({args.pods.name}), {result['gpus']} GPUs, arrivals compressed "
+              f"{args.compress:g}x:")
+        print(table(list(rows_of(result))))
+    else:
+        result = inflation(nodes, read_tasks(args.pods), args.shares, args.seed)
+        rows = [{"policy": name, **{f"{level}%": figures["unallocatedGpus"][str(level)]
+                                    for level in LEVELS}}
+                for name, figures in result["policies"].items()]
+        print(f"\nGPUs unallocated ({args.pods.name}), by share of the cluster's GPUs "
+              "requested:")
+        print(table(rows))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

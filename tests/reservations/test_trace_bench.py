@@ -4,7 +4,9 @@ and our placer driven through the real ledger with the bench's own accounting.""
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime, timedelta
 
+from bench.timeline import Clock, Replay, TimedTask, read_timed, replay
 from bench.trace import (
     Cluster,
     Fgd,
@@ -79,3 +81,76 @@ def test_our_placer_on_the_ledger_books_what_the_bench_counts(root):
     assert ledger.allocated == 2 * 10 + 3
     assert ledger.booked_shares() == ledger.allocated
     assert ledger.unallocated() == 0.7
+
+
+def test_the_timeline_reads_times_classes_and_tenants(tmp_path):
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                    "creation_time,deletion_time,scheduled_time\n"
+                    "team-b-7,1000,1024,1,500,,BE,Running,300,900,300\n"
+                    "team-a-1,1000,1024,2,1000,,Guaranteed,Running,100,400,100\n"
+                    "team-a-2,1000,1024,0,0,,LS,Running,5,30,5\n")
+    first, second = read_timed(pods, compress=10, tenants=1000)
+    assert (first.task, first.arrival, first.run, first.qos) == (Task("team-a-1", 2, 1000),
+                                                                 10.0, 300.0, "LS")
+    assert (second.arrival, second.run, second.qos, second.gpus) == (30.0, 600.0, "BE", 0.5)
+    assert first.tenant != second.tenant  # by name prefix: team-a, team-b
+
+
+def test_the_ledgers_clock_is_the_replays(db):
+    from compute.core.db import database_now
+
+    origin = datetime(2030, 1, 1, tzinfo=UTC)
+    clock = Clock(origin)
+    try:
+        clock.set(3600.5)
+        assert database_now() == origin + timedelta(seconds=3600.5)
+    finally:
+        clock.stop()
+    assert database_now() < origin
+
+
+def test_a_replay_preempts_for_latency_sensitive_work_where_fifo_makes_it_wait(root):
+    """Two GPUs held by best-effort work for hours; a latency-sensitive task arrives. Ours
+    preempts (after the pool's notice, 120 s) and runs the rest of the preempted work
+    later; FIFO makes it wait until the GPUs are free."""
+    cluster = [TraceNode("n0", 2, "T4", 32, 128)]
+
+    def timed(name, gpus, arrival, run, qos):
+        return TimedTask(Task(name, gpus, 1000), arrival, run, qos, name)
+
+    tasks = [timed("be", 2, 0.0, 10_000.0, "BE"), timed("ls", 1, 100.0, 500.0, "LS")]
+    clock = Clock(datetime(2030, 1, 1, tzinfo=UTC))
+    try:
+        figures, admin = {}, None
+        for name, ours in (("ours", True), ("fifo", False)):
+            clock.set(0)
+            run = Replay(name, ours, cluster, 10, clock, admin)
+            admin = run.ledger.admin
+            replay(run, tasks, tick=60)
+            figures[name] = run.figures((0.0, 100.0), 2)
+    finally:
+        clock.stop()
+    ours, fifo = figures["ours"], figures["fifo"]
+    assert (ours["preemptions"], fifo["preemptions"]) == (1, 0)
+    assert 120 <= ours["waitP99S"]["LS"] <= 180  # the notice, then the next step
+    assert fifo["waitP99S"]["LS"] >= 9_900  # until the best-effort work ended
+    assert ours["tasks"] == {"BE": 2, "LS": 1}  # the preempted one asked again
+    assert ours["utilisation"] == fifo["utilisation"] == 1.0  # both GPUs held throughout
+
+
+def test_a_task_waiting_in_the_largest_pool_starts_when_a_smaller_pool_frees(root):
+    """Every model accepted: the second task waits in the largest pool (G2, busy for hours)
+    and starts when the T4 frees, a minute later, not when the G2 does."""
+    cluster = [TraceNode("big", 2, "G2", 32, 128), TraceNode("small", 1, "T4", 32, 128)]
+    tasks = [TimedTask(Task("g2", 2, 1000), 0.0, 10_000.0, "Burstable", "a"),
+             TimedTask(Task("t4", 1, 1000), 0.0, 60.0, "Burstable", "a"),
+             TimedTask(Task("late", 1, 1000), 10.0, 60.0, "Burstable", "a")]
+    clock = Clock(datetime(2030, 1, 1, tzinfo=UTC))
+    try:
+        run = Replay("fifo", False, cluster, 10, clock, None)
+        replay(run, tasks, tick=5)  # so "late" waits before the T4 frees
+        figures = run.figures((0.0, 10.0), 3)
+    finally:
+        clock.stop()
+    assert figures["waitP99S"]["Burstable"] <= 120  # not the G2's 10,000 s
