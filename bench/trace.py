@@ -414,10 +414,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     timed = parser.add_argument_group("timeline")
-    timed.add_argument("--gpus", type=int, default=400,
-                       help="GPUs of the sampled cluster (default 400)")
-    timed.add_argument("--compress", type=float, default=30,
-                       help="arrival times divided by this (default 30)")
+    timed.add_argument("--gpus", type=int, default=40,
+                       help="GPUs of the sampled cluster, about (default 40)")
+    timed.add_argument("--compress", type=float, default=5,
+                       help="arrival times divided by this (default 5)")
     timed.add_argument("--tenants", type=int, default=8)
     timed.add_argument("--tick", type=float, default=60, help="clock step, trace seconds")
     timed.add_argument("--limit", type=int, default=None, help="the first N tasks only")

@@ -1,14 +1,14 @@
 """Planned starts: backfill that never starves a large request (pools whose sharing policy
 has `planStarts`).
 
-A pending request that fits nowhere now is booked, in the queue's order, at the earliest
-window where it fits: its planned start (unless preempting makes it fit now: then it
-waits for that). The plan is an ordinary future booking in the
-ledger, so the EXCLUDE constraint itself keeps every later request off those GPUs in that
-window; a smaller request may still use them before the planned start if it ends by then
-(the ranges do not meet). When GPUs free earlier, the reservation is moved to start now,
-in one transaction that gives up the planned window only if the new one is booked: a
-planned start only moves earlier.
+The first pending request in the queue's order that fits nowhere now is booked at the
+earliest window where it fits: its planned start (unless preempting makes it fit now: then
+it waits for that); the next is planned once that start has come. The plan is an ordinary
+future booking in the ledger, so the EXCLUDE constraint itself keeps every later request
+off those GPUs in that window; a smaller request may still use them before the planned
+start if it ends by then (the ranges do not meet). When GPUs free earlier, the reservation
+is moved to start now, in one transaction that gives up the planned window only if the new
+one is booked: a planned start only moves earlier.
 """
 
 from __future__ import annotations
@@ -38,13 +38,26 @@ def plans_starts(pool: Pool) -> bool:
 
 
 def plan_starts(pool_id: str) -> int:
-    """Book the pool's pending requests that fit nowhere now at their earliest windows, in
-    the queue's order; how many were planned."""
+    """Place the head of the pool's queue now where it fits, and book the first request
+    that fits nowhere now at its earliest window, unless the pool has a planned start still
+    to come; how many were placed or planned.
+
+    One plan at a time (EASY backfilling): a plan for every waiting request would make each
+    new one, and above all a long one, wait for a gap after all of them, however high its
+    class; with one, a request waits at most for the queue ahead of it and one window."""
     pool = Pool.objects.get(pk=pool_id)
-    if not plans_starts(pool):
+    now = database_now()
+    if not plans_starts(pool) or Reservation.objects.filter(
+            pool=pool, state=ReservationState.PLACED, planned=True,
+            during__startswith__gt=now).exists():
         return 0
-    queue = pending_queue(pool, database_now())[:PLANNED_PER_PASS]
-    return sum(reservation_plan(reservation_id=q.reservation_id) is not None for q in queue)
+    done = 0
+    for queued in pending_queue(pool, now)[:PLANNED_PER_PASS]:
+        rsv = reservation_plan(reservation_id=queued.reservation_id)
+        done += rsv is not None
+        if rsv is not None and rsv.planned:
+            break
+    return done
 
 
 @audited

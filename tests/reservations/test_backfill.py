@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from audit.models import AuditEvent
+from compute.core.db import database_now
 from compute.platform.events.models import Event
 from reservations.models import Booking, Reservation
 from reservations.reconcilers import reconcile_pool
@@ -58,13 +59,14 @@ def test_a_request_that_fits_nowhere_now_is_planned_and_smaller_ones_backfill_be
     late = reserve(root, pool, 4, duration=3 * HOUR).result
     assert late["state"] == "pending"
     reconcile_pool(pool["id"])
-    assert row(late).during.lower >= planned.during.upper
-    # The queue shows both planned starts, in order, ahead of anything pending.
+    assert (row(late).state, row(late).planned) == ("pending", False)  # one plan at a time
+    # The queue shows the planned start ahead of what waits.
     queue = root("reservations.queue", poolId=pool["id"])["items"]
     assert [(q["reservationId"], q["position"]) for q in queue] == [(big["id"], 1),
                                                                     (late["id"], 2)]
     assert queue[0]["plannedStart"] is not None
     assert queue[0]["why"].startswith("planned to start at ")
+    assert queue[1]["plannedStart"] is None
     assert row(big).during == planned.during  # never later
     # Everything in its way ends now: it starts now.
     root("reservations.release", reservationId=long["id"])
@@ -79,6 +81,37 @@ def test_a_request_that_fits_nowhere_now_is_planned_and_smaller_ones_backfill_be
                                      action="reservation.start_earlier").count() == 1
     assert len(devices_of(big)) == 8  # the planned window was given up, the new one booked
     assert Booking.objects.filter(allocation__reservation_id=big["id"]).count() == 8
+    assert overlapping_bookings() == 0
+
+
+def test_only_the_head_of_the_queue_is_planned_so_a_long_request_is_not_put_behind_every_plan(
+        root, pool):
+    """Two requests that fit nowhere now: the first is planned; the second, a long one,
+    waits unplanned rather than being booked after the first's window, and starts as soon
+    as GPUs free that it may use without crossing that plan."""
+    pool = planning_pool(root)
+    make_node(pool["id"])
+    first = reserve(root, pool, 4, duration=HOUR).result
+    second = reserve(root, pool, 4, duration=4 * HOUR).result
+    big = reserve(root, pool, 8, duration=HOUR).result
+    long = reserve(root, pool, 2, duration=20 * HOUR).result
+    reconcile_pool(pool["id"])
+    assert (row(big).state, row(big).planned) == ("placed", True)
+    assert row(big).during.lower == row(second).during.upper
+    assert (row(long).state, row(long).planned) == ("pending", False)
+    assert not Event.objects.filter(subject=long["id"], type="reservation.planned").exists()
+    # The big one starts early when everything in its way ends; the long one is planned
+    # next, then starts when GPUs are free for its whole run.
+    root("reservations.release", reservationId=first["id"])
+    root("reservations.release", reservationId=second["id"])
+    reconcile_pool(pool["id"])
+    assert row(big).during.lower < row(second).during.upper
+    assert row(long).state in ("pending", "placed")
+    root("reservations.release", reservationId=big["id"])
+    reconcile_pool(pool["id"])
+    started = row(long)
+    assert started.state == "placed"
+    assert started.during.lower <= database_now()
     assert overlapping_bookings() == 0
 
 

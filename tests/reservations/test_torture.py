@@ -91,10 +91,14 @@ def test_shares_of_one_to_ten_per_gpu_never_overlap(shares):
 
 @pytest.fixture
 def scratch_url():
-    """A database of its own, dropped afterwards."""
+    """A database of its own, a copy of the migrated (and, between transactional tests,
+    empty) test database, dropped afterwards."""
+    from django.db import connections
+
     name = f"scratch_{uuid.uuid4().hex[:8]}"
+    connections.close_all()  # a template has no other session
     with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{settings.DATABASES["default"]["NAME"]}"')
     yield database_url(name)
     with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

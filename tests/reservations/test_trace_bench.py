@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from bench.timeline import Clock, Replay, TimedTask, read_timed, replay
+from bench.timeline import DENSE, Clock, Replay, TimedTask, dense_arrivals, read_timed, replay
 from bench.trace import (
     Cluster,
     Fgd,
@@ -95,6 +95,19 @@ def test_the_timeline_reads_times_classes_and_tenants(tmp_path):
                                                                  10.0, 300.0, "LS")
     assert (second.arrival, second.run, second.qos, second.gpus) == (30.0, 600.0, "BE", 0.5)
     assert first.tenant != second.tenant  # by name prefix: team-a, team-b
+
+
+def test_the_window_opens_where_arrivals_become_dense_without_the_early_pods():
+    day = 86_400
+
+    def timed(name, arrival, run):
+        return TimedTask(Task(name, 1, 1000), arrival, run, "LS", "t0")
+
+    early = [timed("early", 0, 100 * day), timed("later", 5 * day, 60 * day)]
+    burst = [timed(f"b{i}", 40 * day + i * 600, 60) for i in range(DENSE + 5)]
+    tasks, opening = dense_arrivals(early + burst, compress=1)
+    assert opening == 40 * day  # not 0: the window does not start on an empty cluster
+    assert tasks == burst
 
 
 def test_the_ledgers_clock_is_the_replays(db):

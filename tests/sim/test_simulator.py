@@ -1,4 +1,4 @@
-"""The fleet simulator: CI's seeds hold every invariant, and a run with a guarantee broken
+"""The fleet simulator: a CI seed holds every invariant, and a run with a guarantee broken
 on purpose fails the invariant that guards it (proof that the simulator can fail)."""
 
 from __future__ import annotations
@@ -7,8 +7,6 @@ import json
 import os
 import signal
 import subprocess
-
-import pytest
 
 from compute.cli.sim.schedule import FAULTS, plan
 
@@ -41,9 +39,10 @@ def test_a_seed_alone_gives_the_plan_and_each_plan_holds_every_fault():
     assert [f.at for f in postgres.faults] == [f.at for f in plan(7, 2, 1.5).faults]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_ci_seed_holds_every_invariant_under_its_faults(seed):
-    code, report = report_of(simulate("--seed", str(seed), *SMALL))
+def test_a_ci_seed_holds_every_invariant_under_its_faults():
+    """One seed at a small size (it injects every kind of fault); more seeds, and longer
+    ones, are the campaign `python -m bench.sim`."""
+    code, report = report_of(simulate("--seed", "1", *SMALL))
     failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
     assert not failed, (failed, report["faults"])
     assert code == 0
