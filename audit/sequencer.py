@@ -38,7 +38,8 @@ def audit_sequence(*, tenant_id: str) -> int:
         with connection.cursor() as cursor:
             cursor.execute(tables("INSERT INTO {AuditHead} (tenant_id, size) VALUES (%s, 0) "
                            "ON CONFLICT (tenant_id) DO NOTHING", AuditHead=AuditHead), [tenant_id])
-            cursor.execute(tables("SELECT size FROM {AuditHead} WHERE tenant_id = %s FOR UPDATE",
+            cursor.execute(tables("SELECT size FROM {AuditHead} WHERE tenant_id = %s "
+                                  "FOR NO KEY UPDATE",
                 AuditHead=AuditHead),
                            [tenant_id])
             size = int(cursor.fetchone()[0])

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from audit.context import current_stamp
 from audit.models import AuditEvent
-from compute.core.db import TXID_SQL, insert_row, retrying
+from compute.core.db import TXID_SQL, hot_rows_last, insert_row, retrying
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,7 +45,8 @@ def audited(func: Callable[P, R]) -> Callable[P, R]:
         writes = _Writes()
         try:
             with transaction.atomic(durable=True), connection.execute_wrapper(writes):
-                result = func(*args, **kwargs)
+                with hot_rows_last():
+                    result = func(*args, **kwargs)
                 if writes.rows and not _written.get():
                     raise AuditDiscipline(f"{func.__qualname__} wrote {writes.first} "
                                           "without its audit row")
@@ -57,7 +58,7 @@ def audited(func: Callable[P, R]) -> Callable[P, R]:
 
 
 # A statement that writes rows: INSERT INTO, UPDATE <table> [alias] SET, DELETE FROM (in a
-# WITH too); never SELECT ... FOR UPDATE, which only locks.
+# WITH too); never SELECT ... FOR [NO KEY] UPDATE, which only locks.
 _WRITE = re.compile(r'\bINSERT\s+INTO\s+(?P<i>[\w".]+)|\bDELETE\s+FROM\s+(?P<d>[\w".]+)'
                     r'|\bUPDATE\s+(?P<u>[\w".]+)(?:\s+(?:AS\s+)?\w+)?\s+SET\b', re.IGNORECASE)
 

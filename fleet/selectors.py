@@ -49,7 +49,7 @@ def access_pool_by_id(*, tenant: Tenant, pool_id: str, owned: bool = False,
     if pool is None:
         raise NotFound(f"pool {pool_id} not found", poolId=pool_id)
     if lock:
-        pool = Pool.objects.select_for_update().get(pk=pool.pk)
+        pool = Pool.objects.select_for_update(no_key=True).get(pk=pool.pk)
     return pool
 
 

@@ -92,14 +92,23 @@ def counter_params(node_id: str, *, vcpus: int = 0, memory_gib: int = 0,
 
 
 def host_counters_refresh(node_id: str) -> None:
-    """Recompute the node's counters after a GPU allocation ended or moved. Locks the node's
-    row first, so the recount sees every committed claimer; raises the node's CHECK
-    violation (IntegrityError) if its claims no longer fit (never after a release: claims
-    over a node's size are refused at every commit, so giving one back cannot find any)."""
+    """Recompute the node's counters after a GPU allocation ended or moved, under the node's
+    row lock (`node_lock`, which the caller took before it changed the bookings), so the
+    recount sees every committed claimer; raises the node's CHECK violation (IntegrityError)
+    if its claims no longer fit (never after a release: claims over a node's size are
+    refused at every commit, so giving one back cannot find any)."""
     with connection.cursor() as cursor:
-        cursor.execute(tables("SELECT 1 FROM {Node} WHERE id = %s FOR UPDATE",
-            Node=Node), [node_id])
         cursor.execute(COUNTERS_SQL, counter_params(node_id))
+
+
+def node_lock(node_id: str) -> None:
+    """Take the node's row lock, as bookers take it before they write its bookings: a
+    service that changes a node's bookings takes it first, or it and a booker can each
+    hold what the other waits for (the booker the node, it a booking the booker's
+    EXCLUDE check must wait on)."""
+    with connection.cursor() as cursor:
+        cursor.execute(tables("SELECT 1 FROM {Node} WHERE id = %s FOR NO KEY UPDATE",
+            Node=Node), [node_id])
 
 
 def expected_counters(node_id: str) -> tuple[int, int]:

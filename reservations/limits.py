@@ -84,7 +84,7 @@ def check_at_once(limits: dict[str, Any], *, tenant_id: str, pool: Pool, gpus: i
         return
     with connection.cursor() as cursor:
         cursor.execute(tables("SELECT 1 FROM {Quota} WHERE tenant_id = %s AND pool_id = %s "
-                       "AND resource = 'gpu' FOR UPDATE", Quota=Quota), [tenant_id, pool.id])
+                       "AND resource = 'gpu' FOR NO KEY UPDATE", Quota=Quota), [tenant_id, pool.id])
         cursor.execute(AT_ONCE_SQL, {"tenant": tenant_id, "pool": pool.id, "skip": skip,
                                      "during": during})
         held = int(cursor.fetchone()[0])

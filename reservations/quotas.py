@@ -24,7 +24,7 @@ def quota_allows(*, tenant: Tenant, pool: Pool, resource: str, count: int) -> bo
 def quota_consume(*, tenant: Tenant, pool: Pool, resource: str, count: int) -> None:
     if pool.tenant_id == tenant.id or count == 0:
         return
-    row = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool,
+    row = Quota.objects.select_for_update(no_key=True).filter(tenant=tenant, pool=pool,
                                                    resource=resource).first()
     if row is None:
         raise QuotaExceeded(f"tenant {tenant.slug} has no {resource} quota on pool {pool.id}",
@@ -41,7 +41,7 @@ def quota_consume(*, tenant: Tenant, pool: Pool, resource: str, count: int) -> N
 def quota_refund(*, tenant_id: str, pool: Pool, resource: str, count: int) -> None:
     if pool.tenant_id == tenant_id or count == 0:
         return
-    row = Quota.objects.select_for_update().filter(tenant_id=tenant_id, pool=pool,
+    row = Quota.objects.select_for_update(no_key=True).filter(tenant_id=tenant_id, pool=pool,
                                                    resource=resource).first()
     if row is not None:
         row.used = max(0, row.used - count)

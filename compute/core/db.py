@@ -7,8 +7,9 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -72,6 +73,35 @@ def retrying(func: Callable[P, R]) -> Callable[P, R]:
         raise AssertionError("unreachable")
 
     return wrapper
+
+
+# Writes to rows every service touches (a pool's work item, say) wait for the end of the
+# service: see `hot_rows_last`.
+_LAST: ContextVar[dict[Hashable, Callable[[], None]] | None] = ContextVar("bc_last_writes",
+                                                                         default=None)
+
+
+def last_writes() -> dict[Hashable, Callable[[], None]] | None:
+    """The writes the current service runs last, by key (a caller may merge into the one
+    queued under its key); None outside a service: write now."""
+    return _LAST.get()
+
+
+@contextmanager
+def hot_rows_last() -> Iterator[None]:
+    """Around a service's body, inside its transaction: the writes queued in `last_writes`
+    run after the body, so a hot row's lock is the last the service takes. What it checks
+    at commit waits for no other writer: foreign-key checks take KEY SHARE, which the row
+    locks here (FOR NO KEY UPDATE) never block, and the nodes' claims referee locks a node
+    the service locked already, before its bookings. A holder of a hot row then waits for
+    nothing, and no deadlock passes through it."""
+    token = _LAST.set({})
+    try:
+        yield
+        for write in (_LAST.get() or {}).values():
+            write()
+    finally:
+        _LAST.reset(token)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ def one_visible(queryset: QuerySet[M], object_id: str, *, noun: str, field: str,
     """The object if `queryset` (already scoped to the caller's tenant) holds it, else
     NotFound, whether it is missing or belongs to someone else: existence never leaks."""
     if lock:
-        queryset = queryset.select_for_update(of=("self",))
+        queryset = queryset.select_for_update(no_key=True, of=("self",))
     found: Any = queryset.filter(pk=object_id).first()
     if found is None:
         raise NotFound(f"{noun} {object_id} not found", **{field: object_id})

@@ -173,7 +173,7 @@ def node_abort(*, tenant: Tenant, actor: Principal, node_id: str, reason: str) -
 def bmc_result_locked(command: NodeCommand, status: str, output: dict[str, Any]) -> str:
     """Apply a provisioner's answer to a `bmc.*` command to the machine it was for;
     returns what happened, for the result's audit row."""
-    target = Node.objects.select_for_update().select_related("pool").filter(
+    target = Node.objects.select_for_update(no_key=True).select_related("pool").filter(
         pk=command.payload.get("target"), role=NodeRole.NODE).first()
     if target is None:
         return "no such machine"

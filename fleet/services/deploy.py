@@ -130,7 +130,8 @@ def node_undeploy(*, tenant: Tenant, actor: Principal, node_id: str, reason: str
 
 def deploy_join_locked(token: JoinToken) -> Node:
     """The deployed OS's agent redeemed its deploy's token: the node it joins as."""
-    node = Node.objects.select_for_update().select_related("pool").get(pk=token.adopts_id)
+    node = (Node.objects.select_for_update(no_key=True).select_related("pool")
+            .get(pk=token.adopts_id))
     if node.provision_state != PS.DEPLOYING or node.deployment.get("tokenId") != token.id:
         raise InvalidState(f"node {node.id} is {node.provision_state}, not deploying with "
                            f"token {token.id}")
@@ -144,7 +145,7 @@ def deploy_join_locked(token: JoinToken) -> Node:
 def deploy_time_out(*, node_id: str) -> Node | None:
     """A deploy past its deadline without a join: `deploy-failed`, its token revoked and the
     machine powered off (left manageable: retry the deploy or abort). None if not due."""
-    node = (Node.objects.select_for_update(of=("self",)).select_related("pool")
+    node = (Node.objects.select_for_update(no_key=True, of=("self",)).select_related("pool")
             .filter(pk=node_id, provision_state=PS.DEPLOYING).first())
     if node is None or _deadline(node) > database_now():
         return None
@@ -170,7 +171,7 @@ def bmc_poll(*, node_id: str) -> bool:
     waiting for its OS to join is polled: a BMC gone mid-deploy shows). A poll is delivery
     bookkeeping, like a heartbeat: what it finds is audited only when it changes something
     (the BMC stopped or started answering). False when not due."""
-    node = (Node.objects.select_for_update(of=("self",), skip_locked=True)
+    node = (Node.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
             .select_related("pool").filter(pk=node_id, provision_command="")
             .exclude(bmc_address="").exclude(provision_state=PS.RETIRED).first())
     now = database_now()

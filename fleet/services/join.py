@@ -91,7 +91,7 @@ def _open(sealed_token: str, csr_der: bytes) -> tuple[str, str, x509.Certificate
 def _redeem(sealed_token: str, csr_der: bytes, hardware: Hardware) -> dict[str, str]:
     token_id, secret, csr = _open(sealed_token, csr_der)
     seal = hashlib.sha256(sealed_token.encode()).hexdigest()
-    token = (JoinToken.objects.select_for_update(of=("self",)).select_related("pool")
+    token = (JoinToken.objects.select_for_update(no_key=True, of=("self",)).select_related("pool")
              .filter(pk=token_id).first())
     if not secrets.matches(secret, token.secret_sha256 if token else None) or token is None:
         raise _Refusal("unknown token or wrong secret", token)
@@ -156,8 +156,8 @@ def _check_binding(token: JoinToken, hardware: Hardware) -> None:
 
 def _rejoining_node(token: JoinToken, key_pin: str, hardware: Hardware) -> Node | None:
     """The node this same machine (same key, same hardware) joined as before, if any."""
-    same = Node.objects.select_for_update().filter(pool=token.pool, key_pin=key_pin).exclude(
-        provision_state=ProvisionState.RETIRED)
+    same = Node.objects.select_for_update(no_key=True).filter(
+        pool=token.pool, key_pin=key_pin).exclude(provision_state=ProvisionState.RETIRED)
     for node in same:
         if (node.serial, node.product_uuid) == (hardware.serial, hardware.product_uuid):
             return node
@@ -184,7 +184,7 @@ class RenewRefused(ComputeError):
 @audited
 def node_certificate_renew(*, node_id: str, csr_der: bytes) -> str:
     """A fresh 24 h certificate for the node's *same* key (its CSR proves possession)."""
-    node = (Node.objects.select_for_update(of=("self",)).select_related("pool")
+    node = (Node.objects.select_for_update(no_key=True, of=("self",)).select_related("pool")
             .filter(pk=node_id).first())
     try:
         csr = x509.load_der_x509_csr(csr_der)

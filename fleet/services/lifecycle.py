@@ -77,7 +77,7 @@ def command_result_locked(node: Node, *, command_id: str, status: str,
     """Record an agent's result for one of its commands (the node row locked by the caller);
     returns a summary for the caller's audit row, or None when nothing changed (an unknown
     command, or a repeat of a finished one)."""
-    command = (NodeCommand.objects.select_for_update().select_related("node__pool")
+    command = (NodeCommand.objects.select_for_update(no_key=True).select_related("node__pool")
                .filter(pk=command_id, node_id=node.id).first())
     if command is None or command.state in FINISHED:
         return None
@@ -101,7 +101,7 @@ def command_result_locked(node: Node, *, command_id: str, status: str,
 def command_outcome_unknown(*, command_id: str) -> None:
     """Settle, once, what a command lost with its node's journal was doing: a provision
     step it ran for a machine ends failed, saying its outcome is unknown."""
-    command = (NodeCommand.objects.select_for_update().select_related("node__pool")
+    command = (NodeCommand.objects.select_for_update(no_key=True).select_related("node__pool")
                .filter(pk=command_id, state=CommandState.UNKNOWN, result__isnull=True).first())
     if command is None:
         return

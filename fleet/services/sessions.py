@@ -68,7 +68,7 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     and not answered is marked `unknown` and never delivered again, including one queued
     again for a session that never took it (it may have run under the lost journal).
     """
-    node = Node.objects.select_for_update().only(*SESSION_COLUMNS).get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).only(*SESSION_COLUMNS).get(pk=node_id)
     unanswered = NodeCommand.objects.filter(node_id=node_id, state=CommandState.SENT)
     change: dict[str, Any] = {"change": "open", "was": node.connectivity}
     if journal_epoch and node.journal_epoch and journal_epoch != node.journal_epoch:
@@ -149,7 +149,7 @@ def heartbeats_record(beats: dict[str, int]) -> tuple[set[str], set[str]]:
         cursor.execute(
             tables("WITH old AS (SELECT n.id, n.connectivity FROM {Node} n JOIN "
             "unnest(%s::text[], %s::bigint[]) AS b(id, epoch) ON n.id = b.id AND "
-            "n.session_epoch = b.epoch FOR UPDATE OF n) "
+            "n.session_epoch = b.epoch FOR NO KEY UPDATE OF n) "
             "UPDATE {Node} n SET last_heartbeat_at = now() "
             "FROM old WHERE n.id = old.id RETURNING n.id, old.connectivity", Node=Node),
             [list(beats), list(beats.values())])
@@ -163,7 +163,7 @@ def node_reconnect(*, node_id: str, epoch: int) -> bool:
     """A heartbeat of the node's current session after it was marked unreachable: connected
     again (session bookkeeping by the gateway, recorded by a worker as `session_open`'s is).
     False when it was not unreachable."""
-    node = Node.objects.select_for_update().only(*SESSION_COLUMNS).get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).only(*SESSION_COLUMNS).get(pk=node_id)
     if node.session_epoch != epoch:
         raise StaleSession(node_id)
     if node.connectivity != Connectivity.UNREACHABLE:
@@ -176,7 +176,8 @@ def node_reconnect(*, node_id: str, epoch: int) -> bool:
 
 
 def _guard(node_id: str, epoch: int) -> Node:
-    node = Node.objects.select_for_update(of=("self",)).select_related("pool").get(pk=node_id)
+    node = (Node.objects.select_for_update(no_key=True, of=("self",)).select_related("pool")
+            .get(pk=node_id))
     if node.session_epoch != epoch:
         raise StaleSession(node_id)
     return node
@@ -274,7 +275,7 @@ def commands_to_send(node_epochs: dict[str, int], limit: int = 500) -> list[dict
               if node_id in node_epochs]
     if not wanted:
         return []
-    rows = list(NodeCommand.objects.select_for_update(skip_locked=True)
+    rows = list(NodeCommand.objects.select_for_update(no_key=True, skip_locked=True)
                 .only("id", "node_id", "kind", "signed", "state", "sent_at", "created_at")
                 .filter(pk__in=wanted, state=CommandState.QUEUED)
                 .order_by("created_at")[:limit])
@@ -297,7 +298,8 @@ def node_mark_unreachable(*, node_id: str) -> Node | None:
     or while what the gateway filed of its sessions is still to be recorded: the node's
     events keep the order things happened in (the next sweep finds it due again)."""
     cutoff = database_now() - lease()
-    node = (Node.objects.select_for_update(skip_locked=True, of=("self",)).select_related("pool")
+    node = (Node.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+            .select_related("pool")
             .filter(pk=node_id, connectivity=Connectivity.CONNECTED,
                     last_heartbeat_at__lt=cutoff).first())
     if node is None or session_changes_pending(node_id):

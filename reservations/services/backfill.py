@@ -64,7 +64,7 @@ def plan_starts(pool_id: str) -> int:
 def reservation_plan(*, reservation_id: str) -> Reservation | None:
     """Book one pending request at its earliest window (now, if it fits now); None when
     another worker holds it, it is no longer pending, or no window is left."""
-    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None)
            .select_related("pool").first())
     if rsv is None:
@@ -123,7 +123,7 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
     """Start a planned reservation now if it fits now, in its pool or in `pool_id` (another
     of its site whose model it accepts); None when it does not (its plan stands), or
     another worker holds it."""
-    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PLACED, planned=True)
            .select_related("pool", "tenant").first())
     now = database_now()
@@ -134,13 +134,13 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
     origin = rsv.pool_id
     target = None if pool_id in (None, origin) else Pool.objects.get(pk=pool_id)
     if target is not None:  # the quota rows it moves between, before any node's
-        list(Quota.objects.select_for_update().filter(
+        list(Quota.objects.select_for_update(no_key=True).filter(
             tenant_id=rsv.tenant_id, pool_id__in=[origin, target.id],
             resource=rsv.device_class).order_by("pool_id"))
     planned_start = rsv.during.lower
     # The node's row before its bookings, as a booker takes them (else a booker holding
     # the node and this, holding the bookings it gives up, would wait on each other).
-    Node.objects.select_for_update().filter(pk=old.node_id).first()
+    Node.objects.select_for_update(no_key=True).filter(pk=old.node_id).first()
     # Its planned window given up and the request asked again now, in a savepoint: where
     # it does not fit now, the savepoint is rolled back and the plan stands as it was.
     point = transaction.savepoint()

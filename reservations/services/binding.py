@@ -58,13 +58,13 @@ def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
 @audited
 def reservation_bind(*, reservation_id: str) -> Reservation | None:
     """placed -> binding: add the hold to the node's desired state (next generation)."""
-    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PLACED).first())
     now = database_now()
     if rsv is None or rsv.during is None or rsv.during.lower > now:
         return None
     allocation = rsv.allocations.get(ended_at__isnull=True)
-    node = Node.objects.select_for_update().get(pk=allocation.node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=allocation.node_id)
     hold = hold_of(allocation, rsv)
     if _still_held(node, hold):
         return None  # what held these GPUs before has not been released yet: bind later
@@ -133,7 +133,7 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         raise BindingRefused("no live allocation of this node has that id")
     if allocation.ended_at is not None:
         raise StaleReport(f"{allocation.id} has ended since its node held it")
-    rsv = Reservation.objects.select_for_update().get(pk=allocation.reservation_id)
+    rsv = Reservation.objects.select_for_update(no_key=True).get(pk=allocation.reservation_id)
     hold = hold_of(allocation, rsv)
     if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices \
             or sorted(payload.get("shares", [])) != list(hold.shares):
@@ -195,7 +195,7 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     """A hold that failed on its node (or never reported): place it again elsewhere, at
     most twice; then the reservation fails and its quota is refunded. Nothing is metered
     for GPUs that were never held."""
-    rsv = (Reservation.objects.select_for_update().select_related("pool")
+    rsv = (Reservation.objects.select_for_update(no_key=True).select_related("pool")
            .filter(pk=reservation_id).first())
     if rsv is None or rsv.state != ReservationState.BINDING:
         return rsv
@@ -212,7 +212,7 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.binding_fail",
                      target=rsv.id, data={**audit, "outcome": "failed"}, reason=reason)
         return rsv
-    node = Node.objects.select_for_update().get(pk=failed_node)
+    node = Node.objects.select_for_update(no_key=True).get(pk=failed_node)
     node_spec_change_locked(node, remove=allocation.id)
     free_allocation(allocation, now, keep_history=False)
     transition(rsv, ReservationState.PENDING)

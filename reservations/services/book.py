@@ -129,11 +129,12 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
 # bookings are written, the node's counters recomputed with the new allocation counted
 # over its window, and the reservation marked placed. The EXCLUDE constraint referees the
 # devices, the node's CHECK constraints its host share; a refusal writes none of it.
-LOCK_NODE_SQL = tables("SELECT id FROM {Node} WHERE id = %(node)s AND {schedulable} FOR UPDATE",
+LOCK_NODE_SQL = tables("SELECT id FROM {Node} WHERE id = %(node)s AND {schedulable} "
+                       "FOR NO KEY UPDATE",
     Node=Node)
 # The first node of a ranked list that no other booker holds, locked, in one statement.
 LOCK_FIRST_FREE_SQL = tables("""SELECT id FROM {Node} WHERE id = ANY(%(nodes)s) AND {schedulable}
- ORDER BY array_position(%(nodes)s, id) LIMIT 1 FOR UPDATE SKIP LOCKED""", Node=Node)
+ ORDER BY array_position(%(nodes)s, id) LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED""", Node=Node)
 SPREAD = 8  # next-best nodes a booker may take while other bookers hold the best
 
 

@@ -18,7 +18,7 @@ from reservations.services.release import place_again
 
 
 def _locked(reservation_id: str) -> Reservation | None:
-    return (Reservation.objects.select_for_update().select_related("pool")
+    return (Reservation.objects.select_for_update(no_key=True).select_related("pool")
             .filter(pk=reservation_id).first())
 
 

@@ -19,7 +19,7 @@ from reservations.constraints import (
     NODE_VCPUS_WITHIN_SIZE,
 )
 from reservations.events import ReservationEvent
-from reservations.hostshare import host_counters_refresh
+from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.limits import check_at_once, check_request, offering_limits
 from reservations.models import Allocation, Booking, Reservation
 from reservations.selectors import access_reservation_by_id
@@ -55,6 +55,7 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
                                   field="by")
         allocation = live_allocation(rsv)
         if allocation is not None:
+            node_lock(allocation.node_id)
             _move_end(rsv, allocation, old_end, new_end)
             _recount_host_share(rsv, allocation, new_end)
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")

@@ -70,7 +70,7 @@ def is_idle(rsv: Reservation, rule: dict[str, Any], now: datetime) -> bool:
 @audited
 def reservation_idle_check(*, reservation_id: str) -> Reservation | None:
     """Flag, clear or reclaim one active reservation by its offering's idle rule."""
-    rsv = (Reservation.objects.select_for_update().select_related("pool")
+    rsv = (Reservation.objects.select_for_update(no_key=True).select_related("pool")
            .filter(pk=reservation_id, state=ReservationState.ACTIVE).first())
     if rsv is None:
         return None

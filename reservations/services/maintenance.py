@@ -62,9 +62,9 @@ def maintenance_create(*, tenant: Tenant, actor: Principal, node_id: str, durati
     # own bookings below.
     in_the_way = Allocation.objects.filter(node=node, ended_at__isnull=True,
                                            bookings__during__overlap=during)
-    overlapping = list(Reservation.objects.select_for_update(of=("self",))
+    overlapping = list(Reservation.objects.select_for_update(no_key=True, of=("self",))
                        .filter(pk__in=in_the_way.values("reservation_id")).order_by("id"))
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     sandboxes = list(Sandbox.objects.filter(node=node, ended_at__isnull=True)
                      .values_list("id", flat=True)[:20])
     if sandboxes and during.lower <= now:  # a later window leaves them time to be released
@@ -120,7 +120,7 @@ def maintenance_cancel(*, tenant: Tenant, actor: Principal, window_id: str,
     # The ledger's lock order: the node before its bookings, as a booker takes them. Dropped
     # bookings are refereed on the node's row at commit; without the row first, a booker
     # holding it and waiting on those bookings' EXCLUDE check deadlocked with this one.
-    node = Node.objects.select_related("pool").select_for_update(of=("self",)).get(
+    node = Node.objects.select_related("pool").select_for_update(no_key=True, of=("self",)).get(
         pk=held.node_id)
     held.cancelled_at = now
     held.save(update_fields=["cancelled_at"])

@@ -53,7 +53,7 @@ def pool_offer(*, tenant: Tenant, actor: Principal, pool_id: str, to: Tenant,
         offering.priority_classes = sorted(set(priority_classes))
     offering.save(update_fields=["updated_at", "limits", "share", "priority_classes"])
     for resource, limit in sorted(quota.items()):
-        row, _ = Quota.objects.select_for_update().get_or_create(
+        row, _ = Quota.objects.select_for_update(no_key=True).get_or_create(
             tenant=to, pool=pool, resource=resource,
             defaults={"offering": offering, "limit": limit})
         if row.used > limit:

@@ -74,7 +74,7 @@ def reservation_place_pending(*, reservation_id: str, pool_id: str | None = None
                               ) -> Reservation | None:
     """Try to place one pending reservation, in its own pool or in `pool_id` (another of
     its site whose model it accepts); None if another worker holds it."""
-    rsv = (Reservation.objects.select_for_update(skip_locked=True)
+    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PENDING)
            .select_related("pool", "tenant").first())
     if rsv is None:

@@ -28,7 +28,7 @@ from fleet.models import Node, Pool
 from fleet.services.specs import node_spec_change_locked
 from reservations.candidates import device_filter_q, placement_request, propose, window
 from reservations.events import ReservationEvent
-from reservations.hostshare import host_counters_refresh
+from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.services.binding import hold_of
 from reservations.services.book import emit_placed, try_place
@@ -58,6 +58,7 @@ def _fits_without(rsv: Reservation, pool: Pool, allocations: list[Allocation],
     point = transaction.savepoint()
     try:
         ids = [a.id for a in allocations]
+        node_lock(node_id)  # before its bookings, as bookers take it
         Booking.objects.filter(allocation_id__in=ids).delete()
         Allocation.objects.filter(pk__in=ids).update(ended_at=now)
         host_counters_refresh(node_id)
@@ -120,14 +121,15 @@ def _tell_the_node(victim: Reservation) -> None:
     if victim.state not in (ReservationState.BINDING, ReservationState.ACTIVE):
         return
     allocation = victim.allocations.get(ended_at__isnull=True)
-    node = Node.objects.select_for_update().get(pk=allocation.node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=allocation.node_id)
     node_spec_change_locked(node, add=hold_of(allocation, victim).wire())
 
 
 @audited
 def reservation_preempt_for(*, reservation_id: str) -> list[Reservation]:
     """Preempt what a pending request needs, if it may and would then fit; the victims."""
-    rsv = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
+           .select_related("pool")
            .filter(pk=reservation_id, state=ReservationState.PENDING).first())
     if rsv is None or Reservation.objects.filter(preempted_for=reservation_id,
                                                  state__in=HOLDING).exists():
@@ -139,7 +141,7 @@ def reservation_preempt_for(*, reservation_id: str) -> list[Reservation]:
         audit_exempt("nothing may be preempted that would make the request fit")
         return []
     deadline = now + timedelta(seconds=notice_seconds(pool))
-    locked = list(Reservation.objects.select_for_update()
+    locked = list(Reservation.objects.select_for_update(no_key=True)
                   .filter(pk__in=[v.id for v in victims], state__in=HOLDING,
                           preempt_at__isnull=True).order_by("id"))
     if len(locked) != len(victims):  # one ended or was chosen meanwhile: look again later
@@ -176,7 +178,8 @@ def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
     if victim is None:
         audit_exempt("not a preempted reservation at its deadline")
         return []
-    group = list(Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+    group = list(Reservation.objects.select_for_update(no_key=True, skip_locked=True)
+                 .select_related("pool")
                  .filter(preempted_for=victim.preempted_for, state__in=HOLDING,
                          preempt_at__lte=now).order_by("id"))
     if not group:  # another worker holds them: it does this
@@ -186,7 +189,7 @@ def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
     waits = Reservation.objects.filter(pk=requester, state=ReservationState.PENDING).exists()
     # Locked now (skipped if a placing worker holds it) and placed as soon as the group has
     # ended, so that nothing booked meanwhile takes the GPUs it was freed for.
-    waiting = (Reservation.objects.select_for_update(skip_locked=True)
+    waiting = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
                .select_related("pool", "tenant")
                .filter(pk=requester, state=ReservationState.PENDING).first()) if waits else None
     for member in group:

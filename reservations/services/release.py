@@ -15,7 +15,7 @@ from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
-from reservations.hostshare import host_counters_refresh
+from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
@@ -37,6 +37,7 @@ def live_allocation(rsv: Reservation) -> Allocation | None:
 def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool) -> None:
     """End an allocation: its bookings end at `now` (or vanish if they had not started), and
     the node's host counters give back its share."""
+    node_lock(allocation.node_id)
     if keep_history:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -65,7 +66,7 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
                      count=rsv.count)
     if allocation is not None:
         if rsv.state in (ReservationState.BINDING, ReservationState.ACTIVE):
-            node = Node.objects.select_for_update().get(pk=allocation.node_id)
+            node = Node.objects.select_for_update(no_key=True).get(pk=allocation.node_id)
             node_spec_change_locked(node, remove=allocation.id)  # the node gives it back
         free_allocation(allocation, now, keep_history=started)
     if rsv.during is not None and started and to == ReservationState.RELEASED:
@@ -112,7 +113,8 @@ def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str
 def reservation_expire(*, reservation_id: str) -> Reservation | None:
     """Release one reservation whose window has ended (no-op otherwise)."""
     now = database_now()
-    rsv = (Reservation.objects.select_for_update(skip_locked=True).select_related("pool")
+    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
+           .select_related("pool")
            .filter(pk=reservation_id, state__in=HOLDING, during__endswith__lte=now).first())
     if rsv is not None:
         end_reservation(rsv, to=ReservationState.RELEASED, now=now)

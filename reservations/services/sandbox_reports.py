@@ -44,7 +44,7 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
     phase = payload.get("phase")
     if phase not in MOVES:
         raise BindingRefused(f"unknown VM phase {str(phase)[:40]!r}")
-    sandbox = (Sandbox.objects.select_for_update(of=("self",)).select_related("pool")
+    sandbox = (Sandbox.objects.select_for_update(no_key=True, of=("self",)).select_related("pool")
                .filter(pk=str(payload.get("sandboxId", ""))[:40], node_id=node_id).first())
     if sandbox is None:
         raise BindingRefused("no sandbox of this node has that id")
@@ -70,7 +70,7 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
             fields.append("started_at")
         sandbox.save(update_fields=fields)
     else:
-        node_spec_change_locked(Node.objects.select_for_update().get(pk=node_id),
+        node_spec_change_locked(Node.objects.select_for_update(no_key=True).get(pk=node_id),
                                 vm_remove=sandbox.id)  # the node is done with it
         sandbox_free_locked(sandbox, to=target, reason=reason, exit_status=exit_status)
     audit_record(tenant_id=sandbox.tenant_id, actor_id=node_id, action=action,

@@ -153,7 +153,7 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
     sandbox = Sandbox.objects.create(tenant=tenant, pool=pool, node=node, name=name,
                                      image=chosen, vcpus=vcpus, memory_gib=memory_gib,
                                      forwards=forwards, created_at=database_now())
-    locked = Node.objects.select_for_update().get(pk=node.pk)
+    locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     listen = "0.0.0.0" if policy.get("publicForwards") else "127.0.0.1"  # noqa: S104
     spec = node_spec_change_locked(locked, vm_add=vm_of(sandbox, chosen, listen=listen))
     idempotent_remember(tenant_id=tenant.id, scope="sandboxes.create", key=idempotency_key,
@@ -174,7 +174,7 @@ def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> San
     sandbox = access_sandbox_by_id(tenant=tenant, sandbox_id=sandbox_id, lock=True)
     if sandbox.state not in LIVE:
         raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}", state=sandbox.state)
-    node = Node.objects.select_for_update().get(pk=sandbox.node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=sandbox.node_id)
     spec = node_spec_change_locked(node, vm_stop=sandbox.id)
     sandbox.state = SandboxState.STOPPING
     sandbox.released_at = database_now()

@@ -111,7 +111,7 @@ def series_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int, 
 def series_extend(*, series_id: str) -> int:
     """Book what came inside the horizon since the last pass (the reconciler's step);
     returns how many occurrences were created."""
-    series = (ReservationSeries.objects.select_for_update(skip_locked=True)
+    series = (ReservationSeries.objects.select_for_update(no_key=True, skip_locked=True)
               .select_related("tenant", "pool").filter(pk=series_id, ended_at__isnull=True)
               .first())
     if series is None:
@@ -137,7 +137,7 @@ def series_release(*, tenant: Tenant, actor: Principal, series_id: str) -> Reser
         raise InvalidState(f"series {series.id} has ended", state="ended")
     now = database_now()
     cancelled = []
-    for rsv in (Reservation.objects.select_for_update().select_related("pool")
+    for rsv in (Reservation.objects.select_for_update(no_key=True).select_related("pool")
                 .filter(series=series, state__in=OPEN).order_by("id")):
         if rsv.during is None or rsv.during.lower > now:
             end_reservation(rsv, to=ReservationState.CANCELLED, now=now)

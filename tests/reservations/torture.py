@@ -44,6 +44,7 @@ class Report:
     quota_breaches: list[int] = field(default_factory=list)
     mended: int = 0  # stale marks of free time the menders recomputed during the run
     seconds: float = 0.0
+    deadlocks: int = 0  # that Postgres detected during the run (each retried, or failed)
 
 
 def build_world(*, nodes: int = 3, shares: int = SHARES) -> World:
@@ -277,6 +278,7 @@ def run(world: World, *, clients: int = 16, ops: int = 2000, seed: int = 7) -> R
                  for _ in range(2)]]
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     started = time.monotonic()
+    deadlocks_before = deadlocks_detected()
     for helper in helpers:
         helper.start()
     for thread in threads:
@@ -289,7 +291,20 @@ def run(world: World, *, clients: int = 16, ops: int = 2000, seed: int = 7) -> R
     for counter in counters:
         report.outcomes.update(counter)
     report.seconds = time.monotonic() - started
+    time.sleep(1.5)  # a backend reports its counts within a second, or as it exits
+    report.deadlocks = deadlocks_detected() - deadlocks_before
     return report
+
+
+def deadlocks_detected() -> int:
+    """Deadlocks Postgres has detected in this database, as its statistics count them."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT deadlocks FROM pg_stat_database "
+                       "WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
 
 
 def findings(world: World) -> dict[str, Any]:
@@ -327,20 +342,8 @@ def findings(world: World) -> dict[str, Any]:
             " ('pending', 'placed', 'binding', 'active')), 0))), 0)::int "
             "FROM reservations_quota q "
             "WHERE q.tenant_id = %s", [world.acme.id]),
-        "incoherent": scalar(
-            "SELECT count(*) FROM reservations_reservation r WHERE NOT CASE "
-            " WHEN r.state = 'pending' THEN NOT EXISTS (SELECT 1 FROM reservations_allocation a "
-            "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.during IS NULL "
-            "   OR r.placement_attempts > 0 "
-            " WHEN r.state IN ('placed', 'binding', 'active') THEN "
-            "   (SELECT count(*) FROM reservations_allocation a WHERE a.reservation_id = r.id "
-            "    AND a.ended_at IS NULL) = 1 AND "
-            "   (SELECT count(*) FROM reservations_booking b JOIN reservations_allocation a "
-            "    ON a.id = b.allocation_id WHERE a.reservation_id = r.id AND a.ended_at IS NULL "
-            "    AND b.during = r.during) = r.count "
-            " ELSE NOT EXISTS (SELECT 1 FROM reservations_allocation a "
-            "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
-            " END"),
+        "incoherent": len(incoherent_rows()),
+        "incoherentRows": incoherent_rows(),
         "partOverlaps": scalar(PART_OVERLAPS_SQL),
         # Fractions of a GPU (topology same-gpu) whose shares are not all of one GPU.
         "splitFractions": scalar(
@@ -368,6 +371,37 @@ def findings(world: World) -> dict[str, Any]:
             "'reservation.placed' AND EXISTS (SELECT 1 FROM compute_event p WHERE "
             "p.subject = e.subject AND p.type = 'reservation.pending')"),
     }
+
+
+INCOHERENT_SQL = (
+    "SELECT format('%s %s count=%s during=%s attempts=%s open=%s', r.id, r.state, r.count, "
+    " r.during, r.placement_attempts, (SELECT array_agg(format('%s:%s', a.id, (SELECT "
+    " array_agg(b.during::text) FROM reservations_booking b WHERE b.allocation_id = a.id))) "
+    " FROM reservations_allocation a WHERE a.reservation_id = r.id AND a.ended_at IS NULL)) "
+    "FROM reservations_reservation r WHERE NOT CASE "
+    " WHEN r.state = 'pending' THEN NOT EXISTS (SELECT 1 FROM reservations_allocation a "
+    "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.during IS NULL "
+    "   OR r.placement_attempts > 0 "
+    " WHEN r.state IN ('placed', 'binding', 'active') THEN "
+    "   (SELECT count(*) FROM reservations_allocation a WHERE a.reservation_id = r.id "
+    "    AND a.ended_at IS NULL) = 1 AND "
+    "   (SELECT count(*) FROM reservations_booking b JOIN reservations_allocation a "
+    "    ON a.id = b.allocation_id WHERE a.reservation_id = r.id AND a.ended_at IS NULL "
+    "    AND b.during = r.during) = r.count "
+    " ELSE NOT EXISTS (SELECT 1 FROM reservations_allocation a "
+    "   WHERE a.reservation_id = r.id AND a.ended_at IS NULL) AND r.ended_at IS NOT NULL "
+    " END LIMIT 20")
+
+
+def incoherent_rows() -> list[str]:
+    """Reservations whose state and rows disagree (a pending one holding an allocation, a
+    placed one without exactly its bookings, an ended one still holding), each with what
+    it holds."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(INCOHERENT_SQL)
+        return [row[0] for row in cursor.fetchall()]
 
 
 def overlapping_rows() -> list[str]:

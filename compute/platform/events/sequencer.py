@@ -23,7 +23,8 @@ from compute.platform.events.models import Event, EventHead
 HEAD_SQL = tables("""
 INSERT INTO {EventHead} (tenant_id, size) VALUES (%(tenant)s, 0)
     ON CONFLICT (tenant_id) DO NOTHING""", EventHead=EventHead)
-LOCK_HEAD_SQL = tables("SELECT size FROM {EventHead} WHERE tenant_id = %(tenant)s FOR UPDATE",
+LOCK_HEAD_SQL = tables("SELECT size FROM {EventHead} WHERE tenant_id = %(tenant)s "
+                       "FOR NO KEY UPDATE",
     EventHead=EventHead)
 # A statement after the head's lock: it sees every pass that committed before.
 NUMBER_SQL = tables("""

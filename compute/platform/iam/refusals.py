@@ -46,7 +46,7 @@ def _take_token(principal_id: str, burst: int | None = None,
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"WITH old AS (SELECT * FROM {table} WHERE principal_id = %(id)s FOR UPDATE), "  # noqa: S608
+            f"WITH old AS (SELECT * FROM {table} WHERE principal_id = %(id)s FOR NO KEY UPDATE), "  # noqa: S608
             f"taken AS (INSERT INTO {table} AS b (principal_id, tokens, updated_at) "
             "VALUES (%(id)s, %(burst)s - 1, now()) ON CONFLICT (principal_id) DO UPDATE SET "
             f"tokens = GREATEST(-1, {refilled('b')} - 1), updated_at = now() "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -13,7 +14,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from compute.core.db import prepared_cursor
+from compute.core.db import last_writes, prepared_cursor
 from compute.core.metrics import WORK_DONE
 from compute.core.sqltext import tables
 from compute.platform.queue.models import SHARDS, ShardLease, WorkerPresence, WorkItem
@@ -42,7 +43,22 @@ WAKE_CHANNEL = "bc_work"
 def enqueue(kind: str, key: str, *, due_at: datetime | None = None) -> None:
     """Make (kind, key) due (now, or at `due_at` if that is earlier than a due already set).
     In the caller's transaction, so an item is queued exactly when its change commits; the
-    NOTIFY that goes with it wakes idle workers at that commit."""
+    NOTIFY that goes with it wakes idle workers at that commit.
+
+    Inside a write service, the item is written last (`hot_rows_last`): every service that
+    frees a pool's capacity queues the same item, so its row is the hottest there is."""
+    last = last_writes()
+    if last is None:
+        _upsert(kind, key, due_at)
+        return
+    earlier = last.get((enqueue, kind, key))
+    if earlier is not None:  # queued already in this service: the earlier due stands
+        before = earlier.keywords["due_at"]  # type: ignore[attr-defined]
+        due_at = None if None in (before, due_at) else min(before, due_at)
+    last[(enqueue, kind, key)] = functools.partial(_upsert, kind, key, due_at=due_at)
+
+
+def _upsert(kind: str, key: str, due_at: datetime | None) -> None:
     with prepared_cursor() as cursor:
         cursor.execute(
             tables("WITH queued AS (INSERT INTO {WorkItem} (kind, key, shard, due_at, version, "
@@ -99,7 +115,7 @@ class Worker:
                     tables("UPDATE {ShardLease} SET owner = %s, expires_at = now() + %s "
                     "WHERE shard IN (SELECT shard FROM {ShardLease} WHERE owner = '' "
                     "OR expires_at IS NULL OR expires_at < now() ORDER BY random() LIMIT %s "
-                    "FOR UPDATE SKIP LOCKED) RETURNING shard", ShardLease=ShardLease),
+                    "FOR NO KEY UPDATE SKIP LOCKED) RETURNING shard", ShardLease=ShardLease),
                     [self.owner, self.lease, share - len(mine)])
                 mine |= {row[0] for row in cursor.fetchall()}
         self.shards = mine
