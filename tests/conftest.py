@@ -129,3 +129,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         elif any(d.scope in ("module", "class", "package") and d.baseid.startswith("tests")
                  for defs in used.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers per core. Half of a worker's time is spent waiting (on the
+    processes an end-to-end test starts, guests that boot, timeouts that must pass), and a
+    second worker per core fills it."""
+    return 2 * len(os.sched_getaffinity(0))

@@ -309,7 +309,12 @@ def test_gpu_bookings_and_real_vms_racing_never_exceed_the_host_counters(cpu_sta
     threads.append(threading.Thread(target=sample))
     for thread in threads:
         thread.start()
-    time.sleep(25)  # several boots, and many releases racing a start, per VM thread
+    # Several boots, and many releases racing a start, per VM thread: at least 25 s, and
+    # on a loaded machine (a guest boot under TCG can take most of that) until each kind
+    # of client has made four.
+    started = time.monotonic()
+    wait_until(lambda: time.monotonic() - started >= 25 and len(made["sbx"]) >= 4
+               and len(made["rsv"]) >= 4, 180, interval=0.5)
     stop.set()
     for thread in threads:
         thread.join(timeout=150)

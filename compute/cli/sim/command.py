@@ -6,11 +6,14 @@ import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from compute.cli.sim.run import Options, Report, run
 from compute.cli.sim.schedule import FAULTS
+
+if TYPE_CHECKING:
+    from compute.cli.sim.run import Report
 
 WITHOUT = ("exclude", "journal")
 
@@ -46,6 +49,8 @@ def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: t
             only: tuple[str, ...], converge_within: float, state_dir: Path | None,
             output: str) -> None:
     """Run one seed; exit 1 when an invariant fails."""
+    from compute.cli.sim.run import Options, run  # the database driver, for `sim run` alone
+
     quiet = output == "json"
     with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
         report = run(Options(seed=seed, nodes=nodes, minutes=minutes, time_scale=time_scale,
