@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -82,3 +83,12 @@ def test_help_names_each_command_once(argv, usage):
 def test_the_command_list_never_cuts_a_description():
     listing = run("better-compute", "help").stdout.split("All commands:")[1]
     assert "..." not in listing
+
+
+def test_a_command_starts_without_the_database_driver():
+    """Every command loads the CLI: the driver (~70 ms) is for `sim run` alone."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, compute.cli.main; "
+         "print(sorted(m for m in ('psycopg', 'django') if m in sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", loaded

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 
 def version() -> str:
+    from importlib import metadata  # on call: it costs every command ~20 ms to load
+
     for distribution in ("better-compute", "better-compute-agent"):
         try:
             return metadata.version(distribution)

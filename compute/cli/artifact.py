@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from importlib import metadata
 from pathlib import Path
 
 import bcd
@@ -126,6 +125,8 @@ def build_executable(out: Path, version: str) -> Path:
 
 
 def _installed(distribution: str) -> bool:
+    from importlib import metadata  # here: a CLI command that builds nothing never loads it
+
     try:
         metadata.version(distribution)
     except metadata.PackageNotFoundError:

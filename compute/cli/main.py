@@ -35,9 +35,16 @@ def _refuse_an_option_as_a_value(self: click.Option, ctx: click.Context, value: 
 click.Option.process_value = _refuse_an_option_as_a_value  # type: ignore[method-assign]
 
 
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`--version`, read from the package's metadata only when asked."""
+    if value and not ctx.resilient_parsing:
+        click.echo(f"better-compute {version()}")
+        ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version(), "--version", prog_name="better-compute",
-                      message="%(prog)s %(version)s")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_show_version, help="Show the version and exit.")
 def cli() -> None:
     """better-compute: a control plane for GPU, CPU and sandbox capacity.
 
