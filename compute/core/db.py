@@ -83,7 +83,9 @@ _LAST: ContextVar[dict[Hashable, Callable[[], None]] | None] = ContextVar("bc_la
 
 def last_writes() -> dict[Hashable, Callable[[], None]] | None:
     """The writes the current service runs last, by key (a caller may merge into the one
-    queued under its key); None outside a service: write now."""
+    queued under its key); None outside a service: write now. A write queued inside a
+    savepoint that is rolled back still runs, so it must be harmless then: a work item is
+    (its handler reads the state it finds, and a missing row is nothing to do)."""
     return _LAST.get()
 
 
