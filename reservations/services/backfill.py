@@ -20,7 +20,7 @@ from audit.services import audit_exempt, audit_record, audited
 from compute.core.db import database_now
 from compute.core.errors import CapacityConflict
 from compute.platform.events.services import event_emit
-from fleet.models import Node, Pool
+from fleet.models import Pool
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
 from reservations.models import Quota, Reservation, ReservationState
@@ -138,9 +138,6 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
             tenant_id=rsv.tenant_id, pool_id__in=[origin, target.id],
             resource=rsv.device_class).order_by("pool_id"))
     planned_start = rsv.during.lower
-    # The node's row before its bookings, as a booker takes them (else a booker holding
-    # the node and this, holding the bookings it gives up, would wait on each other).
-    Node.objects.select_for_update(no_key=True).filter(pk=old.node_id).first()
     # Its planned window given up and the request asked again now, in a savepoint: where
     # it does not fit now, the savepoint is rolled back and the plan stands as it was.
     point = transaction.savepoint()
