@@ -37,6 +37,8 @@ class SimulatedInventory:
     mig_layout: dict[int, list[str]] = field(default_factory=dict)  # GPUs in MIG mode
     root: str = ""  # the agent's private root, reported so paths can be shown where they are
     nvml: NvmlInventory = field(init=False, repr=False)
+    _described: tuple[tuple[Any, ...], dict[str, Any]] | None = field(
+        default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         root = Path(self.root) if self.root else None
@@ -62,7 +64,19 @@ class SimulatedInventory:
         return []
 
     def describe(self) -> dict[str, Any]:
-        """The machine as NVML would answer now, injected faults included."""
+        """The machine as NVML would answer now, injected faults included. NVML answers each
+        call from the driver's state; the description is made again only when the faults
+        file changed or the minute its readings drift by turned, so a call costs a `stat`."""
+        minute = int(time.time() // 60)
+        key = (_stamp(faults_file(Path(self.root))) if self.root else None, minute)
+        described = self._described
+        if described is not None and described[0] == key:
+            return described[1]
+        description = self._describe_now(minute)
+        self._described = (key, description)
+        return description
+
+    def _describe_now(self, minute: int) -> dict[str, Any]:
         faults = read_faults(faults_file(Path(self.root))) if self.root else {}
         busy = utilization_set(faults_file(Path(self.root))) if self.root else {}
         gpus = []
@@ -71,7 +85,7 @@ class SimulatedInventory:
             links = self._links(i)
             for link in links[:fault.nvlink_links_down if fault else 0]:
                 link[0] = 0
-            seed = int(hashlib.sha256(f"{self.uuid(i)}/{int(time.time() // 60)}"
+            seed = int(hashlib.sha256(f"{self.uuid(i)}/{minute}"
                                       .encode()).hexdigest()[:8], 16)
             gpus.append({
                 "uuid": self.uuid(i), "name": self.product, "busId": _bus(i),
@@ -115,6 +129,15 @@ class SimulatedInventory:
 
     def start_watching(self) -> None:
         self.nvml.start_watching()
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when the file is written or replaced; None when there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 def _bus(index: int) -> str:

@@ -215,4 +215,8 @@ Q_CLUSTER = {
     "max_attempts": 3,
     "catch_up": False,
     "label": "Periodic jobs",
+    # Only periodic jobs run here (each minute at most): the queue is polled each second, not
+    # five times a second, and the guard checks its processes each second, not twice.
+    "poll": 1.0,
+    "guard_cycle": 1.0,
 }

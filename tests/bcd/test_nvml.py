@@ -107,6 +107,21 @@ def test_a_simulated_machine_answers_through_the_same_interface(tmp_path):
     assert machine.report()["simulated"] == {"root": str(tmp_path)}
 
 
+def test_a_simulated_machine_is_described_again_only_when_a_fault_changes_it(tmp_path):
+    """One inventory read makes hundreds of NVML calls: they read one description, made
+    again when a fault is injected or healed, so the faults are seen at the next call."""
+    machine = SimulatedInventory("gpu-01", root=str(tmp_path))
+    first = machine.describe()
+    assert machine.describe() is first
+    inject(faults_file(tmp_path), 2, "nvlink-down")
+    linked = machine.describe()
+    assert linked is not first
+    assert linked["gpus"][2]["nvlinks"][0][0] == 0
+    assert machine.describe() is linked
+    inject(faults_file(tmp_path), 2, "heal")
+    assert machine.describe()["gpus"][2]["nvlinks"][0][0] == 1
+
+
 def nvml_calls() -> set[str]:
     """Every nvml* function bcd.inventory.nvml calls or looks up by name."""
     source = (Path(__file__).parents[2] / "bcd/inventory/nvml.py").read_text()
