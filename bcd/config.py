@@ -201,6 +201,16 @@ def _toml() -> ModuleType:
     return tomllib
 
 
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is written or replaced (inode, mtime, size); None when
+    there is no file."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns, status.st_size
+
+
 def write_private(path: Path, text: str | bytes) -> None:
     """Write a file readable by its owner alone (0600), replacing it atomically."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from bcd.config import file_stamp
 from bcd.contract.holds import CDI_KIND, Hold
 from bcd.contract.kubelet import api_pb2 as pb
 from bcd.contract.kubelet import api_pb2_grpc as rpc
@@ -125,14 +126,6 @@ class Plugin(rpc.DevicePluginServicer):  # type: ignore[misc]
         return pb.PreStartContainerResponse()
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return status.st_ino, status.st_mtime_ns
-
-
 async def _register(directory: Path) -> None:
     target = f"unix://{directory / KUBELET_SOCKET}"
     async with grpc.aio.insecure_channel(target) as channel:
@@ -148,10 +141,10 @@ async def run_device_plugin(source: GpuSource, *, root: Path, directory: Path | 
     directory = directory or root / DEFAULT_DIR
     ours = directory / SOCKET_NAME
     server: grpc.aio.Server | None = None
-    registered_with: tuple[int, int] | None = None
+    registered_with: tuple[int, int, int] | None = None
     try:
         while True:
-            kubelet = _stamp(directory / KUBELET_SOCKET)
+            kubelet = file_stamp(directory / KUBELET_SOCKET)
             if kubelet is not None and (kubelet != registered_with or not ours.exists()):
                 if server is not None:
                     await server.stop(grace=None)

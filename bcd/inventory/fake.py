@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bcd.config import file_stamp
 from bcd.inventory.described import DescribedNvml
 from bcd.inventory.faults import faults_file, read_faults, utilization_set, xid_events
 from bcd.inventory.nvml import NvmlInventory, cleared_file_of
@@ -68,7 +69,7 @@ class SimulatedInventory:
         call from the driver's state; the description is made again only when the faults
         file changed or the minute its readings drift by turned, so a call costs a `stat`."""
         minute = int(time.time() // 60)
-        key = (_stamp(faults_file(Path(self.root))) if self.root else None, minute)
+        key = (file_stamp(faults_file(Path(self.root))) if self.root else None, minute)
         described = self._described
         if described is not None and described[0] == key:
             return described[1]
@@ -129,15 +130,6 @@ class SimulatedInventory:
 
     def start_watching(self) -> None:
         self.nvml.start_watching()
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What changes when the file is written or replaced; None when there is none."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 def _bus(index: int) -> str:
