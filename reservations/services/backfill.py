@@ -13,6 +13,8 @@ one is booked: a planned start only moves earlier.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 from django.db.models import Q
 
@@ -23,9 +25,9 @@ from compute.platform.events.services import event_emit
 from fleet.models import Pool
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
-from reservations.models import Quota, Reservation, ReservationState
+from reservations.models import Allocation, Quota, Reservation, ReservationState
 from reservations.services.book import emit_placed, place_at_earliest, try_place
-from reservations.services.pending import place_in
+from reservations.services.pending import moved_from, place_in
 from reservations.services.preemption import makes_room
 from reservations.services.release import free_allocation, live_allocation
 from reservations.sharing import accepting, pending_queue, sharing_policy
@@ -39,8 +41,10 @@ def plans_starts(pool: Pool) -> bool:
 
 def plan_starts(pool_id: str) -> int:
     """Place the head of the pool's queue now where it fits, and book the first request
-    that fits nowhere now at its earliest window, unless the pool has a planned start still
-    to come; how many were placed or planned.
+    that fits nowhere now at its earliest window in this pool, unless the pool has a
+    planned start still to come; how many were placed or planned. The queue includes the
+    requests waiting in other pools of the site that accept this pool's model: a request
+    across models is planned in whichever of its pools has room for a plan.
 
     One plan at a time (EASY backfilling): a plan for every waiting request would make each
     new one, and above all a long one, wait for a gap after all of them, however high its
@@ -52,8 +56,8 @@ def plan_starts(pool_id: str) -> int:
             during__startswith__gt=now).exists():
         return 0
     done = 0
-    for queued in pending_queue(pool, now)[:PLANNED_PER_PASS]:
-        rsv = reservation_plan(reservation_id=queued.reservation_id)
+    for queued in pending_queue(pool, now, movable=True)[:PLANNED_PER_PASS]:
+        rsv = reservation_plan(reservation_id=queued.reservation_id, pool_id=pool.id)
         done += rsv is not None
         if rsv is not None and rsv.planned:
             break
@@ -61,29 +65,34 @@ def plan_starts(pool_id: str) -> int:
 
 
 @audited
-def reservation_plan(*, reservation_id: str) -> Reservation | None:
-    """Book one pending request at its earliest window (now, if it fits now); None when
-    another worker holds it, it is no longer pending, or no window is left."""
+def reservation_plan(*, reservation_id: str, pool_id: str | None = None
+                     ) -> Reservation | None:
+    """Book one pending request at its earliest window (now, if it fits now), in its own
+    pool or in `pool_id` (another of its site whose model it accepts, its quota moved
+    there); None when another worker holds it, it is no longer pending, or no window is
+    left."""
     rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None)
-           .select_related("pool").first())
+           .select_related("pool", "tenant").first())
     if rsv is None:
         audit_exempt("nothing to plan: another worker holds it, or it no longer waits")
         return None
     now = database_now()
-    allocation = try_place(rsv, rsv.pool, now)
+    origin = rsv.pool_id
+    target = None if pool_id in (None, origin) else Pool.objects.get(pk=pool_id)
+    allocation = (try_place(rsv, rsv.pool, now) if target is None
+                  else place_in(rsv, target, now))
     if allocation is not None:
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
-                     target=rsv.id, data={"nodeId": allocation.node_id},
+                     target=rsv.id, data={"nodeId": allocation.node_id, **moved_from(rsv, origin)},
                      reason="capacity freed")
         emit_placed(rsv, allocation)
         return rsv
     if makes_room(rsv, rsv.pool, now):
         audit_exempt("still pending: preemption makes room for it now")
         return None
-    try:
-        allocation = place_at_earliest(rsv, rsv.pool, now, None)
-    except CapacityConflict:
+    allocation = _book_earliest(rsv, target, now)
+    if allocation is None:
         audit_exempt("still pending: no window within the horizon")
         return None
     start = rsv.during.lower
@@ -92,13 +101,35 @@ def reservation_plan(*, reservation_id: str) -> Reservation | None:
     rsv.save(update_fields=["requested_start", "planned"])
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.plan",
                  target=rsv.id, data={"nodeId": allocation.node_id,
-                                      "plannedStart": instant(start)},
+                                      "plannedStart": instant(start), **moved_from(rsv, origin)},
                  reason="fits nowhere now: booked at its earliest window")
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PLANNED,
                subject=rsv.id, payload={"poolId": rsv.pool_id, "nodeId": allocation.node_id,
                                         "gpus": rsv.count, "plannedStart": start,
                                         "end": rsv.during.upper})
     return rsv
+
+
+def _book_earliest(rsv: Reservation, target: Pool | None, now: datetime) -> Allocation | None:
+    """`rsv` booked at its earliest window, in its own pool or moved to `target`; None, with
+    nothing changed, when no window is left."""
+    def earliest(rsv: Reservation, pool: Pool, now: datetime) -> Allocation:
+        return place_at_earliest(rsv, pool, now, None)
+
+    if target is not None:
+        allocation = place_in(rsv, target, now, place=earliest)
+        if allocation is None:
+            rsv.requested_start = None  # the search's, rolled back with its savepoint
+        return allocation
+    point = transaction.savepoint()
+    try:
+        allocation = earliest(rsv, rsv.pool, now)
+    except CapacityConflict:
+        transaction.savepoint_rollback(point)
+        rsv.requested_start = None
+        return None
+    transaction.savepoint_commit(point)
+    return allocation
 
 
 def start_planned_earlier(pool_id: str) -> int:
@@ -153,8 +184,7 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.start_earlier",
                  target=rsv.id, data={"nodeId": allocation.node_id,
                                       "plannedStart": instant(planned_start),
-                                      **({"fromPool": origin, "poolId": rsv.pool_id}
-                                         if rsv.pool_id != origin else {})},
+                                      **moved_from(rsv, origin)},
                  reason="GPUs freed before its planned start")
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_STARTED_EARLIER,
                subject=rsv.id, payload={"poolId": rsv.pool_id, "nodeId": allocation.node_id,

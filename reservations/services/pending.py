@@ -10,6 +10,7 @@ savepoint that is rolled back when it does not fit there either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from django.db import transaction
@@ -42,10 +43,15 @@ def _may_move(rsv: Reservation, target: Pool, now: datetime) -> bool:
     return rsv.priority_class in granted_classes(rsv.tenant_id, target)
 
 
-def place_in(rsv: Reservation, target: Pool, now: datetime) -> Allocation | None:
+Place = Callable[[Reservation, Pool, datetime], Allocation | None]
+
+
+def place_in(rsv: Reservation, target: Pool, now: datetime,
+             place: Place = try_place) -> Allocation | None:
     """Inside the caller's transaction: place a waiting request (pending, or a planned one
     whose plan was just given up) in `target`, another pool of its site, moving its quota;
-    None, with nothing changed, when it may not or does not fit there."""
+    None, with nothing changed, when it may not or does not fit there. `place` books it
+    there: now (`try_place`), or at its earliest window."""
     if not _may_move(rsv, target, now):
         return None
     origin = rsv.pool
@@ -57,7 +63,7 @@ def place_in(rsv: Reservation, target: Pool, now: datetime) -> Allocation | None
             quota_consume(tenant=rsv.tenant, pool=target, resource=rsv.device_class,
                           count=rsv.count)
         rsv.pool = target
-        allocation = try_place(rsv, target, now)
+        allocation = place(rsv, target, now)
     except ComputeError:
         allocation = None
     if allocation is None:
@@ -67,6 +73,11 @@ def place_in(rsv: Reservation, target: Pool, now: datetime) -> Allocation | None
     rsv.save(update_fields=["pool"])
     transaction.savepoint_commit(point)
     return allocation
+
+
+def moved_from(rsv: Reservation, origin: str) -> dict[str, str]:
+    """An audit row's note of a request placed in another pool than `origin`, its own."""
+    return {"fromPool": origin, "poolId": rsv.pool_id} if rsv.pool_id != origin else {}
 
 
 @audited
@@ -86,7 +97,7 @@ def reservation_place_pending(*, reservation_id: str, pool_id: str | None = None
     else:
         allocation = place_in(rsv, Pool.objects.get(pk=pool_id), now)
     if allocation is not None:
-        moved = {"fromPool": origin, "poolId": rsv.pool_id} if rsv.pool_id != origin else {}
+        moved = moved_from(rsv, origin)
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
                      target=rsv.id, data={"nodeId": allocation.node_id, **moved},
                      reason="capacity freed")

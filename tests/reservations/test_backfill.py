@@ -12,7 +12,7 @@ import pytest
 from audit.models import AuditEvent
 from compute.core.db import database_now
 from compute.platform.events.models import Event
-from reservations.models import Booking, Reservation
+from reservations.models import Booking, Quota, Reservation
 from reservations.reconcilers import reconcile_pool
 from tests.conftest import POLICY
 from tests.factories import make_node
@@ -239,3 +239,39 @@ def test_a_request_that_may_preempt_now_is_not_planned_for_later(root):
     small = reserve(root, pool, 2).result  # a normal one, with nothing it may preempt
     reconcile_pool(pool["id"])
     assert (row(small).state, row(small).planned) == ("placed", True)
+
+
+def test_a_request_across_models_is_planned_in_another_of_its_pools_that_has_room_for_a_plan(
+        root, acme):
+    """A request for "H100 or A100" waits in its H100 pool, which already carries a plan:
+    the A100 pool, whose GPUs free sooner, plans it there, its quota moved with it, and
+    the planned start is audited and evented in the A100 pool."""
+    site = root("sites.create", kind="shared", region="eu-1")
+    h100, a100 = (root("pools.create", siteId=site["id"], gpuModel=model, policy={
+        **POLICY, "sharing": {"planStarts": True}}, **{"class": "metal-host"})
+        for model in ("H100", "A100"))
+    make_node(h100["id"])
+    make_node(a100["id"], product="A100-80GB")
+    reserve(root, h100, 8, duration=10 * HOUR)
+    ahead = reserve(root, h100, 8).result  # planned in H100 after the ten hours
+    a100_busy = reserve(root, a100, 4, duration=2 * HOUR).result
+    for pool in (h100, a100):
+        root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    either = acme.call("reservations.create", poolId=h100["id"], duration=HOUR, devices=[
+        {"class": "gpu", "count": 8, "models": ["H100", "A100"]}]).result
+    assert either["state"] == "pending"
+    reconcile_pool(h100["id"])
+    assert (row(ahead).state, row(ahead).planned) == ("placed", True)
+    assert (row(either).state, row(either).pool_id) == ("pending", h100["id"])  # one plan
+    reconcile_pool(a100["id"])
+    planned = row(either)
+    assert (planned.state, planned.planned, planned.pool_id) == ("placed", True, a100["id"])
+    assert planned.during.lower == row(a100_busy).during.upper
+    plan = AuditEvent.objects.get(target=either["id"], action="reservation.plan")
+    assert (plan.data["fromPool"], plan.data["poolId"]) == (h100["id"], a100["id"])
+    event = Event.objects.get(subject=either["id"], type="reservation.planned")
+    assert event.payload["poolId"] == a100["id"]
+    used = dict(Quota.objects.filter(tenant__slug="acme", resource="gpu")
+                .values_list("pool_id", "used"))
+    assert used == {h100["id"]: 0, a100["id"]: 8}
+    assert overlapping_bookings() == 0
