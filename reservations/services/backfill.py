@@ -26,8 +26,8 @@ from fleet.models import Pool
 from reservations.candidates import instant
 from reservations.events import ReservationEvent
 from reservations.models import Allocation, Quota, Reservation, ReservationState
-from reservations.services.book import emit_placed, place_at_earliest, try_place
-from reservations.services.pending import moved_from, place_in
+from reservations.services.book import emit_placed, place_at_earliest
+from reservations.services.pending import moved_from, place_in, place_now
 from reservations.services.preemption import makes_room
 from reservations.services.release import free_allocation, live_allocation
 from reservations.sharing import accepting, pending_queue, sharing_policy
@@ -80,8 +80,7 @@ def reservation_plan(*, reservation_id: str, pool_id: str | None = None
     now = database_now()
     origin = rsv.pool_id
     target = None if pool_id in (None, origin) else Pool.objects.get(pk=pool_id)
-    allocation = (try_place(rsv, rsv.pool, now) if target is None
-                  else place_in(rsv, target, now))
+    allocation = place_now(rsv, target, now)
     if allocation is not None:
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
                      target=rsv.id, data={"nodeId": allocation.node_id, **moved_from(rsv, origin)},
@@ -113,23 +112,22 @@ def reservation_plan(*, reservation_id: str, pool_id: str | None = None
 def _book_earliest(rsv: Reservation, target: Pool | None, now: datetime) -> Allocation | None:
     """`rsv` booked at its earliest window, in its own pool or moved to `target`; None, with
     nothing changed, when no window is left."""
-    def earliest(rsv: Reservation, pool: Pool, now: datetime) -> Allocation:
-        return place_at_earliest(rsv, pool, now, None)
-
-    if target is not None:
-        allocation = place_in(rsv, target, now, place=earliest)
-        if allocation is None:
-            rsv.requested_start = None  # the search's, rolled back with its savepoint
-        return allocation
     point = transaction.savepoint()
     try:
-        allocation = earliest(rsv, rsv.pool, now)
+        allocation = (place_at_earliest(rsv, rsv.pool, now, None) if target is None
+                      else place_in(rsv, target, now, place=_at_earliest))
     except CapacityConflict:
+        allocation = None
+    if allocation is None:
         transaction.savepoint_rollback(point)
-        rsv.requested_start = None
+        rsv.requested_start = None  # the window search's, undone with the savepoint
         return None
     transaction.savepoint_commit(point)
     return allocation
+
+
+def _at_earliest(rsv: Reservation, pool: Pool, now: datetime) -> Allocation:
+    return place_at_earliest(rsv, pool, now, None)
 
 
 def start_planned_earlier(pool_id: str) -> int:
@@ -174,8 +172,7 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
     point = transaction.savepoint()
     free_allocation(old, now, keep_history=False)
     rsv.state = ReservationState.PENDING
-    allocation = (try_place(rsv, rsv.pool, now) if target is None
-                  else place_in(rsv, target, now))
+    allocation = place_now(rsv, target, now)
     if allocation is None:
         transaction.savepoint_rollback(point)
         audit_exempt("its planned start stands: it does not fit now")

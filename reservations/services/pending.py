@@ -75,6 +75,12 @@ def place_in(rsv: Reservation, target: Pool, now: datetime,
     return allocation
 
 
+def place_now(rsv: Reservation, target: Pool | None, now: datetime) -> Allocation | None:
+    """Inside the caller's transaction: place a waiting request now in its own pool, or in
+    `target` (another of its site), moving its quota; None when it does not fit."""
+    return try_place(rsv, rsv.pool, now) if target is None else place_in(rsv, target, now)
+
+
 def moved_from(rsv: Reservation, origin: str) -> dict[str, str]:
     """An audit row's note of a request placed in another pool than `origin`, its own."""
     return {"fromPool": origin, "poolId": rsv.pool_id} if rsv.pool_id != origin else {}
@@ -92,10 +98,8 @@ def reservation_place_pending(*, reservation_id: str, pool_id: str | None = None
         return None
     now = database_now()
     origin = rsv.pool_id
-    if pool_id is None or pool_id == origin:
-        allocation = try_place(rsv, rsv.pool, now)
-    else:
-        allocation = place_in(rsv, Pool.objects.get(pk=pool_id), now)
+    target = None if pool_id in (None, origin) else Pool.objects.get(pk=pool_id)
+    allocation = place_now(rsv, target, now)
     if allocation is not None:
         moved = moved_from(rsv, origin)
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.place",
