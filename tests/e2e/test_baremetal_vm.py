@@ -62,9 +62,14 @@ def _libvirt_or_skip() -> list[subprocess.Popen[bytes]]:
     return started
 
 
-def virsh(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True,
-                          check=False)
+def virsh(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """virsh against the system daemon; a daemon that does not answer in `timeout` seconds
+    reads as a failed command, not a hung test."""
+    try:
+        return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True,
+                              check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", f"virsh {args[0]}: no answer")
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +133,9 @@ def vm(libvirtd, shared):
     defined = virsh("define", str(root / "domain.xml"))
     assert defined.returncode == 0, defined.stderr
     yield {"uuid": machine_uuid, "name": name, "disk": disk, "console": console}
-    virsh("destroy", name)
-    virsh("undefine", name)
+    if virsh("destroy", name, timeout=30).returncode == 124:
+        subprocess.run(["pkill", "-KILL", "-f", f"guest={name}"], check=False)
+    virsh("undefine", name, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +145,7 @@ def stack(tmp_path_factory, libvirtd):
     stop_stack(running)
 
 
+@pytest.mark.timeout(900)  # two TCG boots on a loaded 2-core machine: 110 to 180 s
 def test_a_deployed_vm_boots_its_written_disk_and_its_agent_joins_as_the_node(
         stack, vm, agent_artifacts, tmp_path):
     media = tmp_path / "media"
