@@ -23,7 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bcd import checks
+from bcd import checks, sandbox_exec
 from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import VARIABLES, Config, SimFaults, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
@@ -99,17 +99,28 @@ class Agent:
                           payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Run a one-shot command at most once, whatever crashes or redeliveries happen.
         A read (a VM's console) changes nothing on the node and is simply answered."""
-        if kind == "vm.console":
-            return "succeeded", {"lines": self.vms.console(
-                str(payload.get("sandboxId", "")), min(int(payload.get("lines", 50)), 2000))}
+        if kind in READS:
+            return await asyncio.to_thread(READS[kind], self, payload)
         seen = None if self.faults.forget_commands else self.journal.state("command", command_id)
         if seen is not None and seen["phase"] == "done":
             return seen["status"], seen["output"]  # a redelivery: report, do not rerun
         if seen is not None:
-            return "unknown", {"error": "the agent stopped while running it; not run again"}
+            started = self.journal.state("exec", command_id)
+            if started is None:
+                return "unknown", {"error": "the agent stopped while running it; not run again"}
+            status, output = await asyncio.to_thread(  # the same run, waited for again
+                sandbox_exec.answering, lambda: sandbox_exec.exec_finish(
+                    self.paths, payload, started["pid"], started["deadline"]))
+            self.journal.done("command", command_id, status=status, output=output)
+            return status, output
         self.journal.begin("command", command_id, commandKind=kind)
         self._log_execution(command_id, kind)
-        status, output = await self._execute(kind, payload)
+        if kind == "vm.exec":
+            status, output = await asyncio.to_thread(sandbox_exec.answering, lambda: (
+                sandbox_exec.exec_start(self.paths, payload, lambda pid, deadline: (
+                    self.journal.done("exec", command_id, pid=pid, deadline=deadline)))))
+        else:
+            status, output = await self._execute(kind, payload)
         self.journal.done("command", command_id, status=status, output=output)
         return status, output
 
@@ -138,6 +149,9 @@ class Agent:
             return await asyncio.to_thread(diagnostics[kind])
         if kind.startswith("bmc.") and self.provisioner:  # blocking HTTP to a BMC
             return await asyncio.to_thread(run_bmc, kind, payload, self.node_key(), self.site)
+        if kind == "vm.put":
+            return await asyncio.to_thread(sandbox_exec.answering,
+                                           lambda: sandbox_exec.put(self.paths, payload))
         if kind == "sim.mark" and self.config.sim:
             return await self._mark(payload)
         return "failed", {"error": f"unknown command {kind}"}
@@ -445,6 +459,17 @@ class Agent:
             sd_notify("WATCHDOG=1")
             await asyncio.sleep(interval)
 
+
+
+# Commands that only read (a VM's console, a command's output, a file): simply answered.
+READS: dict[str, Callable[[Agent, dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+    "vm.console": lambda agent, payload: ("succeeded", {"lines": agent.vms.console(
+        str(payload.get("sandboxId", "")), min(int(payload.get("lines", 50)), 2000))}),
+    "vm.exec-read": lambda agent, payload: sandbox_exec.answering(
+        lambda: sandbox_exec.exec_read(agent.paths, payload)),
+    "vm.get": lambda agent, payload: sandbox_exec.answering(
+        lambda: sandbox_exec.get(agent.paths, payload)),
+}
 
 def _skew_wall_clock(seconds: float) -> None:
     """A simulated machine whose clock is off: its wall clock (what heartbeats and reports

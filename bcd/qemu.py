@@ -29,6 +29,7 @@ from bcd.config import Paths
 from bcd.contract.vms import Vm
 
 QEMU = "qemu-system-x86_64"
+AGENT_PORT = "org.qemu.guest_agent.0"
 PROBE_SECONDS = 5.0
 MACHINE = {"kvm": ["-machine", "q35", "-cpu", "host"], "tcg": ["-machine", "q35", "-cpu", "max"]}
 START_SECONDS = 30.0
@@ -155,6 +156,11 @@ class VmFiles:
         return self.folder / "qmp.sock"
 
     @property
+    def agent(self) -> Path:
+        """The host end of the guest agent's virtio-serial port."""
+        return self.folder / "qga.sock"
+
+    @property
     def pidfile(self) -> Path:
         return self.folder / "qemu.pid"
 
@@ -163,34 +169,44 @@ class VmFiles:
         return self.folder / "exit-status"
 
 
-def qemu_argv(vm: Vm, files: VmFiles, *, accel: str, kernel: Path, initrd: Path) -> list[str]:
-    forwards = "".join(f",hostfwd=tcp:{vm.listen}:{host}-:{guest}"
-                       for host, guest in vm.forwards)
+def qemu_argv(vm: Vm, files: VmFiles, *, accel: str, kernel: Path, initrd: Path,
+              identity: str | None = None) -> list[str]:
+    """QEMU's command line for `vm`. A VM restored from a snapshot must have the devices
+    and kernel command line of the guest that was saved: `identity` is then that guest's
+    name (the snapshot's), and the VM learns its own once restored."""
+    network = ["-netdev", "user,id=net0" + "".join(
+        f",hostfwd=tcp:{vm.listen}:{host}-:{guest}" for host, guest in vm.forwards),
+        "-device", "virtio-net-pci,netdev=net0"] if vm.network == "outbound" else []
     return [QEMU, "-name", f"{vm.sandbox_id},process=bcd-{vm.sandbox_id}",
             "-accel", accel, *MACHINE[accel],
             "-smp", str(vm.vcpus), "-m", str(vm.memory_mib),
             "-kernel", str(kernel), "-initrd", str(initrd),
-            "-append", f"console=ttyS0 quiet panic=-1 bc.sandbox={vm.sandbox_id}",
+            "-append", f"console=ttyS0 quiet panic=-1 bc.sandbox={identity or vm.sandbox_id}",
             "-nodefaults", "-display", "none", "-no-reboot",
             "-chardev", f"file,id=console,path={files.console}", "-serial", "chardev:console",
             "-qmp", f"unix:{files.qmp.name},server=on,wait=off",  # relative: see qmp()
             "-pidfile", str(files.pidfile),
             "-drive", f"file={files.disk},if=virtio,format=qcow2",
-            "-netdev", f"user,id=net0{forwards}", "-device", "virtio-net-pci,netdev=net0"]
+            "-device", "virtio-serial-pci,id=serial0",
+            "-chardev", f"socket,id=agent,path={files.agent.name},server=on,wait=off",
+            "-device", f"virtserialport,chardev=agent,name={AGENT_PORT}",
+            *network]
 
 
 class QemuFailed(RuntimeError):
     """QEMU could not be started; the message says why."""
 
 
-def prepare_disk(vm: Vm, files: VmFiles, base: Path | None) -> None:
-    """The VM's own disk: a qcow2 overlay over the image's disk, or an empty one."""
+def prepare_disk(vm: Vm, files: VmFiles, base: Path | None, *, base_format: str = "raw"
+                 ) -> None:
+    """The VM's own disk: a qcow2 overlay over the image's disk (or a snapshot's), or an
+    empty one."""
     files.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if files.disk.exists():
         return  # made before a restart
     args = ["qemu-img", "create", "-q", "-f", "qcow2"]
     if base is not None:
-        args += ["-b", str(base), "-F", "raw"]
+        args += ["-b", str(base), "-F", base_format]
     args += [str(files.disk.with_suffix(".tmp"))]
     if base is None:
         args.append(f"{vm.disk_gib}G")
@@ -264,7 +280,8 @@ def console_has(files: VmFiles, line: str) -> bool:
         return False
 
 
-def qmp(files: VmFiles, command: str, *, timeout: float = 5.0) -> dict[str, Any]:
+def qmp(files: VmFiles, command: str, arguments: dict[str, Any] | None = None, *,
+        timeout: float = 5.0) -> dict[str, Any]:
     """One QMP command (after the capabilities handshake); its `return` object.
 
     A socket's path must fit in 108 bytes, which a simulated machine's deep root can
@@ -275,16 +292,20 @@ def qmp(files: VmFiles, command: str, *, timeout: float = 5.0) -> dict[str, Any]
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(timeout)
             sock.connect(f"/proc/self/fd/{folder}/{files.qmp.name}")
-            return _converse(sock, command)
+            return _converse(sock, command, arguments)
     finally:
         os.close(folder)
 
 
-def _converse(sock: socket.socket, command: str) -> dict[str, Any]:
+def _converse(sock: socket.socket, command: str, arguments: dict[str, Any] | None
+              ) -> dict[str, Any]:
     stream = sock.makefile("rw")
     stream.readline()  # the greeting
-    for name in ("qmp_capabilities", command):
-        stream.write(json.dumps({"execute": name}) + "\n")
+    for name, args in (("qmp_capabilities", None), (command, arguments)):
+        request: dict[str, Any] = {"execute": name}
+        if args is not None:
+            request["arguments"] = args
+        stream.write(json.dumps(request) + "\n")
         stream.flush()
         while True:
             answer = json.loads(stream.readline() or "{}")

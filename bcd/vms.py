@@ -15,9 +15,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from bcd import images, qemu
+from bcd import guest, images, qemu, snapshots
 from bcd.config import VARIABLES, Paths
 from bcd.contract.vms import Vm
 from bcd.holds import systemd_present
@@ -42,8 +43,9 @@ class VmTuning:
 
 
 def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
-    """Per sandbox, from the journal: state (launching, starting, running, stopping,
-    stopped, ended), the VM, when its start was begun, and how it ended."""
+    """Per sandbox, from the journal: state (launching, starting, running, paused,
+    stopping, stopped, ended), the VM, when its start was begun, whether it started from a
+    snapshot, whether it was resumed since, and how it ended."""
     states: dict[str, dict[str, Any]] = {}
     for record in journal.records:
         kind, key, phase = record.get("kind"), record.get("key", ""), record.get("phase")
@@ -51,11 +53,14 @@ def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
             if phase == "begin":
                 states[key] = {"state": "launching", "vm": record["vm"], "at": record["at"]}
             elif key in states:
-                states[key]["state"] = "starting"
+                states[key].update(state="starting", snapshot=record.get("snapshot", False))
         elif kind == "vm-never" and key not in states:  # released before it was started
             states[key] = {"state": "stopped", "vm": record["vm"], "at": record.get("at", 0)}
         elif key in states and kind == "vm-ready":
             states[key]["state"] = "running"
+        elif key in states and kind in ("vm-pause", "vm-resume"):
+            states[key].update(state="paused" if kind == "vm-pause" else "running",
+                               resumed=kind == "vm-resume")
         elif key in states and kind == "vm-stop":
             states[key]["state"] = "stopping" if phase == "begin" else "stopped"
         elif key in states and kind == "vm-end":
@@ -84,16 +89,18 @@ class VmKeeper:
         self._rebuild_reports()
 
     def want(self, vms: list[Vm]) -> None:
-        self.wanted = {vm.sandbox_id: vm for vm in vms if vm.desired == "running"}
+        self.wanted = {vm.sandbox_id: vm for vm in vms if vm.desired != "stopped"}
         self.stopping = {vm.sandbox_id: vm for vm in vms if vm.desired == "stopped"}
         self.wake.set()
 
     def _rebuild_reports(self) -> None:
         """After a restart: what was last said about each VM, to say it again."""
         phase = {"launching": "starting", "starting": "starting", "running": "started",
-                 "stopping": "", "stopped": "stopped"}
+                 "paused": "paused", "stopping": "", "stopped": "stopped"}
         for sandbox, state in vm_states(self.journal).items():
             said = state.get("end") if state["state"] == "ended" else phase[state["state"]]
+            if said == "started" and state.get("resumed"):
+                said = "resumed"
             if said:
                 self.reports[sandbox] = self._report(sandbox, said, state.get("reason", ""),
                                                      state.get("exitStatus"))
@@ -117,13 +124,18 @@ class VmKeeper:
     def resend(self) -> None:
         self.send(list(self.reports.values()))
 
-    async def run(self, *, interval: float = 1.0) -> None:
+    async def run(self, *, interval: float = 1.0, booting: float = 0.1) -> None:
+        """Converge on every change of the spec, every `interval` seconds, and every
+        `booting` seconds while a guest boots (its readiness is what a user waits for)."""
         if not self.accelerator:
             self.accelerator = await asyncio.to_thread(qemu.probe_accelerator)
         logger.info("virtualization: %s", self.accelerator)
         while True:
+            waiting = any(state["state"] in ("launching", "starting")
+                          for state in vm_states(self.journal).values())
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=interval)
+                await asyncio.wait_for(self.wake.wait(),
+                                       timeout=booting if waiting else interval)
             self.wake.clear()
             try:
                 await self.converge()
@@ -131,16 +143,20 @@ class VmKeeper:
                 logger.exception("converging VMs failed; retrying")
 
     async def converge(self) -> None:
+        watches = []
         for sandbox, state in vm_states(self.journal).items():
             files = qemu.VmFiles.of(self.paths, sandbox)
-            unwanted = self.wanted is not None and sandbox not in self.wanted
-            live = state["state"] in ("launching", "starting", "running")
+            wanted = (self.wanted or {}).get(sandbox)
+            unwanted = self.wanted is not None and wanted is None
+            live = state["state"] in ("launching", "starting", "running", "paused")
             if (live and unwanted) or state["state"] == "stopping":
-                await self._stop(sandbox, files)
+                await self._stop(sandbox, files, paused=state["state"] == "paused")
             elif state["state"] == "launching":
                 await self._launch(Vm.from_wire(state["vm"]), files, begun=True)
-            elif state["state"] in ("starting", "running"):
-                await self._watch(sandbox, state, files)
+            elif state["state"] in ("starting", "running", "paused"):
+                watches.append(self._watch(sandbox, state, files,
+                                           wanted.desired if wanted else None))
+        await asyncio.gather(*watches)  # each guest is looked at at once, not one by one
         known = vm_states(self.journal)
         for sandbox, vm in list((self.wanted or {}).items()):
             if sandbox not in known:
@@ -166,27 +182,51 @@ class VmKeeper:
             initrd = await asyncio.to_thread(images.fetch, vm.initrd, self.paths, "initrd")
             base = (await asyncio.to_thread(images.fetch, vm.disk, self.paths, "disk")
                     if vm.disk else None)
-            await asyncio.to_thread(qemu.prepare_disk, vm, files, base)
-            argv = qemu.qemu_argv(vm, files, accel=self.accelerator, kernel=kernel,
-                                  initrd=initrd)
+            snapshot = await self._snapshot(vm, kernel, initrd, base)
+            if snapshot is not None:
+                await asyncio.to_thread(qemu.prepare_disk, vm, files, snapshot.disk,
+                                        base_format="qcow2")
+                argv = [*qemu.qemu_argv(vm, files, accel=self.accelerator, kernel=kernel,
+                                        initrd=initrd, identity=snapshots.IDENTITY),
+                        *snapshot.incoming()]
+            else:
+                await asyncio.to_thread(qemu.prepare_disk, vm, files, base)
+                argv = qemu.qemu_argv(vm, files, accel=self.accelerator, kernel=kernel,
+                                      initrd=initrd)
             slice_name = f"{vm.unit_name}.slice" if systemd_present(self.paths) else None
             await asyncio.to_thread(qemu.launch, vm, files, argv, slice_name=slice_name)
         except (images.ImageRefused, qemu.QemuFailed, OSError) as refusal:
             self._end(sandbox, files, "failed", str(refusal))
             return
-        self.journal.done("vm-start", sandbox)
-        logger.info("%s: QEMU started (%d vCPUs, %d MiB, %s)", sandbox, vm.vcpus,
-                    vm.memory_mib, self.accelerator)
+        self.journal.done("vm-start", sandbox, snapshot=snapshot is not None)
+        logger.info("%s: QEMU started (%d vCPUs, %d MiB, %s%s)", sandbox, vm.vcpus,
+                    vm.memory_mib, self.accelerator, ", from a snapshot" if snapshot else "")
         self._say(sandbox, "starting")
 
-    async def _watch(self, sandbox: str, state: dict[str, Any], files: qemu.VmFiles) -> None:
+    async def _snapshot(self, vm: Vm, kernel: Path, initrd: Path,
+                        base: Path | None) -> snapshots.Snapshot | None:
+        """The snapshot to start `vm` from, where its image asks for one (not with port
+        forwards: the saved guest had none); a snapshot that cannot be made means a cold
+        boot, not a failed sandbox."""
+        if not vm.snapshot or vm.forwards:
+            return None
+        try:
+            return await asyncio.to_thread(
+                snapshots.snapshot_for, vm, self.paths, accel=self.accelerator, kernel=kernel,
+                initrd=initrd, base=base, boot_timeout=self.tuning.boot_timeout)
+        except (qemu.QemuFailed, guest.GuestAgentError, OSError) as error:
+            logger.warning("%s: no snapshot (%s); booting cold", vm.sandbox_id, error)
+            return None
+
+    async def _watch(self, sandbox: str, state: dict[str, Any], files: qemu.VmFiles,
+                     desired: str | None) -> None:
         vm = Vm.from_wire(state["vm"])
         if await asyncio.to_thread(qemu.running_pid, files) is None:
             await asyncio.sleep(0.3)  # the wrapper writes the status just after QEMU exits
             status = qemu.exit_status(files)
             if status is None and time.time() - float(state["at"]) < qemu.START_SECONDS:
                 return  # adopted while QEMU was still starting: its pidfile is not there yet
-            if state["state"] == "running":
+            if state["state"] in ("running", "paused"):
                 self._end(sandbox, files, "exited", f"the VM exited on its own (status "
                           f"{status if status is not None else 'unknown'})", status)
             else:
@@ -194,7 +234,7 @@ class VmKeeper:
                 self._end(sandbox, files, "failed", f"QEMU exited (status {status}) before "
                           f"the guest booted: {said}", status)
         elif state["state"] == "starting":
-            if await asyncio.to_thread(qemu.console_has, files, vm.ready_line):
+            if await asyncio.to_thread(self._booted, vm, files, state.get("snapshot", False)):
                 self.journal.done("vm-ready", sandbox)
                 logger.info("%s: the guest booted", sandbox)
                 self._say(sandbox, "started")
@@ -202,10 +242,38 @@ class VmKeeper:
                 await asyncio.to_thread(qemu.stop, files, grace=0)
                 self._end(sandbox, files, "failed", f"the guest did not boot within "
                           f"{self.tuning.boot_timeout:.0f} s")
+        elif desired is not None and (state["state"], desired) in (
+                ("running", "paused"), ("paused", "running")):
+            await self._pause(sandbox, files, pause=desired == "paused")
 
-    async def _stop(self, sandbox: str, files: qemu.VmFiles) -> None:
+    @staticmethod
+    def _booted(vm: Vm, files: qemu.VmFiles, from_snapshot: bool) -> bool:
+        """A cold guest has booted when it printed its ready line; one restored from a
+        snapshot when its guest agent answers (then it is given its own name)."""
+        if not from_snapshot:
+            return qemu.console_has(files, vm.ready_line)
+        if not guest.ready(files, timeout=0.5):
+            return False
+        snapshots.restored_identity(files, vm.sandbox_id)
+        return True
+
+    async def _pause(self, sandbox: str, files: qemu.VmFiles, *, pause: bool) -> None:
+        """Stop or run again the guest's CPUs (QMP stop / cont): its memory stays."""
+        try:
+            await asyncio.to_thread(qemu.qmp, files, "stop" if pause else "cont")
+        except (OSError, ValueError, qemu.QemuFailed) as error:
+            logger.warning("%s: could not %s: %s", sandbox, "pause" if pause else "resume",
+                           error)
+            return  # the next pass tries again
+        self.journal.done("vm-pause" if pause else "vm-resume", sandbox)
+        logger.info("%s: %s", sandbox, "paused" if pause else "resumed")
+        self._say(sandbox, "paused" if pause else "resumed")
+
+    async def _stop(self, sandbox: str, files: qemu.VmFiles, *, paused: bool = False) -> None:
+        """Stop the VM: ACPI shutdown first, except for a paused guest (it cannot hear it)."""
         self.journal.begin("vm-stop", sandbox)
-        await asyncio.to_thread(qemu.stop, files, grace=self.tuning.shutdown_grace)
+        await asyncio.to_thread(qemu.stop, files,
+                                grace=0 if paused else self.tuning.shutdown_grace)
         await asyncio.to_thread(qemu.remove, files)
         self.journal.done("vm-stop", sandbox)
         logger.info("%s: stopped", sandbox)

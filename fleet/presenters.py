@@ -39,6 +39,20 @@ class SandboxPolicyIn(Input):
     public_forwards = serializers.BooleanField(
         required=False, default=False,
         help_text="Port forwards listen on every address of the node, not only loopback.")
+    network = serializers.ChoiceField(
+        choices=["none", "outbound"], required=False, default="none",
+        help_text="What a sandbox may ask for: none (only the guest agent's channel, the "
+                  "default) or outbound (user-mode networking: outbound traffic and port "
+                  "forwards).")
+    max_file_bytes = serializers.IntegerField(
+        required=False, min_value=1, max_value=2 << 20,
+        help_text="The largest file `sandboxes put` and `get` move (2 MiB, the most).")
+    max_lifetime = serializers.IntegerField(
+        required=False, min_value=60, max_value=366 * 86_400,
+        help_text="Seconds after which a sandbox is released, whatever its --timeout.")
+    paused_rate = serializers.FloatField(
+        required=False, min_value=0, max_value=1,
+        help_text="What a paused sandbox's hours count for, against a running one's (0.1).")
 
 
 class TimeSlicingIn(Input):
@@ -146,8 +160,9 @@ JOIN_TOKEN = obj(id=STRING, poolId=STRING, role=STRING, maxUses=INTEGER, uses=IN
                  nodes=array(STRING), createdAt=TIME)
 IMAGE_PART = obj(url=STRING, sha256=STRING)
 IMAGE = {**obj(id=STRING, poolId=STRING, name=STRING, kernel=IMAGE_PART, initrd=IMAGE_PART,
-               disk=IMAGE_PART, readyLine=STRING, createdAt=TIME),
-         "required": ["createdAt", "id", "initrd", "kernel", "name", "poolId", "readyLine"]}
+               disk=IMAGE_PART, readyLine=STRING, snapshot=BOOLEAN, createdAt=TIME),
+         "required": ["createdAt", "id", "initrd", "kernel", "name", "poolId", "readyLine",
+                      "snapshot"]}
 
 
 def present_site(site: Site) -> dict[str, Any]:
@@ -244,4 +259,5 @@ def present_join_token(token: JoinToken) -> dict[str, Any]:
 
 def present_image(image: Image) -> dict[str, Any]:
     return {"id": image.id, "poolId": image.pool_id, "name": image.name, **image.parts(),
-            "readyLine": image.ready_line, "createdAt": image.created_at}
+            "readyLine": image.ready_line, "snapshot": image.snapshot,
+            "createdAt": image.created_at}

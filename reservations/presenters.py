@@ -61,7 +61,8 @@ SANDBOX = obj(
     forwards=array(obj(hostPort=INTEGER, guestPort=INTEGER)),
     accelerator=nullable(STRING), failureReason=nullable(STRING),
     exitStatus=nullable(INTEGER), createdAt=TIME, startedAt=nullable(TIME),
-    releasedAt=nullable(TIME), endedAt=nullable(TIME))
+    releasedAt=nullable(TIME), endedAt=nullable(TIME), network=STRING, desired=STRING,
+    expiresAt=nullable(TIME))
 USAGE = obj(id=STRING, subject=STRING, meter=STRING, quantity=STRING, windowStart=TIME,
             windowEnd=TIME)
 
@@ -123,7 +124,9 @@ def present_sandbox(sandbox: Sandbox) -> dict[str, Any]:
             "accelerator": sandbox.accelerator or None,
             "failureReason": sandbox.failure_reason or None, "exitStatus": sandbox.exit_status,
             "createdAt": sandbox.created_at, "startedAt": sandbox.started_at,
-            "releasedAt": sandbox.released_at, "endedAt": sandbox.ended_at}
+            "releasedAt": sandbox.released_at, "endedAt": sandbox.ended_at,
+            "network": sandbox.network, "desired": sandbox.desired,
+            "expiresAt": sandbox.expires_at}
 
 
 def present_usage(record: UsageRecord) -> dict[str, Any]:

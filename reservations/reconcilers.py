@@ -33,9 +33,11 @@ from reservations.services.idle import reservation_idle_check, watched_on
 from reservations.services.pending import pending_place
 from reservations.services.preemption import preempt_for_queue, reservation_preempted_release
 from reservations.services.release import reservation_expire
+from reservations.services.sandbox_use import expired_sandboxes
+from reservations.services.sandboxes import sandbox_expire
 from reservations.services.series import series_due, series_extend
 from reservations.states import HOLDING
-from reservations.work import GAPS, POOL, RESERVATION, SERIES, pool_replan
+from reservations.work import GAPS, POOL, RESERVATION, SANDBOX, SERIES, pool_replan
 
 
 @handler(RESERVATION)
@@ -150,4 +152,13 @@ def sweep(limit: int = 500) -> int:
     for node_id in stale_nodes(limit):
         enqueue(GAPS, node_id)
         count += 1
+    for sandbox_id in expired_sandboxes(limit):
+        enqueue(SANDBOX, sandbox_id)
+        count += 1
     return count
+
+
+@handler(SANDBOX)
+def reconcile_sandbox(sandbox_id: str) -> None:
+    """Release a sandbox whose time limit passed."""
+    sandbox_expire(sandbox_id=sandbox_id)

@@ -8,6 +8,7 @@ from compute.platform.queue.work import enqueue
 RESERVATION = "reservation"
 POOL = "pool"
 SERIES = "series"
+SANDBOX = "sandbox"  # a sandbox whose time limit passed
 GAPS = "gaps"  # a node whose whole groups' free time is stale (reservations.gaps)
 
 

@@ -101,6 +101,7 @@ def cpu_pool(root):
 
     site = root("sites.create", kind="shared", region="eu-1", idempotencyKey="site")
     return with_default_image(root, root("pools.create", siteId=site["id"],
+                                         policy={"sandboxes": {"network": "outbound"}},
                                          **{"class": "cpu-host"}))
 
 

@@ -92,7 +92,7 @@ def test_over_stdio_every_method_is_a_tool_and_a_reservation_round_trips(
     async def session_work():
         async with over_stdio(live_server.url, root_token) as session:
             tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-            assert set(tools) == {f"{g}.{m}" for g, m in REGISTRY}
+            assert set(tools) == {f"{g}.{m}" for g, m in REGISTRY} | {"sandbox_run"}
             assert all(tool.input_schema.get("type") == "object" for tool in tools.values())
             assert tools["reservations.get"].annotations.read_only_hint is True
             assert tools["reservations.release"].annotations.destructive_hint is True
@@ -122,7 +122,7 @@ def test_over_http_the_bearer_token_is_the_caller_and_none_is_refused(
         return listed, refused
 
     listed, refused = asyncio.run(session_work())
-    assert len(listed.tools) == len(REGISTRY)
+    assert len(listed.tools) == len(REGISTRY) + 1  # and sandbox_run
     assert refused.is_error
     assert refused.content[0].text.startswith("unauthenticated: no API token")
 

@@ -16,12 +16,15 @@ from bcd.contract import ids
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 URL = re.compile(r"^(https?|file)://[^\s\u0000-\u001f\u007f]{1,2000}$")  # no control characters
+NETWORKS = ("none", "outbound")  # none: only the guest agent's channel; outbound: user-mode
 LISTEN = ("127.0.0.1", "0.0.0.0")  # noqa: S104 (0.0.0.0 only where the pool policy says)
 MAX_VCPUS = 256
 MAX_MEMORY_MIB = 4 * 1024 * 1024
 # starting: QEMU runs, the guest is booting; started: the guest said it booted;
 # failed: it never booted (reason); exited: it stopped on its own; stopped: stopped as asked.
-PHASES = ("starting", "started", "failed", "exited", "stopped")
+# paused / resumed: the guest's CPUs were stopped / run again as the spec asked.
+PHASES = ("starting", "started", "paused", "resumed", "failed", "exited", "stopped")
+DESIRED = ("running", "paused", "stopped")
 
 
 class BadVm(ValueError):
@@ -67,7 +70,9 @@ class Vm:
     ready_line: str = "better-compute guest ready"
     forwards: tuple[tuple[int, int], ...] = ()
     listen: str = "127.0.0.1"
-    desired: str = "running"  # or "stopped": released, kept in the spec until the node says so
+    desired: str = "running"  # "paused", or "stopped": released, kept until the node says so
+    network: str = "none"
+    snapshot: bool = False  # start from a snapshot of this image's booted guest (per node)
 
     @classmethod
     def from_wire(cls, entry: object) -> Vm:
@@ -91,8 +96,16 @@ class Vm:
         if (0, 0) in pairs:
             raise BadVm(f"{sandbox_id}: each forward is an object with hostPort and guestPort")
         desired = entry.get("desired", "running")
-        if desired not in ("running", "stopped"):
-            raise BadVm(f"{sandbox_id}: desired must be running or stopped")
+        if desired not in DESIRED:
+            raise BadVm(f"{sandbox_id}: desired must be one of {', '.join(DESIRED)}")
+        network = entry.get("network", "none")
+        if network not in NETWORKS:
+            raise BadVm(f"{sandbox_id}: network must be one of {', '.join(NETWORKS)}")
+        if pairs and network != "outbound":
+            raise BadVm(f"{sandbox_id}: forwards need network outbound")
+        snapshot = entry.get("snapshot", False)
+        if not isinstance(snapshot, bool):
+            raise BadVm(f"{sandbox_id}: snapshot must be true or false")
         disk = entry.get("disk")
         return cls(sandbox_id, _int(entry, "vcpus", 1, MAX_VCPUS),
                    _int(entry, "memoryMiB", 64, MAX_MEMORY_MIB),
@@ -100,14 +113,14 @@ class Vm:
                    ImagePart.from_wire(entry.get("initrd"), "initrd"),
                    ImagePart.from_wire(disk, "disk") if disk is not None else None,
                    _int(entry, "diskGiB", 1, 4096) if "diskGiB" in entry else 1,
-                   ready_line, pairs, listen, desired)
+                   ready_line, pairs, listen, desired, network, snapshot)
 
     def wire(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "sandboxId": self.sandbox_id, "vcpus": self.vcpus, "memoryMiB": self.memory_mib,
             "kernel": self.kernel.wire(), "initrd": self.initrd.wire(),
             "diskGiB": self.disk_gib, "readyLine": self.ready_line, "listen": self.listen,
-            "desired": self.desired,
+            "desired": self.desired, "network": self.network, "snapshot": self.snapshot,
             "forwards": [{"hostPort": h, "guestPort": g} for h, g in self.forwards]}
         if self.disk is not None:
             entry["disk"] = self.disk.wire()

@@ -28,8 +28,9 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
                         "table that never cuts a value).")(func)
 
 
-def client() -> Client:
-    return Client(Config.from_env())
+def client(timeout: float = 30.0) -> Client:
+    """The CLI's client; `timeout` seconds for each answer (longer for a waiting call)."""
+    return Client(Config.from_env(), timeout=timeout)
 
 
 def show(result: Any, *, output: str | None, query: str | None,

@@ -410,10 +410,16 @@ def default_image(api: Client, pool_ids: list[str], downloads: Path,
         path.replace(served)
         body[part] = {"url": f"{base_url}/downloads/{served.name}",
                       "sha256": guestimage.sha256_of(served)}
+    agent = bool(guestimage.agent_files())
     for pool in bare:
         api.call("images.create", {**body, "poolId": pool})
-    click.echo(f"sandbox image default: {guestimage.find_kernel().name} and a busybox "
-               f"initramfs, added to {len(bare)} pool(s)")
+        if agent:  # the same image, started from a snapshot of its booted guest
+            api.call("images.create", {**body, "poolId": pool, "name": "snapshot",
+                                       "snapshot": True})
+    click.echo(f"sandbox images default{' and snapshot' if agent else ''}: "
+               f"{guestimage.find_kernel().name} and a busybox initramfs"
+               f"{' with qemu-ga' if agent else ' (no qemu-guest-agent: no exec)'}, "
+               f"added to {len(bare)} pool(s)")
     return {"GUEST_KERNEL": str(downloads / "guest-vmlinuz"),
             "GUEST_INITRD": str(downloads / "guest-initrd.gz")}
 

@@ -1,10 +1,12 @@
 """The small default sandbox image: a distribution kernel and a busybox initramfs.
 
 Everything comes from Debian packages already on the machine (`linux-image-amd64`,
-`busybox-static`); nothing is downloaded. The initramfs loads the few kernel modules a
-QEMU guest needs (virtio disk and network, the ACPI power button), announces boot on the
-serial console with `better-compute guest ready`, serves a page on port 80 (so port
-forwards can be seen working), powers off on ACPI shutdown and keeps a shell on the console.
+`busybox-static`, and `qemu-guest-agent` with the libraries it links); nothing is
+downloaded. The initramfs loads the few kernel modules a QEMU guest needs (virtio disk,
+network and serial, the ACPI power button), starts QEMU's guest agent on its virtio-serial
+port (what `sandboxes exec`, `put` and `get` talk to), announces boot on the serial console
+with `better-compute guest ready`, serves a page on port 80 (so port forwards can be seen
+working), powers off on ACPI shutdown and keeps a shell on the console.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import hashlib
 import io
 import lzma
 import shutil
+import subprocess
 from pathlib import Path
 
 BOOT_LINE = "better-compute guest ready"
+AGENT = Path("/usr/sbin/qemu-ga")
+AGENT_PORT = "org.qemu.guest_agent.0"  # the virtio-serial port's name, as QEMU's agent expects
 MODULES = ("virtio_pci", "virtio_blk", "virtio_net", "virtio_console", "button", "evdev")
 
 INIT = f"""#!/bin/busybox sh
@@ -30,6 +35,12 @@ ip link set lo up
 ip link set eth0 up 2>/dev/null && ip addr add 10.0.2.15/24 dev eth0 \\
   && ip route add default via 10.0.2.2
 hostname "$(sed -n 's/.*bc.sandbox=\\([^ ]*\\).*/\\1/p' /proc/cmdline)"
+mkdir -p /run/qga /run/bc-exec /var/run
+for port in /sys/class/virtio-ports/*; do
+  if [ -x /usr/sbin/qemu-ga ] && [ "$(cat "$port/name" 2>/dev/null)" = {AGENT_PORT} ]; then
+    /usr/sbin/qemu-ga -m virtio-serial -p "/dev/${{port##*/}}" -t /run/qga -d
+  fi
+done
 echo "sandbox $(hostname)" > /www/index.html
 httpd -p 80 -h /www
 mkdir -p /etc/acpi/PWRF
@@ -114,13 +125,39 @@ def initramfs(init: str, modules: tuple[str, ...], *, release: str,
     return gzip.compress(_cpio(entries), compresslevel=6, mtime=0)  # 9 costs 4x, saves 0.5%
 
 
+def agent_files(agent: Path = AGENT) -> tuple[tuple[str, int, bytes], ...]:
+    """QEMU's guest agent and the shared libraries it links (as `ldd` names them), for the
+    initramfs; none where the host has no `qemu-guest-agent` (the image then boots without
+    one, and `sandboxes exec` says so)."""
+    if not agent.is_file() or shutil.which("ldd") is None:
+        return ()
+    listed = subprocess.run(["ldd", str(agent)], capture_output=True, text=True, check=False,
+                            timeout=30).stdout
+    libraries = {Path(word) for line in listed.splitlines() for word in line.split()
+                 if word.startswith("/")}
+    folders = {str(path.parent).lstrip("/") for path in libraries}
+    entries: list[tuple[str, int, bytes]] = [("usr", 0o040755, b""), ("usr/sbin", 0o040755, b"")]
+    for folder in sorted(folders):
+        parts = folder.split("/")
+        entries += [("/".join(parts[:i]), 0o040755, b"") for i in range(1, len(parts) + 1)
+                    if "/".join(parts[:i]) not in ("lib", "usr")]
+    entries += [(str(path).lstrip("/"), 0o100755, path.resolve().read_bytes())
+                for path in sorted(libraries)]
+    entries.append(("usr/sbin/qemu-ga", 0o100755, agent.read_bytes()))
+    unique: dict[str, tuple[str, int, bytes]] = {}
+    for entry in entries:
+        unique.setdefault(entry[0], entry)
+    return tuple(unique.values())
+
+
 def build(out_dir: Path) -> dict[str, Path]:
-    """Write `kernel` and `initrd` into out_dir (rebuilt each time: it takes well under a
+    """Write `kernel` and `initrd` into out_dir (rebuilt each time: it takes about a
     second) and return their paths."""
     kernel = find_kernel()
     out_dir.mkdir(parents=True, exist_ok=True)
     initrd = out_dir / "initrd.gz"
-    initrd.write_bytes(initramfs(INIT, MODULES, release=kernel_release(kernel)))
+    initrd.write_bytes(initramfs(INIT, MODULES, release=kernel_release(kernel),
+                                 files=agent_files()))
     target = out_dir / "vmlinuz"
     shutil.copyfile(kernel, target)
     return {"kernel": target, "initrd": initrd}

@@ -50,16 +50,20 @@ def image_part(source: str | None, digest: str | None, what: str) -> dict[str, s
 @click.option("--disk-sha256", default=None)
 @click.option("--ready-line", default=None,
               help="What the guest prints on its serial console once booted.")
+@click.option("--snapshot", is_flag=True,
+              help="Start sandboxes from a snapshot of a booted guest (needs qemu-ga).")
 @output_options
 def images_create(pool_id: str, name: str, kernel: str, kernel_sha256: str | None,
                   initrd: str, initrd_sha256: str | None, disk: str | None,
-                  disk_sha256: str | None, ready_line: str | None, output: str | None,
+                  disk_sha256: str | None, ready_line: str | None, snapshot: bool,
+                  output: str | None,
                   query: str | None, tenant: str | None) -> None:
     """Add an image to a pool's catalogue."""
     body = {"poolId": pool_id, "name": name,
             "kernel": image_part(kernel, kernel_sha256, "kernel"),
             "initrd": image_part(initrd, initrd_sha256, "initrd"),
-            "disk": image_part(disk, disk_sha256, "disk"), "readyLine": ready_line}
+            "disk": image_part(disk, disk_sha256, "disk"), "readyLine": ready_line,
+            "snapshot": snapshot}
     show(make_client().call("images.create", body, tenant=tenant), output=output, query=query)
 
 

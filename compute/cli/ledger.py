@@ -3,6 +3,7 @@ sandboxes, usage."""
 
 from __future__ import annotations
 
+import base64
 import sys
 import time
 import uuid
@@ -427,13 +428,18 @@ def forward_pair(text: str) -> dict[str, int]:
               help="Forward a TCP port of the node to the guest, e.g. 2222:22 (repeatable).")
 @click.option("--name", default=None)
 @click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
+@click.option("--network", type=click.Choice(["none", "outbound"]), default=None,
+              help="none (the default without --forward) or outbound, where the pool allows.")
+@click.option("--timeout", "lifetime", type=click.IntRange(10), default=None,
+              help="Release the sandbox this many seconds after it is created.")
 @click.option("--wait", "wait", is_flag=True, help="Wait until the guest has booted.")
-@click.option("--timeout", type=click.FloatRange(0, 3600), default=300.0, show_default=True,
-              help="Seconds --wait waits at most.")
+@click.option("--wait-timeout", type=click.FloatRange(0, 3600), default=300.0,
+              show_default=True, help="Seconds --wait waits at most.")
 @output_options
 def sandboxes_create(pool_id: str, vcpus: int, memory: int, image: str | None,
-                     forwards: tuple[str, ...], name: str | None, key: str | None, wait: bool,
-                     timeout: float, output: str | None, query: str | None,
+                     forwards: tuple[str, ...], name: str | None, key: str | None,
+                     network: str | None, lifetime: int | None, wait: bool,
+                     wait_timeout: float, output: str | None, query: str | None,
                      tenant: str | None) -> None:
     """Start a sandbox VM with vCPUs and memory claimed on one node."""
     key = key or str(uuid.uuid4())
@@ -442,9 +448,10 @@ def sandboxes_create(pool_id: str, vcpus: int, memory: int, image: str | None,
     result = api.call("sandboxes.create", {
         "poolId": pool_id, "vcpus": vcpus, "memoryGiB": memory, "image": image,
         "forwards": [forward_pair(f) for f in forwards] or None, "name": name,
+        "network": network, "timeoutSeconds": lifetime,
         "idempotencyKey": key}, tenant=tenant)
     if wait:
-        result = wait_for(api, result, timeout, tenant, ("placed", "starting"),
+        result = wait_for(api, result, wait_timeout, tenant, ("placed", "starting"),
                           get=("sandboxes.get", "sandboxId"))
         if result["state"] == "failed":
             show(result, output=output, query=query)
@@ -467,10 +474,108 @@ def sandboxes_logs(sandbox_id: str, lines: int, output: str | None, query: str |
         click.echo("\n".join(result["lines"]))
 
 
-@api_command(sandboxes, "get", "sandboxes.get")
+@sandboxes.command("get")
 @click.argument("sandbox_id")
-def sandboxes_get(sandbox_id: str) -> dict[str, Any]:
-    """One sandbox."""
+@click.argument("remote", required=False)
+@click.argument("local", required=False, type=click.Path(dir_okay=False, allow_dash=True))
+@output_options
+def sandboxes_get(sandbox_id: str, remote: str | None, local: str | None,
+                  output: str | None, query: str | None, tenant: str | None) -> None:
+    """One sandbox; with REMOTE LOCAL, copy the guest's file REMOTE to LOCAL (- for stdout)."""
+    api = make_client()
+    if remote is None:
+        show(api.call("sandboxes.get", {"sandboxId": sandbox_id}, tenant=tenant),
+             output=output, query=query)
+        return
+    if local is None:
+        raise click.UsageError("name where the file goes: sandboxes get SBX REMOTE LOCAL")
+    said = api.call("sandboxes.fetch", {"sandboxId": sandbox_id, "path": remote},
+                    tenant=tenant)
+    data = base64.b64decode(said["content"])
+    with click.open_file(local, "wb") as target:
+        target.write(data)
+    if local != "-":
+        click.echo(f"{remote} -> {local}: {len(data)} bytes", err=True)
+
+
+@sandboxes.command("put")
+@click.argument("sandbox_id")
+@click.argument("local", type=click.File("rb"))
+@click.argument("remote")
+@output_options
+def sandboxes_put(sandbox_id: str, local: Any, remote: str, output: str | None,
+                  query: str | None, tenant: str | None) -> None:
+    """Copy the file LOCAL (- for stdin) to REMOTE, an absolute path in the guest."""
+    data = local.read()
+    said = make_client().call("sandboxes.put", {
+        "sandboxId": sandbox_id, "path": remote,
+        "content": base64.b64encode(data).decode()}, tenant=tenant)
+    if output or query:
+        show(said, output=output, query=query)
+    else:
+        click.echo(f"{remote}: {said['bytes']} bytes written")
+
+
+@sandboxes.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("sandbox_id")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
+              help="Seconds after which the command (and all it started) is killed.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Print the output as it comes (the command runs detached).")
+@output_options
+def sandboxes_exec(sandbox_id: str, argv: tuple[str, ...], timeout: float, follow: bool,
+                   output: str | None, query: str | None, tenant: str | None) -> None:
+    """Run a command in the sandbox: `sandboxes exec SBX -- CMD ARGS…`. Prints its output
+    and exits with its exit code."""
+    api = make_client(timeout=timeout + 60)  # the call answers once the command ended
+    body = {"sandboxId": sandbox_id, "argv": list(argv), "timeoutSeconds": timeout,
+            "detach": follow}
+    result = api.call("sandboxes.exec", body, tenant=tenant)
+    if follow:
+        result = follow_output(api, sandbox_id, result["pid"], tenant)
+    elif output or query:
+        show(result, output=output, query=query)
+    else:
+        click.echo(result["stdout"], nl=False)
+        click.echo(result["stderr"], nl=False, err=True)
+    if result.get("timedOut"):
+        click.echo(f"killed after {timeout:g} s", err=True)
+    raise SystemExit(result["exitCode"] if result["exitCode"] is not None else 1)
+
+
+def follow_output(api: Any, sandbox_id: str, pid: int, tenant: str | None) -> dict[str, Any]:
+    """Print a detached command's output as it comes; its last answer once it ended."""
+    offsets, pause = {"stdoutOffset": 0, "stderrOffset": 0}, 0.1
+    ended: dict[str, Any] | None = None  # the guest tells how it ended only once
+    while True:
+        said = api.call("sandboxes.output", {"sandboxId": sandbox_id, "pid": pid, **offsets},
+                        tenant=tenant)
+        for stream, err in (("stdout", False), ("stderr", True)):
+            chunk = base64.b64decode(said[stream])
+            if chunk:
+                click.echo(chunk.decode(errors="replace"), nl=False, err=err)
+        moved = (said["stdoutOffset"], said["stderrOffset"]) != tuple(offsets.values())
+        offsets = {"stdoutOffset": said["stdoutOffset"], "stderrOffset": said["stderrOffset"]}
+        if said["exited"] and ended is None:
+            ended = said
+        if ended is not None and not moved:
+            return ended
+        pause = 0.1 if moved else min(pause * 1.5, 1.0)
+        time.sleep(pause)
+
+
+@api_command(sandboxes, "pause", "sandboxes.pause")
+@click.argument("sandbox_id")
+def sandboxes_pause(sandbox_id: str) -> dict[str, Any]:
+    """Stop a sandbox's vCPUs; its memory stays (metered at the pool's paused rate)."""
+    return {"sandboxId": sandbox_id}
+
+
+@api_command(sandboxes, "resume", "sandboxes.resume")
+@click.argument("sandbox_id")
+def sandboxes_resume(sandbox_id: str) -> dict[str, Any]:
+    """Run a paused sandbox's vCPUs again."""
     return {"sandboxId": sandbox_id}
 
 

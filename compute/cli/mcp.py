@@ -11,8 +11,10 @@ and better-compute://reservations/{id}.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 import uuid
 from typing import Any
 
@@ -74,10 +76,22 @@ class Bridge:
         return Transport(self.url, token, user_agent="better-compute-mcp")
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool_of(o) for o in self.operations.values()])
+        return types.ListToolsResult(tools=[*(tool_of(o) for o in self.operations.values()),
+                                            SANDBOX_RUN])
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams
                         ) -> types.CallToolResult:
+        if params.name == SANDBOX_RUN.name:
+            try:
+                result = await asyncio.to_thread(sandbox_run, self.transport(ctx),
+                                                 dict(params.arguments or {}))
+            except ApiError as refused:
+                return _failure(f"{refused.code}: {refused.message}")
+            except (ClientError, ValueError) as error:
+                return _failure(str(error))
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=_text(result))],
+                structured_content=result)
         operation = self.operations.get(params.name)
         if operation is None:
             return _failure(f"unknown tool {params.name}")
@@ -126,6 +140,54 @@ class Bridge:
                       on_list_resources=self.list_resources,
                       on_list_resource_templates=self.list_templates,
                       on_read_resource=self.read_resource)
+
+
+SANDBOX_RUN = types.Tool(
+    name="sandbox_run",
+    description="Run a shell command in a sandbox VM and return its exit code, stdout and "
+                "stderr: in the sandbox named, or in a new one of the pool named (kept for "
+                "the next call: pass back its sandboxId).",
+    input_schema={"type": "object", "required": ["command"], "properties": {
+        "command": {"type": "string", "description": "Run with sh -c in the guest."},
+        "sandboxId": {"type": "string", "description": "A running sandbox to reuse."},
+        "poolId": {"type": "string", "description": "Where to create one if none is named."},
+        "vcpus": {"type": "integer", "minimum": 1, "default": 1},
+        "memoryGiB": {"type": "integer", "minimum": 1, "default": 1},
+        "image": {"type": "string"},
+        "timeoutSeconds": {"type": "number", "minimum": 0.1, "maximum": 600, "default": 60}}},
+    annotations=types.ToolAnnotations(title="sandbox_run", read_only_hint=False,
+                                      idempotent_hint=False, destructive_hint=False,
+                                      open_world_hint=False))
+BOOT_SECONDS = 300.0
+
+
+def sandbox_run(api: Transport, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Create-or-reuse, wait until running, run the command: what `sandbox_run` answers."""
+    command = arguments.get("command")
+    if not isinstance(command, str) or not command:
+        raise ValueError("command: a shell command is required")
+    sandbox_id = arguments.get("sandboxId")
+    if not sandbox_id:
+        if not arguments.get("poolId"):
+            raise ValueError("poolId: name a pool to create the sandbox in, or a sandboxId")
+        created = api.call("sandboxes.create", {
+            "poolId": arguments["poolId"], "vcpus": arguments.get("vcpus", 1),
+            "memoryGiB": arguments.get("memoryGiB", 1), "image": arguments.get("image"),
+            "idempotencyKey": f"mcp-{uuid.uuid4()}"}, retry=False)
+        sandbox_id = created["id"]
+    deadline = time.monotonic() + BOOT_SECONDS
+    while (state := api.call("sandboxes.get", {"sandboxId": sandbox_id},
+                             retry=True)["state"]) in ("placed", "starting"):
+        if time.monotonic() > deadline:
+            raise ValueError(f"sandbox {sandbox_id} did not boot in {BOOT_SECONDS:.0f} s")
+        time.sleep(0.25)
+    if state != "running":
+        raise ValueError(f"sandbox {sandbox_id} is {state}")
+    said = api.call("sandboxes.exec", {
+        "sandboxId": sandbox_id, "argv": ["sh", "-c", command],
+        "timeoutSeconds": arguments.get("timeoutSeconds", 60)}, retry=False)
+    return {"sandboxId": sandbox_id, **{k: said[k] for k in (
+        "exitCode", "stdout", "stderr", "timedOut")}}
 
 
 def _failure(message: str) -> types.CallToolResult:

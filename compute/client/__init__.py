@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from compute.client.methods import GROUPS, Events
+from compute.client.sandbox import Sandbox
 from compute.client.transport import ApiError, ClientError, Transport
 from compute.core import config
 
@@ -52,6 +53,12 @@ class Client:
     def call(self, method: str, **body: Any) -> Any:
         """Any API method by name with its wire-form fields (for new methods)."""
         return self.transport.call(method, body)
+
+    def sandbox(self, *, pool: str, vcpus: int = 1, memory_gib: int = 1,
+                image: str | None = None, network: str | None = None) -> Sandbox:
+        """A sandbox for a `with` block: created and booted on entry, released on exit."""
+        return Sandbox(self.transport, pool=pool, vcpus=vcpus, memory_gib=memory_gib,
+                       image=image, network=network)
 
     def close(self) -> None:
         self.transport.close()

@@ -96,12 +96,12 @@ class Images(Group):
 
     def create(self, *, pool_id: str, name: str, kernel: dict[str, Any], initrd: dict[str, Any],
             disk: dict[str, Any] | None = None, ready_line: str | None = None,
-            tenant_id: str | None = None) -> Any:
+            snapshot: bool | None = None, tenant_id: str | None = None) -> Any:
         """Add a bootable image (kernel, initrd, optional disk; each by URL and sha256) to a
         pool's catalogue.
         """
         return self._call("images.create", {"poolId": pool_id, "name": name, "kernel": kernel,
-            "initrd": initrd, "disk": disk, "readyLine": ready_line,
+            "initrd": initrd, "disk": disk, "readyLine": ready_line, "snapshot": snapshot,
             "tenantId": tenant_id}, retry=False)
 
     def delete(self, *, image_id: str, tenant_id: str | None = None) -> Any:
@@ -357,12 +357,29 @@ class Sandboxes(Group):
 
     def create(self, *, pool_id: str, vcpus: int, memory_gi_b: int, image: str | None = None,
             forwards: builtins.list[dict[str, Any]] | None = None, name: str | None = None,
+            network: str | None = None, timeout_seconds: int | None = None,
             idempotency_key: str | None = None, tenant_id: str | None = None) -> Any:
         """Claim vCPUs and memory on one node of a pool and start a sandbox VM there."""
         return self._call("sandboxes.create", {"poolId": pool_id, "vcpus": vcpus,
             "memoryGiB": memory_gi_b, "image": image, "forwards": forwards, "name": name,
+            "network": network, "timeoutSeconds": timeout_seconds,
             "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)
+
+    def exec(self, *, sandbox_id: str, argv: builtins.list[str],
+            timeout_seconds: float | None = None, detach: bool | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Run a command in a running sandbox's guest: its exit code, stdout and stderr (each
+        up to 1 MiB), or with detach its pid at once.
+        """
+        return self._call("sandboxes.exec", {"sandboxId": sandbox_id, "argv": argv,
+            "timeoutSeconds": timeout_seconds, "detach": detach,
+            "tenantId": tenant_id}, retry=False)
+
+    def fetch(self, *, sandbox_id: str, path: str, tenant_id: str | None = None) -> Any:
+        """Read a file of a running sandbox's guest (base64; at most the pool's maxFileBytes)."""
+        return self._call("sandboxes.fetch", {"sandboxId": sandbox_id, "path": path,
+            "tenantId": tenant_id}, retry=True)
 
     def get(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
         """One sandbox."""
@@ -381,9 +398,33 @@ class Sandboxes(Group):
         return self._call("sandboxes.logs", {"sandboxId": sandbox_id, "lines": lines,
             "tenantId": tenant_id}, retry=True)
 
+    def output(self, *, sandbox_id: str, pid: int, stdout_offset: int | None = None,
+            stderr_offset: int | None = None, tenant_id: str | None = None) -> Any:
+        """A detached command's output from the offsets given (base64), and whether it ended."""
+        return self._call("sandboxes.output", {"sandboxId": sandbox_id, "pid": pid,
+            "stdoutOffset": stdout_offset, "stderrOffset": stderr_offset,
+            "tenantId": tenant_id}, retry=True)
+
+    def pause(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
+        """Stop a running sandbox's vCPUs (its memory stays claimed, metered at the pool's
+        pausedRate); it is paused once its node says so.
+        """
+        return self._call("sandboxes.pause", {"sandboxId": sandbox_id,
+            "tenantId": tenant_id}, retry=False)
+
+    def put(self, *, sandbox_id: str, path: str, content: str, tenant_id: str | None = None) -> Any:
+        """Write a file in a running sandbox's guest (at most the pool's maxFileBytes)."""
+        return self._call("sandboxes.put", {"sandboxId": sandbox_id, "path": path,
+            "content": content, "tenantId": tenant_id}, retry=False)
+
     def release(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
         """Stop a sandbox's VM; its vCPUs and memory come back once the node stopped it."""
         return self._call("sandboxes.release", {"sandboxId": sandbox_id,
+            "tenantId": tenant_id}, retry=False)
+
+    def resume(self, *, sandbox_id: str, tenant_id: str | None = None) -> Any:
+        """Run a paused sandbox's vCPUs again; it is running once its node says so."""
+        return self._call("sandboxes.resume", {"sandboxId": sandbox_id,
             "tenantId": tenant_id}, retry=False)
 
 

@@ -41,7 +41,7 @@ class Transport:
             "Authorization": f"Bearer {token}", "User-Agent": user_agent})
 
     def call(self, method: str, body: dict[str, Any] | None = None, *,
-             retry: bool = False) -> Any:
+             retry: bool = False, timeout: float | None = None) -> Any:
         """POST the envelope of `method` (group.method) and return its result. With `retry`
         (a read, or a write with an idempotency key), a lost connection or a 502/503/504 is
         tried again with backoff."""
@@ -54,7 +54,8 @@ class Transport:
             if attempt:
                 time.sleep(0.2 * 2 ** attempt)
             try:
-                response = self.http.post(url, json=payload)
+                response = self.http.post(url, json=payload, timeout=(
+                    timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT))
             except httpx.TransportError as error:
                 failure: Exception = ClientError(f"cannot reach {self.url}: {error}")
                 continue

@@ -135,8 +135,8 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = flag("BETTER_COMPUTE_HSTS_SUBDOMAINS")
 SECURE_HSTS_PRELOAD = flag("BETTER_COMPUTE_HSTS_PRELOAD")
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BC_TLS else None
 
-# The largest request body the API reads (413 above it).
-DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+# The largest request body the API reads (413 above it): a sandbox file of 2 MiB, in base64.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,

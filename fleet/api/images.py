@@ -37,6 +37,11 @@ class ImageCreateIn(Input):
     ready_line = serializers.CharField(
         required=False, default="better-compute guest ready", min_length=1, max_length=200,
         help_text="What the guest prints on its serial console once booted.")
+    snapshot = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Start sandboxes from a snapshot of a booted guest (made once per node and "
+                  "size, then restored in about a second); the image must run QEMU's guest "
+                  "agent.")
 
 
 @endpoint("images", "create", returns=wire.IMAGE, input=ImageCreateIn, mutating=True,

@@ -23,6 +23,9 @@ class Image(models.Model):
     disk_url = models.CharField(max_length=2000, blank=True)
     disk_sha256 = models.CharField(max_length=64, blank=True)
     ready_line = models.CharField(max_length=200, default="better-compute guest ready")
+    # Sandboxes start from a snapshot of a booted guest of this image (made once per node
+    # and shape) instead of booting; the image must run QEMU's guest agent.
+    snapshot = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -19,17 +19,28 @@ def node_ask(*, node_id: str, kind: str, payload: dict[str, Any],
     The node runs it at most once, like every command; no ledger state changes."""
     command = command_create(node_id=node_id, kind=kind, payload=payload)
     desired_state_changed()
+    return command_wait(command, timeout=timeout)
+
+
+def command_wait(command: NodeCommand, *, timeout: float = ASK_SECONDS) -> dict[str, Any]:
+    """The output of a queued command's signed result, once the node answered; a command
+    the node has not taken within `timeout` is withdrawn (one it took is left to finish:
+    its result is kept on the command)."""
+    node_id = command.node_id
     deadline = time.monotonic() + timeout
+    pause = 0.02
     while time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
         command.refresh_from_db(fields=["state", "result"])
         if command.state == CommandState.SUCCEEDED:
             return dict((command.result or {}).get("output") or {})
         if command.state in (CommandState.FAILED, CommandState.UNKNOWN):
             error = ((command.result or {}).get("output") or {}).get("error", command.state)
-            raise Unavailable(f"node {node_id} could not answer: {error}", nodeId=node_id)
+            raise Unavailable(f"node {node_id} could not answer: {error}", nodeId=node_id,
+                              commandId=command.id)
     NodeCommand.objects.filter(pk=command.pk, state=CommandState.QUEUED).update(
         state=CommandState.FAILED, result={"status": "failed",
                                            "output": {"error": "not answered in time"}})
     raise Unavailable(f"node {node_id} did not answer within {timeout:.0f} s (is it "
-                      "connected?)", nodeId=node_id)
+                      "connected?)", nodeId=node_id, commandId=command.id)

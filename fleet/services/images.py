@@ -16,7 +16,8 @@ from fleet.selectors import access_image_by_id, access_pool_by_id
 def image_create(*, tenant: Tenant, actor: Principal, pool_id: str, name: str,
                  kernel: dict[str, str], initrd: dict[str, str],
                  disk: dict[str, str] | None = None,
-                 ready_line: str = "better-compute guest ready") -> Image:
+                 ready_line: str = "better-compute guest ready",
+                 snapshot: bool = False) -> Image:
     """Add an image to a pool the tenant owns; its name is unique in the pool."""
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True, lock=True)
     if Image.objects.filter(pool=pool, name=name).exists():
@@ -26,9 +27,9 @@ def image_create(*, tenant: Tenant, actor: Principal, pool_id: str, name: str,
         pool=pool, name=name, kernel_url=kernel["url"], kernel_sha256=kernel["sha256"],
         initrd_url=initrd["url"], initrd_sha256=initrd["sha256"],
         disk_url=disk.get("url", ""), disk_sha256=disk.get("sha256", ""),
-        ready_line=ready_line)
+        ready_line=ready_line, snapshot=snapshot)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="image.create",
-                 target=image.id, data={"poolId": pool.id, "name": name})
+                 target=image.id, data={"poolId": pool.id, "name": name, "snapshot": snapshot})
     event_emit(tenant_id=tenant.id, type=FleetEvent.IMAGE_CREATED, subject=image.id,
                payload={"poolId": pool.id, "name": name})
     return image

@@ -19,10 +19,11 @@ from fleet.pki import pki
 
 def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
                             remove: str | None = None, vm_add: dict[str, Any] | None = None,
-                            vm_stop: str | None = None, vm_remove: str | None = None
-                            ) -> NodeSpec:
-    """Write the next generation with hold `add` and VM `vm_add`, sandbox `vm_stop`
-    desired stopped, without allocation `remove` and sandbox `vm_remove` (with none:
+                            vm_desired: tuple[str, str] | None = None,
+                            vm_remove: str | None = None) -> NodeSpec:
+    """Write the next generation with hold `add` and VM `vm_add`, `vm_desired` (a sandbox
+    and what it should be: running, paused, stopped), without allocation `remove` and
+    sandbox `vm_remove` (with none:
     generation 1 of a newly adopted node, or an unchanged copy).
 
     A released VM stays in the spec, desired stopped, until its node reports it stopped:
@@ -34,7 +35,8 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     latest = node.specs.order_by("-generation").first()
     spec = latest.spec if latest else {}
     allocations = _changed(spec.get("allocations", []), "allocationId", add, remove)
-    vms = [{**vm, "desired": "stopped"} if vm["sandboxId"] == vm_stop else vm
+    vms = [{**vm, "desired": vm_desired[1]} if vm_desired and vm["sandboxId"] == vm_desired[0]
+           else vm
            for vm in _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)]
     desired_state_changed()
     generation = (latest.generation + 1) if latest else 1

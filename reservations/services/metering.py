@@ -16,13 +16,15 @@ def hours(start: datetime, end: datetime) -> Decimal:
 
 
 def usage_record(*, tenant_id: str, subject: str, meter: str, count: int, start: datetime,
-                 end: datetime) -> None:
-    """`count` times the hours of [start, end) of `meter`; metering a window twice is a no-op."""
+                 end: datetime, rate: float = 1.0) -> None:
+    """`count` times the hours of [start, end) of `meter`, times `rate` (what the time
+    counts for: a paused sandbox's is lower); metering a window twice is a no-op."""
     if end <= start or count <= 0:
         return
+    quantity = (hours(start, end) * count * Decimal(str(rate))).quantize(Decimal("0.000001"))
     UsageRecord.objects.get_or_create(
         subject=subject, meter=meter, window_start=start,
-        defaults={"tenant_id": tenant_id, "quantity": hours(start, end) * count,
+        defaults={"tenant_id": tenant_id, "quantity": quantity,
                   "window_end": end})
 
 

@@ -16,13 +16,15 @@ from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
 from reservations.models.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.services.binding import BindingRefused, verified_report
-from reservations.services.sandboxes import sandbox_free_locked
+from reservations.services.sandboxes import sandbox_free_locked, sandbox_meter
 
 S = SandboxState
 # phase -> (states it moves from, state it moves to, event, audit action)
 MOVES: dict[str, tuple[tuple[str, ...], str, EventType, str]] = {
     "starting": ((S.PLACED,), S.STARTING, ReservationEvent.SANDBOX_STARTING, "sandbox.start"),
     "started": ((S.PLACED, S.STARTING), S.RUNNING, ReservationEvent.SANDBOX_RUNNING, "sandbox.run"),
+    "paused": ((S.RUNNING,), S.PAUSED, ReservationEvent.SANDBOX_PAUSED, "sandbox.paused"),
+    "resumed": ((S.PAUSED,), S.RUNNING, ReservationEvent.SANDBOX_RESUMED, "sandbox.resumed"),
     "stopped": ((S.STOPPING,), S.STOPPED, ReservationEvent.SANDBOX_STOPPED, "sandbox.stop"),
     "failed": ((*LIVE, S.STOPPING), S.FAILED, ReservationEvent.SANDBOX_FAILED, "sandbox.fail"),
     "exited": ((*LIVE, S.STOPPING), S.FAILED, ReservationEvent.SANDBOX_FAILED, "sandbox.fail"),
@@ -61,7 +63,11 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
         data["reason"] = reason
     if exit_status is not None:
         data["exitStatus"] = exit_status
-    if phase in ("starting", "started"):
+    if phase in ("paused", "resumed"):
+        sandbox_meter(sandbox, database_now())  # the window before, at its own rate
+        sandbox.state = target
+        sandbox.save(update_fields=["state"])
+    elif phase in ("starting", "started"):
         sandbox.state = target
         sandbox.accelerator = str(payload.get("accelerator") or "")[:8]
         fields = ["state", "accelerator"]

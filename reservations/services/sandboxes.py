@@ -9,6 +9,7 @@ still runs is never counted as gone.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -19,6 +20,7 @@ from bcd.contract.vms import ImagePart, Vm
 from compute.core.db import database_now
 from compute.core.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.platform.events.services import event_emit
+from compute.platform.events.types import EventType
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import SCHEDULABLE, Image, Node, Pool
@@ -30,6 +32,7 @@ from reservations.quotas import quota_consume, quota_refund
 from reservations.selectors import access_sandbox_by_id
 from reservations.services.maintenance import in_maintenance
 from reservations.services.metering import usage_record
+from reservations.services.sandbox_use import expires_at_for, paused_rate
 from reservations.work import pool_replan
 
 MAX_RACES = 8
@@ -114,14 +117,28 @@ def vm_of(sandbox: Sandbox, image: Image, *, listen: str) -> dict[str, Any]:
               ImagePart(**parts["kernel"]), ImagePart(**parts["initrd"]),
               ImagePart(**parts["disk"]) if "disk" in parts else None,
               ready_line=image.ready_line, listen=listen,
-              forwards=tuple((f["hostPort"], f["guestPort"]) for f in sandbox.forwards)
-              ).wire()
+              forwards=tuple((f["hostPort"], f["guestPort"]) for f in sandbox.forwards),
+              network=sandbox.network, snapshot=image.snapshot).wire()
+
+
+def _network(pool: Pool, policy: dict[str, Any], asked: str | None,
+             forwards: list[dict[str, int]]) -> str:
+    """What the sandbox gets: none unless asked (port forwards ask for outbound), and
+    outbound only where the pool's policy allows it."""
+    network = asked or ("outbound" if forwards else "none")
+    if forwards and network != "outbound":
+        raise InvalidArgument("forwards: port forwards need network outbound", field="network")
+    if network == "outbound" and policy.get("network", "none") != "outbound":
+        raise InvalidArgument(f"network: pool {pool.id}'s policy gives sandboxes no network "
+                              "(its sandboxes.network is none)", field="network")
+    return network
 
 
 @audited
 def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int,
                    memory_gib: int, image: str | None = None,
                    forwards: list[dict[str, int]] | None = None, name: str = "",
+                   network: str | None = None, timeout_seconds: int | None = None,
                    idempotency_key: str | None = None) -> Sandbox:
     """Claim `vcpus` and `memory_gib` on one node of the pool and put the VM into that
     node's desired state.
@@ -131,7 +148,8 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
     """
     forwards = forwards or []
     inputs = {"pool_id": pool_id, "vcpus": vcpus, "memory_gib": memory_gib, "name": name,
-              "image": image, "forwards": forwards}
+              "image": image, "forwards": forwards, "network": network,
+              "timeout_seconds": timeout_seconds}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="sandboxes.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
@@ -139,6 +157,7 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
     policy = _bounded(pool, vcpus, memory_gib)
     chosen = _image_for(pool, image, policy.get("images"))
+    network = _network(pool, policy, network, forwards)
     ports = [f["hostPort"] for f in forwards]
     if len(set(ports)) != len(ports):
         raise InvalidArgument("forwards: a host port is forwarded twice", field="forwards")
@@ -152,14 +171,16 @@ def sandbox_create(*, tenant: Tenant, actor: Principal, pool_id: str, vcpus: int
             vcpus=vcpus, memoryGiB=memory_gib)
     sandbox = Sandbox.objects.create(tenant=tenant, pool=pool, node=node, name=name,
                                      image=chosen, vcpus=vcpus, memory_gib=memory_gib,
-                                     forwards=forwards, created_at=database_now())
+                                     forwards=forwards, network=network,
+                                     expires_at=expires_at_for(policy, timeout_seconds),
+                                     created_at=database_now())
     locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     listen = "0.0.0.0" if policy.get("publicForwards") else "127.0.0.1"  # noqa: S104
     spec = node_spec_change_locked(locked, vm_add=vm_of(sandbox, chosen, listen=listen))
     idempotent_remember(tenant_id=tenant.id, scope="sandboxes.create", key=idempotency_key,
                         inputs=inputs, object_id=sandbox.id)
     data = {"nodeId": node.id, "vcpus": vcpus, "memoryGiB": memory_gib,
-            "imageId": chosen.id, "generation": spec.generation}
+            "imageId": chosen.id, "network": network, "generation": spec.generation}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.create",
                  target=sandbox.id, data=data)
     event_emit(tenant_id=tenant.id, type=ReservationEvent.SANDBOX_CREATED, subject=sandbox.id,
@@ -174,16 +195,34 @@ def sandbox_release(*, tenant: Tenant, actor: Principal, sandbox_id: str) -> San
     sandbox = access_sandbox_by_id(tenant=tenant, sandbox_id=sandbox_id, lock=True)
     if sandbox.state not in LIVE:
         raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}", state=sandbox.state)
+    _stop_locked(sandbox, actor_id=actor.id, action="sandbox.release",
+                 event=ReservationEvent.SANDBOX_RELEASED)
+    return sandbox
+
+
+@audited
+def sandbox_expire(*, sandbox_id: str) -> Sandbox | None:
+    """Release a sandbox whose time limit has passed (no-op otherwise)."""
+    sandbox = (Sandbox.objects.select_for_update(no_key=True, skip_locked=True)
+               .filter(pk=sandbox_id, state__in=LIVE, released_at__isnull=True,
+                       expires_at__lte=database_now()).first())
+    if sandbox is not None:
+        _stop_locked(sandbox, actor_id="system", action="sandbox.expire",
+                     event=ReservationEvent.SANDBOX_EXPIRED, reason="its time limit passed")
+    return sandbox
+
+
+def _stop_locked(sandbox: Sandbox, *, actor_id: str, action: str, event: EventType,
+                 reason: str = "") -> None:
     node = Node.objects.select_for_update(no_key=True).get(pk=sandbox.node_id)
-    spec = node_spec_change_locked(node, vm_stop=sandbox.id)
+    spec = node_spec_change_locked(node, vm_desired=(sandbox.id, "stopped"))
     sandbox.state = SandboxState.STOPPING
     sandbox.released_at = database_now()
     sandbox.save(update_fields=["state", "released_at"])
-    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="sandbox.release",
-                 target=sandbox.id, data={"generation": spec.generation})
-    event_emit(tenant_id=tenant.id, type=ReservationEvent.SANDBOX_RELEASED, subject=sandbox.id,
+    audit_record(tenant_id=sandbox.tenant_id, actor_id=actor_id, action=action,
+                 target=sandbox.id, data={"generation": spec.generation}, reason=reason)
+    event_emit(tenant_id=sandbox.tenant_id, type=event, subject=sandbox.id,
                payload={"poolId": sandbox.pool_id, "nodeId": sandbox.node_id})
-    return sandbox
 
 
 def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
@@ -198,12 +237,22 @@ def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
     Node.objects.filter(pk=sandbox.node_id).update(
         vcpus_allocated=F("vcpus_allocated") - sandbox.vcpus,
         memory_gib_allocated=F("memory_gib_allocated") - sandbox.memory_gib)
-    if sandbox.started_at is not None:
-        for meter, count in (("vcpu.hours", sandbox.vcpus),
-                             ("memory.gib-hours", sandbox.memory_gib)):
-            usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
-                         count=count, start=sandbox.started_at, end=now)
+    sandbox_meter(sandbox, now)
     sandbox.state, sandbox.ended_at = to, now
     sandbox.failure_reason, sandbox.exit_status = reason[:300], exit_status
     sandbox.save(update_fields=["state", "ended_at", "failure_reason", "exit_status"])
     pool_replan(sandbox.pool_id)
+
+
+def sandbox_meter(sandbox: Sandbox, now: datetime) -> None:
+    """Meter the sandbox's time since it was last metered (from its boot report), at the
+    pool's paused rate while it is paused, and start its next window now."""
+    start = sandbox.metered_from or sandbox.started_at
+    if start is not None:
+        rate = paused_rate(sandbox) if sandbox.state == SandboxState.PAUSED else 1.0
+        for meter, count in (("vcpu.hours", sandbox.vcpus),
+                             ("memory.gib-hours", sandbox.memory_gib)):
+            usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
+                         count=count, start=start, end=now, rate=rate)
+    sandbox.metered_from = now
+    sandbox.save(update_fields=["metered_from"])

@@ -36,9 +36,12 @@ def vm_entry(tmp_path: Path, **changes: object) -> dict[str, object]:
     ({"memoryMiB": True}, "memoryMiB"),
     ({"kernel": {"url": "ftp://x/y", "sha256": "0" * 64}}, "kernel.url"),
     ({"initrd": {"url": "file:///x", "sha256": "ABC"}}, "initrd.sha256"),
-    ({"forwards": [{"hostPort": 80, "guestPort": 22}]}, "hostPort"),
+    ({"forwards": [{"hostPort": 80, "guestPort": 22}], "network": "outbound"}, "hostPort"),
+    ({"forwards": [{"hostPort": 2222, "guestPort": 22}]}, "need network outbound"),
+    ({"network": "bridge"}, "network"),
+    ({"snapshot": "yes"}, "snapshot"),
     ({"listen": "10.0.0.1"}, "listen"),
-    ({"desired": "paused"}, "desired"),
+    ({"desired": "asleep"}, "desired"),
 ])
 def test_a_malformed_vm_is_refused_naming_what_is_wrong(tmp_path, change, said):
     with pytest.raises(BadVm, match=said):
@@ -46,7 +49,8 @@ def test_a_malformed_vm_is_refused_naming_what_is_wrong(tmp_path, change, said):
 
 
 def test_the_wire_form_round_trips(tmp_path):
-    vm = Vm.from_wire(vm_entry(tmp_path, forwards=[{"hostPort": 2222, "guestPort": 22}]))
+    vm = Vm.from_wire(vm_entry(tmp_path, forwards=[{"hostPort": 2222, "guestPort": 22}],
+                               network="outbound", snapshot=True, desired="paused"))
     assert Vm.from_wire(vm.wire()) == vm
 
 

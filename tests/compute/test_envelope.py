@@ -207,8 +207,8 @@ def test_a_tenant_id_of_the_wrong_shape_is_400(root, tenant):
     ('{"kind": "shared", "region": "eu-1", "name": "a\\u0000b"}', 400, "invalid_argument",
      "NUL"),
     ("[" * 100_000 + "]" * 100_000, 400, "invalid_argument", "nested too deeply"),
-    ('{"kind": "shared", "region": "eu-1", "name": "' + "x" * 1_100_000 + '"}', 413,
-     "payload_too_large", "larger than 1048576 bytes"),
+    ('{"kind": "shared", "region": "eu-1", "name": "' + "x" * 4_200_000 + '"}', 413,
+     "payload_too_large", "larger than 4194304 bytes"),
 ])
 def test_hostile_bodies_get_a_4xx_naming_the_problem(root, body, status, code, says):
     answer = root.raw("/api/compute/sites/create", body)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 
 from tests.e2e.conftest import Stack, free_port, start_stack, stop_stack
 from tests.support.waiting import wait_until
+from tests.test_mcp import over_stdio
 
 BOOT = 90  # seconds a TCG guest may take on a busy machine (it boots in about 12 here)
 
@@ -98,7 +100,7 @@ def test_a_sandbox_boots_a_real_vm_and_release_leaves_nothing(cpu_stack):
     port = free_port()
     created = cpu_stack.json("sandboxes", "create", "--pool", cpu_stack.env["CPU_POOL"],
                              "--vcpus", "2", "--memory", "1", "--forward", f"{port}:80",
-                             "--wait", "--timeout", "60", timeout=90)
+                             "--wait", "--wait-timeout", "60", timeout=90)
     assert (created["state"], created["accelerator"]) == ("running", "tcg"), created
     [pid] = qemu_processes(created["id"])
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -190,7 +192,7 @@ def test_bad_images_and_requests_that_do_not_fit_leave_nothing_claimed(cpu_stack
                        "--kernel-sha256", digest, "--initrd", initrd["url"],
                        "--initrd-sha256", initrd["sha256"])
         result = cpu_stack.cli("sandboxes", "create", "--pool", pool, "--vcpus", "1",
-                               "--memory", "1", "--image", name, "--wait", "--timeout", "30",
+                               "--memory", "1", "--image", name, "--wait", "--wait-timeout", "30",
                                timeout=60)
         assert result.returncode != 0, result
         assert "failed" in result.stderr, result
@@ -402,3 +404,133 @@ def test_an_agent_killed_between_starting_qemu_and_journaling_it_adopts_never_st
     finally:
         for leftover in qemu_processes(vm.sandbox_id):
             os.kill(leftover, signal.SIGKILL)
+
+
+def run_in(stack: Stack, sandbox_id: str, *argv: str, timeout: float = 30) -> dict[str, Any]:
+    """`sandboxes exec` as a program runs it: its JSON answer (the exit code is the
+    command's own, so it is not checked here)."""
+    done = stack.cli("sandboxes", "exec", sandbox_id, "--timeout", str(timeout),
+                     "--output", "json", "--", *argv, timeout=timeout + 60)
+    assert done.stdout, done.stderr
+    return json.loads(done.stdout)
+
+
+def counter(stack: Stack, sandbox_id: str) -> int:
+    return int(run_in(stack, sandbox_id, "cat", "/run/n")["stdout"])
+
+
+def test_a_sandbox_runs_commands_moves_files_pauses_and_keeps_to_its_network(cpu_stack,
+                                                                            tmp_path):
+    pool = cpu_stack.env["CPU_POOL"]
+    expiring = cpu_stack.json("sandboxes", "create", "--pool", pool, "--vcpus", "1",
+                              "--memory", "1", "--timeout", "10")
+    closed = cpu_stack.json("sandboxes", "create", "--pool", pool, "--vcpus", "1", "--memory",
+                            "1", "--wait", "--wait-timeout", str(BOOT), timeout=BOOT + 30)
+    assert (closed["state"], closed["network"]) == ("running", "none"), closed
+    said = run_in(cpu_stack, closed["id"], "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert (said["exitCode"], said["stdout"], said["stderr"], said["timedOut"]) == (
+        3, "out\n", "err\n", False)
+    shown = cpu_stack.cli("sandboxes", "exec", closed["id"], "--", "echo", "hello")
+    assert (shown.returncode, shown.stdout) == (0, "hello\n")
+    started = time.monotonic()
+    killed = run_in(cpu_stack, closed["id"], "sh", "-c", "sleep 60; echo late", timeout=2)
+    assert (killed["timedOut"], killed["exitCode"], killed["stdout"]) == (True, 137, "")
+    assert time.monotonic() - started < 30
+
+    original = os.urandom(1 << 20)
+    (tmp_path / "in").write_bytes(original)
+    cpu_stack.ok("sandboxes", "put", closed["id"], str(tmp_path / "in"), "/run/blob")
+    cpu_stack.ok("sandboxes", "get", closed["id"], "/run/blob", str(tmp_path / "out"))
+    assert (tmp_path / "out").read_bytes() == original
+    too_big = cpu_stack.cli("sandboxes", "put", closed["id"], "/dev/stdin", "/run/x",
+                            stdin="x" * (5 << 19))  # 2.5 MiB: above the pool limit (2 MiB)
+    assert too_big.returncode != 0
+    assert "content" in too_big.stderr, too_big.stderr
+
+    run_in(cpu_stack, closed["id"], "sh", "-c",
+           "(i=0; while true; do i=$((i+1)); echo $i > /run/n; sleep 0.1; done) "
+           ">/dev/null 2>&1 &", timeout=600)
+    first, before = counter(cpu_stack, closed["id"]), time.monotonic()
+    time.sleep(2)
+    at_pause, paused_from = counter(cpu_stack, closed["id"]), time.monotonic()
+    rate = (at_pause - first) / (paused_from - before)
+    assert rate > 0
+    assert cpu_stack.json("sandboxes", "pause", closed["id"])["desired"] == "paused"
+    settled(cpu_stack, closed["id"], ("paused",), timeout=30)
+    paused_at = time.monotonic()
+    refused = cpu_stack.cli("sandboxes", "exec", closed["id"], "--", "true")
+    assert refused.returncode != 0
+    assert "paused" in refused.stderr
+    time.sleep(max(0.0, 5 - (time.monotonic() - paused_at)))
+    resumed_at = time.monotonic()
+    cpu_stack.json("sandboxes", "resume", closed["id"])
+    settled(cpu_stack, closed["id"], ("running",), timeout=30)
+    after = counter(cpu_stack, closed["id"])
+    elapsed, asleep = time.monotonic() - paused_from, resumed_at - paused_at
+    assert after >= at_pause  # the guest's memory kept its value
+    # Running all along, it would have counted `rate * elapsed`; paused, at most what the
+    # time around the pause allows (half the paused time is slack for a busy machine).
+    assert after - at_pause < rate * (elapsed - asleep / 2), (rate, at_pause, after, elapsed)
+
+    open_one = cpu_stack.json("sandboxes", "create", "--pool", pool, "--vcpus", "1",
+                              "--memory", "1", "--network", "outbound", "--wait",
+                              "--wait-timeout", str(BOOT), timeout=BOOT + 30)
+    assert open_one["network"] == "outbound"
+    port = urllib.parse.urlsplit(cpu_stack.env["BETTER_COMPUTE_URL"]).port
+    reach = ("wget", "-q", "-O", "/dev/null", f"http://10.0.2.2:{port}/healthz")
+    assert run_in(cpu_stack, open_one["id"], *reach)["exitCode"] == 0
+    assert run_in(cpu_stack, closed["id"], *reach)["exitCode"] != 0
+
+    ended = settled(cpu_stack, expiring["id"], ("stopping", "stopped", "failed"), timeout=60)
+    assert ended["releasedAt"] is not None, ended
+    for sandbox_id in (closed["id"], open_one["id"]):
+        cpu_stack.json("sandboxes", "release", sandbox_id)
+    for sandbox_id in (closed["id"], open_one["id"], expiring["id"]):
+        settled(cpu_stack, sandbox_id, ("stopped",), timeout=60)
+    assert [r for r in cpu_stack.json("audit", "list", "--target", expiring["id"])["items"]
+            if r["action"] == "sandbox.expire"], "released by its time limit"
+    meters = [u for u in cpu_stack.json("usage", "list")["items"]
+              if u["subject"] == closed["id"] and u["meter"] == "vcpu.hours"]
+    assert len(meters) >= 3  # running, paused (at the pool's lower rate), running again
+
+
+def test_an_agent_killed_mid_exec_reports_the_result_once_and_the_sandbox_stays_usable(
+        cpu_stack):
+    created = cpu_stack.json("sandboxes", "create", "--pool", cpu_stack.env["CPU_POOL"],
+                             "--vcpus", "1", "--memory", "1", "--wait", "--wait-timeout",
+                             str(BOOT), timeout=BOOT + 30)
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        answer.update(run_in(cpu_stack, created["id"], "sh", "-c",
+                             "sleep 5; echo finished; exit 7", timeout=60))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(2.5)  # the command runs in the guest
+    os.kill(agent_pid(cpu_stack, created["nodeId"]), signal.SIGKILL)
+    worker.join(timeout=120)
+    assert (answer.get("exitCode"), answer.get("stdout")) == (7, "finished\n"), answer
+    records = [json.loads(line) for path in (cpu_stack.state_dir / "sim").glob(
+        "*/var/lib/bcd/journal.jsonl") for line in path.read_text().splitlines()]
+    done = [r for r in records if r.get("kind") == "command" and r.get("phase") == "done"
+            and r.get("key") == answer["commandId"]]
+    assert len(done) == 1  # one result, journaled once
+    runs = [line for path in (cpu_stack.state_dir / "sim").glob(
+        "*/var/lib/bcd/executions.log") for line in path.read_text().splitlines()
+        if answer["commandId"] in line]
+    assert len(runs) == 1  # started once, not again after the restart
+    assert run_in(cpu_stack, created["id"], "echo", "again")["stdout"] == "again\n"
+
+    async def over_mcp() -> Any:
+        async with over_stdio(cpu_stack.env["BETTER_COMPUTE_URL"],
+                              cpu_stack.env["BETTER_COMPUTE_TOKEN"]) as session:
+            return await session.call_tool("sandbox_run", {
+                "sandboxId": created["id"], "command": "echo from-mcp; uname -s; exit 4"})
+
+    ran = asyncio.run(over_mcp())
+    assert not ran.is_error, ran.content
+    assert (ran.structured_content["stdout"], ran.structured_content["exitCode"]) == (
+        "from-mcp\nLinux\n", 4)
+    cpu_stack.json("sandboxes", "release", created["id"])
+    settled(cpu_stack, created["id"], ("stopped",), timeout=60)

@@ -122,13 +122,16 @@ def test_bounds_images_and_ports_are_refused_before_anything_is_claimed(root, cp
     from fleet.models import Pool
 
     Pool.objects.filter(pk=cpu_pool["id"]).update(
-        policy={"sandboxes": {"maxVcpus": 8, "maxMemoryGiB": 16, "images": ["default"]}})
+        policy={"sandboxes": {"maxVcpus": 8, "maxMemoryGiB": 16, "images": ["default"],
+                              "network": "outbound"}})
     cases = [({"vcpus": 9, "memoryGiB": 1}, "maxVcpus (8)"),
              ({"vcpus": 1, "memoryGiB": 17}, "maxMemoryGiB (16)"),
              ({"vcpus": 1, "memoryGiB": 1, "image": "missing"}, "has no image 'missing'"),
              ({"vcpus": 1, "memoryGiB": 1, "image": "other"}, "allows only default"),
              ({"vcpus": 1, "memoryGiB": 1, "forwards": [{"hostPort": 80, "guestPort": 80}]},
-              "hostPort")]
+              "hostPort"),
+             ({"vcpus": 1, "memoryGiB": 1, "network": "none",
+               "forwards": [{"hostPort": 2222, "guestPort": 22}]}, "need network outbound")]
     for body, said in cases:
         with assert_wrote(audit=None):
             answer = root.call("sandboxes.create", poolId=cpu_pool["id"], **body)

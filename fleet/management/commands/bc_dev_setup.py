@@ -21,8 +21,9 @@ from fleet.services.sites import site_create
 
 DEV_POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8},
               "hostShare": {"vcpusPerGpu": 12, "memoryGiBPerGpu": 96}, "kubernetes": False,
-              "onDeviceFailure": "replace-future"}
-CPU_POLICY = {"acceptance": [{"kind": "diag.cpu"}], "kubernetes": False}
+              "onDeviceFailure": "replace-future", "sandboxes": {"network": "outbound"}}
+CPU_POLICY = {"acceptance": [{"kind": "diag.cpu"}], "kubernetes": False,
+              "sandboxes": {"network": "outbound"}}
 
 
 class Command(BaseCommand):
