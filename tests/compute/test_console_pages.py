@@ -180,6 +180,14 @@ def test_sandboxes_and_checkpoints_have_their_pages(root, root_token, pool):
     page = text(browser, "/console/sandboxes")
     assert f'id="{sandbox["id"]}"' in page
     assert 'data-action="sandboxes.release"' in page
+    assert f'href="/console/sandboxes/{sandbox["id"]}"' in page
+    one = text(browser, f"/console/sandboxes/{sandbox['id']}")
+    assert '<dd class="state" id="state">placed' in one
+    assert "2 vCPUs, 4 GiB" in one
+    assert '<dd id="network">none' in one
+    assert 'data-action="sandboxes.release"' in one
+    assert 'data-action="sandboxes.pause"' not in one  # only a running one can be paused
+    assert "No console: the sandbox is placed." in one
     node_page = text(browser, f"/console/nodes/{sandbox['nodeId']}")  # where it runs
     assert f'<tr id="{sandbox["id"]}">' in node_page
     root("sandboxes.release", sandboxId=sandbox["id"])  # stopping: still holds the node

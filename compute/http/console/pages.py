@@ -7,7 +7,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
+from compute.core.errors import ComputeError
 from compute.http.console.session import Page, console_page
 from compute.platform.events.presenters import present_event
 from compute.platform.events.selectors import latest_events
@@ -84,7 +87,31 @@ def reservation(request: HttpRequest, page: Page, reservation_id: str) -> HttpRe
 def sandboxes(request: HttpRequest, page: Page) -> HttpResponse:
     """Sandboxes: vCPUs and memory claimed from the same ledger."""
     return _newest_first_with_pools(page, "console/sandboxes.html", "sandboxes",
-                                    live_states=["placed", "starting", "running"])
+                                    live_states=["placed", "starting", "running", "paused"])
+
+
+@console_page
+def sandbox(request: HttpRequest, page: Page, sandbox_id: str) -> HttpResponse:
+    """One sandbox: its state, size, image, network, uptime, the last lines of its console
+    (read from its node), and what can be done to it."""
+    found = page.call("sandboxes.get", sandboxId=sandbox_id)
+    image = (page.call("images.get", imageId=found["imageId"])
+             if found["imageId"] and page.can("images.get") else None)
+    console: list[str] | None = None
+    console_error = ""
+    if found["state"] in ("starting", "running", "paused"):
+        try:
+            console = page.call("sandboxes.logs", sandboxId=sandbox_id, lines=20)["lines"]
+        except ComputeError as error:  # the node does not answer: the page still shows
+            console_error = error.message
+    started = found["startedAt"]
+    if isinstance(started, str):
+        started = parse_datetime(started)
+    uptime = (timezone.now() - started).total_seconds() if started and not found[
+        "endedAt"] else None
+    return page.render("console/sandbox.html", {
+        "sbx": found, "image": image, "console": console, "console_error": console_error,
+        "uptime": uptime, "can_act": page.can("sandboxes.pause")})
 
 
 @console_page

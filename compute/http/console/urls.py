@@ -13,6 +13,7 @@ urlpatterns = [
     path("reservations", pages.reservations, name="console-reservations"),
     path("reservations/<str:reservation_id>", pages.reservation, name="console-reservation"),
     path("sandboxes", pages.sandboxes, name="console-sandboxes"),
+    path("sandboxes/<str:sandbox_id>", pages.sandbox, name="console-sandbox"),
     path("nodes", pages.nodes, name="console-nodes"),
     path("nodes/<str:node_id>", pages.node, name="console-node"),
     path("join-tokens", pages.join_tokens, name="console-join-tokens"),
