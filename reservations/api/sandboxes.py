@@ -120,6 +120,7 @@ OUTPUT = obj(sandboxId=STRING, pid=INTEGER, exited=BOOLEAN, exitCode=nullable(IN
 FILE = obj(sandboxId=STRING, path=STRING, bytes=INTEGER, content=STRING)
 SYNC_SECONDS = 600  # a call waits at most this long; longer commands run detached
 GUEST_PATH = r"^/[^\x00]{0,1023}$"
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 class SandboxExecIn(SandboxIdIn):
@@ -179,8 +180,8 @@ def sandboxes_output(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 class SandboxPutIn(SandboxIdIn):
     path = serializers.RegexField(GUEST_PATH, max_length=1024,
                                   help_text="An absolute path in the guest.")
-    content = serializers.CharField(max_length=3 << 20, allow_blank=True,
-                                 trim_whitespace=False, help_text="The file's bytes, base64.")
+    content = serializers.RegexField(BASE64, max_length=3 << 20, allow_blank=True,
+                                     help_text="The file's bytes, base64.")
 
     def validate_content(self, value: str) -> bytes:
         try:
