@@ -505,10 +505,15 @@ def test_an_agent_killed_mid_exec_reports_the_result_once_and_the_sandbox_stays_
         answer.update(run_in(cpu_stack, created["id"], "sh", "-c",
                              "sleep 5; echo finished; exit 7", timeout=60))
 
+    def started_in_guests() -> int:  # the journal's records of commands the guest started
+        return sum(line.count('"kind": "exec"') for path in (cpu_stack.state_dir / "sim").glob(
+            "*/var/lib/bcd/journal.jsonl") for line in path.read_text().splitlines())
+
+    before = started_in_guests()
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(2.5)  # the command runs in the guest
-    os.kill(agent_pid(cpu_stack, created["nodeId"]), signal.SIGKILL)
+    assert wait_until(lambda: started_in_guests() > before, 60, interval=0.05)
+    os.kill(agent_pid(cpu_stack, created["nodeId"]), signal.SIGKILL)  # while it runs
     worker.join(timeout=120)
     assert (answer.get("exitCode"), answer.get("stdout")) == (7, "finished\n"), answer
     records = [json.loads(line) for path in (cpu_stack.state_dir / "sim").glob(
