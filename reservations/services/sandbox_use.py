@@ -91,12 +91,16 @@ def sandbox_pause(*, tenant: Tenant, actor: Principal, sandbox_id: str,
     """Ask the node to stop (or run again) the guest's CPUs; the sandbox turns `paused`
     (`running`) when the node reports it did."""
     sandbox = access_sandbox_by_id(tenant=tenant, sandbox_id=sandbox_id, lock=True)
-    wanted, now_state = ("paused", SandboxState.RUNNING) if pause else (
-        "running", SandboxState.PAUSED)
-    if sandbox.state != now_state and sandbox.desired != ("running" if pause else "paused"):
-        raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}: only a "
-                           f"{now_state} sandbox can be {'paused' if pause else 'resumed'}",
-                           state=sandbox.state)
+    wanted = "paused" if pause else "running"
+    # A running sandbox may be paused; a paused one, or one whose pause is still asked,
+    # resumed.
+    allowed = (sandbox.state == SandboxState.RUNNING and sandbox.desired == "running"
+               if pause else sandbox.desired == "paused"
+               and sandbox.state in (SandboxState.RUNNING, SandboxState.PAUSED))
+    if not allowed:
+        raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state} (asked: "
+                           f"{sandbox.desired}): it cannot be "
+                           f"{'paused' if pause else 'resumed'} now", state=sandbox.state)
     node = Node.objects.select_for_update(no_key=True).get(pk=sandbox.node_id)
     spec = node_spec_change_locked(node, vm_desired=(sandbox.id, wanted))
     sandbox.desired = wanted

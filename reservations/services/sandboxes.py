@@ -216,6 +216,8 @@ def _stop_locked(sandbox: Sandbox, *, actor_id: str, action: str, event: EventTy
                  reason: str = "") -> None:
     node = Node.objects.select_for_update(no_key=True).get(pk=sandbox.node_id)
     spec = node_spec_change_locked(node, vm_desired=(sandbox.id, "stopped"))
+    if sandbox.state == SandboxState.PAUSED:
+        sandbox_meter(sandbox, database_now())  # its paused time, at the paused rate
     sandbox.state = SandboxState.STOPPING
     sandbox.released_at = database_now()
     sandbox.save(update_fields=["state", "released_at"])

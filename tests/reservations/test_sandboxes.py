@@ -188,3 +188,33 @@ def test_image_catalogue_is_per_pool_and_in_use_images_stay(root, cpu_pool, acme
     assert acme("images.list", poolId=cpu_pool["id"])["items"][0]["name"] == "default"
     assert acme.call("images.create", poolId=cpu_pool["id"], name="mine", kernel=IMAGE_PART,
                      initrd=IMAGE_PART).status in (403, 404)
+
+
+def test_only_the_nodes_report_pauses_a_sandbox_and_its_paused_time_is_metered_lower(
+        root, cpu_pool, keyed_cpu_node):
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from reservations.models import Sandbox, UsageRecord
+
+    key, node = keyed_cpu_node
+    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=4, memoryGiB=2)
+    refused = root.call("sandboxes.pause", sandboxId=sandbox["id"])  # not booted yet
+    assert (refused.status, refused.code) == (409, "invalid_state"), refused.body
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "started"))
+    asked = root("sandboxes.pause", sandboxId=sandbox["id"])
+    assert (asked["state"], asked["desired"]) == ("running", "paused")
+    spec = NodeSpec.objects.filter(node=node).order_by("-generation").first().spec
+    assert [vm["desired"] for vm in spec["vms"]] == ["paused"]
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "paused"))
+    assert root("sandboxes.get", sandboxId=sandbox["id"])["state"] == "paused"
+    exec_refused = root.call("sandboxes.exec", sandboxId=sandbox["id"], argv=["true"])
+    assert (exec_refused.status, exec_refused.code) == (409, "invalid_state")
+    hour_ago = Sandbox.objects.get(pk=sandbox["id"]).metered_from - timedelta(hours=1)
+    Sandbox.objects.filter(pk=sandbox["id"]).update(metered_from=hour_ago)  # an hour paused
+    root("sandboxes.resume", sandboxId=sandbox["id"])
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "resumed"))
+    assert root("sandboxes.get", sandboxId=sandbox["id"])["state"] == "running"
+    paused = UsageRecord.objects.get(subject=sandbox["id"], meter="vcpu.hours",
+                                     window_start=hour_ago)
+    assert abs(paused.quantity - Decimal("0.4")) < Decimal("0.001")  # 4 vCPUs x 1 h x 0.1
