@@ -117,10 +117,12 @@ CALLS: dict[str, tuple[str, Call]] = {
 
 
 def sandbox_in(world: dict[str, str], state: str) -> str:
-    """The world's sandbox as its node's signed report would have made it."""
+    """The world's sandbox as its node's signed report (and, paused, the pause asked
+    before it) would have made it."""
     from reservations.models import Sandbox
 
-    Sandbox.objects.filter(pk=world["sandbox"]).update(state=state)
+    Sandbox.objects.filter(pk=world["sandbox"]).update(
+        state=state, desired="paused" if state == "paused" else "running")
     return world["sandbox"]
 
 
