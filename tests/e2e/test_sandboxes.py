@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -482,7 +483,9 @@ def test_a_sandbox_runs_commands_moves_files_pauses_and_keeps_to_its_network(cpu
     assert run_in(cpu_stack, closed["id"], *reach)["exitCode"] != 0
 
     ended = settled(cpu_stack, expiring["id"], ("stopping", "stopped", "failed"), timeout=60)
-    assert ended["releasedAt"] is not None, ended
+    lived = (datetime.fromisoformat(ended["releasedAt"].replace("Z", "+00:00"))
+             - datetime.fromisoformat(ended["createdAt"].replace("Z", "+00:00")))
+    assert 10 <= lived.total_seconds() <= 60, ended  # released by its limit, not before
     for sandbox_id in (closed["id"], open_one["id"]):
         cpu_stack.json("sandboxes", "release", sandbox_id)
     for sandbox_id in (closed["id"], open_one["id"], expiring["id"]):
