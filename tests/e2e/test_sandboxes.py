@@ -433,6 +433,11 @@ def test_a_sandbox_runs_commands_moves_files_pauses_and_keeps_to_its_network(cpu
         3, "out\n", "err\n", False)
     shown = cpu_stack.cli("sandboxes", "exec", closed["id"], "--", "echo", "hello")
     assert (shown.returncode, shown.stdout) == (0, "hello\n")
+    followed = cpu_stack.cli("sandboxes", "exec", closed["id"], "--follow", "--", "sh", "-c",
+                             "echo one; sleep 1; echo two >&2; echo three; exit 5",
+                             timeout=90)
+    assert (followed.returncode, followed.stdout) == (5, "one\nthree\n"), followed.stderr
+    assert "two\n" in followed.stderr
     started = time.monotonic()
     killed = run_in(cpu_stack, closed["id"], "sh", "-c", "sleep 60; echo late", timeout=2)
     assert (killed["timedOut"], killed["exitCode"], killed["stdout"]) == (True, 137, "")
