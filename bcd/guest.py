@@ -71,11 +71,18 @@ def _exchange(sock: socket.socket, request: dict[str, Any]) -> Any:
     sock.sendall(b"\xff" + json.dumps({"execute": "guest-sync-delimited",
                                       "arguments": {"id": token}}).encode() + b"\n")
     reader = sock.makefile("rb")
-    while reader.read(1) not in (b"\xff", b""):
-        pass  # what a client before us left unread
-    synced = json.loads(reader.readline() or b"{}")
-    if synced.get("return") != token:
+    for _ in range(16):  # answers a client before us left unread, its own syncs' among them
+        while (byte := reader.read(1)) not in (b"\xff", b""):
+            pass
+        if not byte:
+            break
+        with contextlib.suppress(ValueError):
+            if json.loads(reader.readline() or b"{}").get("return") == token:
+                break
+    else:
         raise GuestAgentError("the guest agent did not resynchronise")
+    if not byte:
+        raise GuestAgentError("the guest agent closed its channel")
     sock.sendall(json.dumps(request).encode() + b"\n")
     answer = json.loads(reader.readline() or b"{}")
     if "error" in answer:
