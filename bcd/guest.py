@@ -60,8 +60,8 @@ def call(files: VmFiles, execute: str, arguments: dict[str, Any] | None = None, 
                 sock.connect(f"/proc/self/fd/{folder}/{files.agent.name}")
                 return _exchange(sock, request)
         except OSError as error:
-            raise GuestAgentError(f"the guest agent did not answer ({execute}): "
-                                  f"{error}") from None
+            raise GuestAgentError(f"the guest agent did not answer ({execute}): {error}; "
+                                  "does the image run qemu-guest-agent?") from None
         finally:
             os.close(folder)
 

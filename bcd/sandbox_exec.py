@@ -19,9 +19,9 @@ from typing import Any
 from bcd import guest, qemu
 from bcd.config import Paths
 from bcd.contract import ids
+from bcd.contract.vms import FILE_LIMIT
 
 OUTPUT_LIMIT = 1 << 20  # bytes of each stream a finished command returns at most
-FILE_LIMIT = 2 << 20  # bytes a put or get carries at most (one signed message)
 MAX_SECONDS = 3600.0
 Result = tuple[str, dict[str, Any]]
 
@@ -72,7 +72,7 @@ def answering(action: Callable[[], Result]) -> Result:
     except BadRequest as error:
         return "failed", {"error": str(error)}
     except guest.GuestAgentError as error:
-        return "failed", {"error": f"{error} (does the image run qemu-guest-agent?)"}
+        return "failed", {"error": str(error)}
 
 
 def exec_start(paths: Paths, payload: dict[str, Any],
@@ -97,7 +97,9 @@ def exec_finish(paths: Paths, payload: dict[str, Any], pid: int, deadline: float
             return "failed", {"error": f"the command (pid {pid}) outlived its time limit"}
         time.sleep(pause)
         pause = min(pause * 1.5, 0.25)
-    output: dict[str, Any] = {"pid": pid, **_ended(status, deadline)}
+    output: dict[str, Any] = {"pid": pid, "exitCode": exit_code(status),
+                              "signal": status.signal,
+                              "timedOut": status.signal == 9 and time.time() >= deadline - 0.5}
     for name, path in zip(("stdout", "stderr"), guest.output_paths(pid), strict=True):
         data, complete = guest.read_file(files, path, limit=OUTPUT_LIMIT)
         output[name] = data.decode(errors="replace")
@@ -107,11 +109,11 @@ def exec_finish(paths: Paths, payload: dict[str, Any], pid: int, deadline: float
     return "succeeded", output
 
 
-def _ended(status: guest.ExecStatus, deadline: float) -> dict[str, Any]:
-    timed_out = status.signal == 9 and time.time() >= deadline - 0.5
-    return {"exitCode": status.exit_code if status.exit_code is not None
-            else 128 + (status.signal or 0),
-            "signal": status.signal, "timedOut": timed_out}
+def exit_code(status: guest.ExecStatus) -> int | None:
+    """The command's exit code, or 128 + the signal that killed it, as a shell says."""
+    if status.exit_code is not None:
+        return status.exit_code
+    return 128 + status.signal if status.signal else None
 
 
 def exec_read(paths: Paths, payload: dict[str, Any]) -> Result:
@@ -139,8 +141,7 @@ def exec_read(paths: Paths, payload: dict[str, Any]) -> Result:
         output[f"{name}Offset"] = offset + len(data)
         complete = complete and eof
     if status.exited:
-        output.update(exitCode=status.exit_code if status.exit_code is not None
-                      else 128 + (status.signal or 0), signal=status.signal)
+        output.update(exitCode=exit_code(status), signal=status.signal)
         if complete:
             with contextlib.suppress(guest.GuestAgentError):
                 guest.run_quietly(files, ["/bin/rm", "-f", *guest.output_paths(pid)])

@@ -18,6 +18,7 @@ from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
 from reservations.gaps import gaps_mend, stale_nodes
 from reservations.models import Reservation, ReservationState
+from reservations.selectors import expired_sandboxes
 from reservations.services.backfill import plan_starts, start_planned_earlier
 from reservations.services.binding import (
     TIMEOUT_REASON,
@@ -33,7 +34,6 @@ from reservations.services.idle import reservation_idle_check, watched_on
 from reservations.services.pending import pending_place
 from reservations.services.preemption import preempt_for_queue, reservation_preempted_release
 from reservations.services.release import reservation_expire
-from reservations.services.sandbox_use import expired_sandboxes
 from reservations.services.sandboxes import sandbox_expire
 from reservations.services.series import series_due, series_extend
 from reservations.states import HOLDING

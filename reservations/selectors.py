@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
+from compute.core.db import database_now
 from compute.platform.guards import one_visible
 from compute.platform.tenancy.models import Tenant
 from reservations.models import (
@@ -14,6 +15,7 @@ from reservations.models import (
     Sandbox,
     UsageRecord,
 )
+from reservations.models.sandboxes import LIVE
 
 
 def offering_list(*, tenant: Tenant) -> QuerySet[Offering]:
@@ -56,6 +58,13 @@ def sandbox_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Sand
 def access_sandbox_by_id(*, tenant: Tenant, sandbox_id: str, lock: bool = False) -> Sandbox:
     return one_visible(sandbox_list(tenant=tenant), sandbox_id, noun="sandbox",
                        field="sandboxId", lock=lock)
+
+
+def expired_sandboxes(limit: int = 500) -> list[str]:
+    """Live sandboxes whose time limit has passed and that are not released yet."""
+    return list(Sandbox.objects.filter(state__in=LIVE, released_at__isnull=True,
+                                       expires_at__lte=database_now())
+                .values_list("id", flat=True)[:limit])
 
 
 def usage_list(*, tenant: Tenant, meter: str | None = None) -> QuerySet[UsageRecord]:

@@ -18,6 +18,7 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 URL = re.compile(r"^(https?|file)://[^\s\u0000-\u001f\u007f]{1,2000}$")  # no control characters
 NETWORKS = ("none", "outbound")  # none: only the guest agent's channel; outbound: user-mode
 LISTEN = ("127.0.0.1", "0.0.0.0")  # noqa: S104 (0.0.0.0 only where the pool policy says)
+FILE_LIMIT = 2 << 20  # bytes a sandbox put or get carries at most (one signed message)
 MAX_VCPUS = 256
 MAX_MEMORY_MIB = 4 * 1024 * 1024
 # starting: QEMU runs, the guest is booting; started: the guest said it booted;

@@ -166,7 +166,7 @@ def sandbox_run(api: Transport, arguments: dict[str, Any]) -> dict[str, Any]:
     command = arguments.get("command")
     if not isinstance(command, str) or not command:
         raise ValueError("command: a shell command is required")
-    sandbox_id = arguments.get("sandboxId")
+    sandbox_id, made = arguments.get("sandboxId"), False
     if not sandbox_id:
         if not arguments.get("poolId"):
             raise ValueError("poolId: name a pool to create the sandbox in, or a sandboxId")
@@ -174,11 +174,13 @@ def sandbox_run(api: Transport, arguments: dict[str, Any]) -> dict[str, Any]:
             "poolId": arguments["poolId"], "vcpus": arguments.get("vcpus", 1),
             "memoryGiB": arguments.get("memoryGiB", 1), "image": arguments.get("image"),
             "idempotencyKey": f"mcp-{uuid.uuid4()}"}, retry=False)
-        sandbox_id = created["id"]
+        sandbox_id, made = created["id"], True
     deadline = time.monotonic() + BOOT_SECONDS
     while (state := api.call("sandboxes.get", {"sandboxId": sandbox_id},
                              retry=True)["state"]) in ("placed", "starting"):
         if time.monotonic() > deadline:
+            if made:  # nothing of it is the caller's yet: give its vCPUs and memory back
+                api.call("sandboxes.release", {"sandboxId": sandbox_id})
             raise ValueError(f"sandbox {sandbox_id} did not boot in {BOOT_SECONDS:.0f} s")
         time.sleep(0.25)
     if state != "running":

@@ -18,7 +18,9 @@ from uvicorn_worker import UvicornWorker
 logger = logging.getLogger("compute.http")
 
 SLOTS = 256  # worker processes the board has room for (`serve --workers` allows 128)
-STEP = 0.005  # seconds a worker waits to accept, per connection it holds above the fewest
+# Seconds a worker waits to accept, per connection it holds above the fewest: the head start
+# of the least loaded, which on a busy machine may take more than a few ms to be woken.
+STEP = 0.02
 POST_EVERY = 0.05  # seconds between two posts of a worker's count (connections also end)
 MAX_DELAY = 0.05  # so a stuck worker holding few delays a new connection at most this long
 # Made when the master imports this module, before it forks: every worker of one master

@@ -11,7 +11,7 @@ from rest_framework import serializers
 from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import BOOLEAN, INTEGER, STRING, array, nullable, obj, page_of
-from compute.core.errors import InvalidState
+from compute.core.errors import InvalidState, PreconditionFailed
 from compute.platform.paging import page
 from fleet.api.pools import pool_subject
 from fleet.services.ask import command_wait, node_ask
@@ -155,7 +155,8 @@ def sandboxes_exec(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
                            argv=data["argv"], timeout_seconds=data["timeout_seconds"],
                            detach=data["detach"])
     said = command_wait(command, timeout=(15 if data["detach"] else
-                                          data["timeout_seconds"] + 30))
+                                          data["timeout_seconds"] + 30),
+                        refused=PreconditionFailed)
     return {"sandboxId": ctx.subject.id, "commandId": command.id, "detached": data["detach"],
             "timedOut": False, "stdout": "", "stderr": "", "stdoutTruncated": False,
             "stderrTruncated": False, "exitCode": None, "signal": None, **said}
@@ -173,7 +174,8 @@ def sandboxes_output(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """A detached command's output from the offsets given (base64), and whether it ended."""
     said = node_ask(node_id=ctx.subject.node_id, kind="vm.exec-read", payload={
         "sandboxId": ctx.subject.id, "pid": data["pid"],
-        "stdoutOffset": data["stdout_offset"], "stderrOffset": data["stderr_offset"]})
+        "stdoutOffset": data["stdout_offset"], "stderrOffset": data["stderr_offset"]},
+        refused=PreconditionFailed)
     return {"sandboxId": ctx.subject.id, "exitCode": None, "signal": None, **said}
 
 
@@ -196,7 +198,7 @@ def sandboxes_put(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Write a file in a running sandbox's guest (at most the pool's maxFileBytes)."""
     command = sandbox_put(tenant=ctx.tenant, actor=ctx.principal, sandbox_id=ctx.subject.id,
                           path=data["path"], data=data["content"])
-    said = command_wait(command, timeout=60)
+    said = command_wait(command, timeout=60, refused=PreconditionFailed)
     return {"sandboxId": ctx.subject.id, "path": data["path"], "bytes": said.get("bytes", 0),
             "content": ""}
 
@@ -215,7 +217,8 @@ def sandboxes_fetch(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
         raise InvalidState(f"sandbox {sandbox.id} is {sandbox.state}, not running",
                            state=sandbox.state)
     said = node_ask(node_id=sandbox.node_id, kind="vm.get", timeout=60, payload={
-        "sandboxId": sandbox.id, "path": data["path"], "limit": file_limit(sandbox)})
+        "sandboxId": sandbox.id, "path": data["path"], "limit": file_limit(sandbox)},
+        refused=PreconditionFailed)
     return {"sandboxId": sandbox.id, "path": data["path"], "bytes": said.get("bytes", 0),
             "content": said.get("data", "")}
 

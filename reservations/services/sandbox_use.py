@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from audit.services import audit_record, audited
+from bcd.contract.vms import FILE_LIMIT
 from compute.core.db import database_now
 from compute.core.errors import InvalidArgument, InvalidState
 from compute.platform.events.services import event_emit
@@ -23,10 +24,9 @@ from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import Node, NodeCommand
 from fleet.services.specs import command_create, desired_state_changed, node_spec_change_locked
 from reservations.events import ReservationEvent
-from reservations.models.sandboxes import LIVE, Sandbox, SandboxState
+from reservations.models.sandboxes import Sandbox, SandboxState
 from reservations.selectors import access_sandbox_by_id
 
-FILE_LIMIT = 2 << 20  # what one signed command carries at most
 PAUSED_RATE = 0.1
 
 
@@ -124,8 +124,3 @@ def expires_at_for(policy: dict[str, Any], timeout_seconds: int | None) -> datet
     limits = [s for s in (timeout_seconds, policy.get("maxLifetime")) if s]
     return database_now() + timedelta(seconds=min(limits)) if limits else None
 
-
-def expired_sandboxes(limit: int = 500) -> list[str]:
-    return list(Sandbox.objects.filter(state__in=LIVE, released_at__isnull=True,
-                                       expires_at__lte=database_now())
-                .values_list("id", flat=True)[:limit])

@@ -179,7 +179,7 @@ def test_a_mutating_call_writes_one_audit_row_and_only_declared_events(name, wor
         from reservations.api import sandboxes
 
         monkeypatch.setattr(sandboxes, "command_wait",
-                            lambda command, timeout: NODE_ANSWERS[name])
+                            lambda command, **_: NODE_ANSWERS[name])
     action, call = CALLS[name]
     client, body = call(Clients(root, acme), world)
     with recorded() as written:

@@ -448,6 +448,10 @@ def test_a_sandbox_runs_commands_moves_files_pauses_and_keeps_to_its_network(cpu
     cpu_stack.ok("sandboxes", "put", closed["id"], str(tmp_path / "in"), "/run/blob")
     cpu_stack.ok("sandboxes", "get", closed["id"], "/run/blob", str(tmp_path / "out"))
     assert (tmp_path / "out").read_bytes() == original
+    missing = cpu_stack.cli("sandboxes", "get", closed["id"], "/run/none", str(tmp_path / "x"))
+    assert missing.returncode != 0
+    assert "failed_precondition" in missing.stderr, missing.stderr  # the guest's refusal, 4xx
+    assert not (tmp_path / "x").exists()
     too_big = cpu_stack.cli("sandboxes", "put", closed["id"], "/dev/stdin", "/run/x",
                             stdin="x" * (5 << 19))  # 2.5 MiB: above the pool limit (2 MiB)
     assert too_big.returncode != 0
