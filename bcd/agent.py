@@ -28,6 +28,7 @@ from bcd.cdi import BadCdiSpec, vendor_spec
 from bcd.config import VARIABLES, Config, SimFaults, Tuning, write_private
 from bcd.contract.crypto import canonical, sign_bytes
 from bcd.contract.holds import BadHold, Claims, Hold
+from bcd.contract.profile import units_of
 from bcd.contract.vms import Vm
 from bcd.deploys import Deploys, serve_deploys
 from bcd.deviceplugin import GpuSource, run_device_plugin
@@ -43,6 +44,7 @@ from bcd.inventory import inventory_for
 from bcd.join.client import published_gateway
 from bcd.journal import Journal
 from bcd.notify import sd_notify, watchdog_seconds
+from bcd.profile import NodeProfile
 from bcd.provision import Site, run_bmc
 from bcd.session import AgentSession, Credentials
 from bcd.vms import VmKeeper
@@ -83,6 +85,10 @@ class Agent:
         self._telemetry: dict[str, dict[str, float]] = {}
         self.vms = VmKeeper(paths=self.paths, journal=self.journal, node_id=config.node_id,
                             sign=self._signed, send=self._send_reports)
+        self.profile = NodeProfile(self.paths, self.journal,
+                                   slurm_name=config.hostname or config.node_id,
+                                   holds=self.held,
+                                   gpus=lambda: self.current_inventory().get("gpus", []))
 
     def _send_reports(self, reports: list[tuple[str, str, str]]) -> None:
         """Reports made outside a spec's application (VMs): sent if a session is up, and
@@ -149,6 +155,10 @@ class Agent:
             return await asyncio.to_thread(diagnostics[kind])
         if kind.startswith("bmc.") and self.provisioner:  # blocking HTTP to a BMC
             return await asyncio.to_thread(run_bmc, kind, payload, self.node_key(), self.site)
+        if kind == "profile.check":
+            units = (payload.get("params") or {}).get("units", [])
+            return await asyncio.to_thread(self.profile.check,
+                                           units if isinstance(units, list) else [])
         if kind == "vm.put":
             return await asyncio.to_thread(sandbox_exec.answering,
                                            lambda: sandbox_exec.put(self.paths, payload))
@@ -197,6 +207,7 @@ class Agent:
         if not isinstance(vms, list):
             raise BadHold("vms must be a list")
         machines = [Vm.from_wire(entry) for entry in vms]  # BadVm refuses the whole spec
+        units = units_of(spec)  # BadProfile refuses the whole spec
         self.journal.begin("spec", str(generation), generation=generation)
         reports = []
         for allocation, hold in self.held().items():
@@ -234,6 +245,7 @@ class Agent:
                                                   "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
         self.vms.want(machines)
+        self.profile.want(units, generation)
         self.spec_reports, self.spec_applied_here = reports, True
         return reports
 
@@ -281,6 +293,7 @@ class Agent:
             "simulated": self.config.sim,
             "virtualization": self.vms.accelerator or "probing",
             "vms": self.vms.status(),
+            "profile": self.profile.report(),
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "product": g["product"],
                       "health": g.get("health", "healthy"),
                       "healthReason": g.get("healthReason", ""),
@@ -384,7 +397,19 @@ class Agent:
         return self._inventory
 
     def _read_inventory(self) -> dict[str, Any]:
-        return {**self.inventory.report(), "virtualization": self.vms.accelerator or "probing"}
+        return {**self.inventory.report(), "virtualization": self.vms.accelerator or "probing",
+                "profile": self.profile.report()}
+
+    async def keep_profile(self, *, interval: float = 30.0) -> None:
+        """Converge the profile's units when the spec changes them (or a hold comes or
+        goes), and again every `interval` (a driver update, a controller back up)."""
+        since = interval
+        while True:
+            if self.profile.wanted.is_set() or since >= interval:
+                await asyncio.to_thread(self.profile.converge)
+                since = 0.0
+            await asyncio.sleep(0.25)
+            since += 0.25
 
     async def watch_inventory(self) -> None:
         """Read inventory, health and telemetry off the event loop (NVML and nvidia-smi
@@ -423,7 +448,7 @@ class Agent:
             serve_deploys(self.site.deploys, self.deploy_listen)
         works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
                  self.stop_empty_slices(), self.watch_inventory(), self.device_plugin(),
-                 self.vms.run()]
+                 self.vms.run(), self.keep_profile()]
         interval = watchdog_seconds()
         if interval is not None:
             works.append(self.ping_watchdog(interval))
@@ -506,6 +531,10 @@ def status_text(status: dict[str, Any]) -> str:
     lines += [f"preempting  {hold['allocationId']} ({hold['reservationId']}) at "
               f"{hold['preemptAt']}: its GPUs are taken back then"
               for hold in status.get("holds", []) if hold.get("preemptAt")]
+    profile = status.get("profile") or {"units": {}}
+    lines += [f"unit        {name} {unit['state']} (generation {unit['generation']})"
+              + (f": {unit['reason']}" if unit["reason"] else "")
+              for name, unit in profile["units"].items()]
     if status.get("simulated"):
         lines.append("readings    simulated (a simulated machine: no GPU was measured)")
     for gpu in status["gpus"]:

@@ -136,6 +136,28 @@ class VendorSpec:
         return found
 
 
+def minimum_version(spec: dict[str, Any]) -> str:
+    """The oldest cdiVersion that carries every feature `spec` uses (the rule of the CDI
+    project's own library): a runtime that predates a newer version refuses a spec that
+    claims it, so a spec claims no more than it needs (Podman 4.3 reads up to 0.5.0)."""
+    devices = spec.get("devices", [])
+    edits = [spec.get("containerEdits", {}), *(d.get("containerEdits", {}) for d in devices)]
+    if any("netDevices" in e for e in edits):
+        return "1.0.0"
+    if any("intelRdt" in e or "additionalGids" in e for e in edits):
+        return "0.7.0"
+    kind_class = str(spec.get("kind", "")).partition("/")[2]
+    if spec.get("annotations") or any(d.get("annotations") for d in devices) \
+            or "." in kind_class:
+        return "0.6.0"
+    if any(not str(d.get("name", "a"))[:1].isalpha() for d in devices) or any(
+            "hostPath" in node for e in edits for node in e.get("deviceNodes", [])):
+        return "0.5.0"
+    if any("type" in mount for e in edits for mount in e.get("mounts", [])):
+        return "0.4.0"
+    return "0.3.0"
+
+
 def read_spec_file(path: Path) -> dict[str, Any]:
     """One spec file, JSON or YAML by its suffix, checked against the schema."""
     try:

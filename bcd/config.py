@@ -41,6 +41,9 @@ VARIABLES = Declared(
     Variable("BCD_DEVICE_PLUGIN_DIR", "path", None,
              "the kubelet's device-plugin folder (default "
              "`/var/lib/kubelet/device-plugins`)", reader=AGENT),
+    Variable("SLURM_CONF", "path", None,
+             "the site's slurm.conf, which the slurmd unit's own includes (Slurm's variable; "
+             "default `/etc/slurm/slurm.conf`)", reader=AGENT),
     Variable("BCD_SIM_VCPUS", "int", None,
              "vCPUs of a simulated machine's host (32 for `cpu`, else 96)", reader=AGENT),
     Variable("BCD_SIM_MEMORY_GIB", "int", None,

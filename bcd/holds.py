@@ -17,11 +17,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bcd.cdi import BadCdiSpec, check_spec, merged, vendor_spec
+from bcd.cdi import BadCdiSpec, check_spec, merged, minimum_version, vendor_spec
 from bcd.config import Paths, write_private
 from bcd.contract.holds import CDI_KIND, Hold, holds_under
 
-CDI_VERSION = "0.6.0"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
                    "/dev/nvidia-modeset")
 FALLBACK = "fallback: NVIDIA_VISIBLE_DEVICES and the device nodes found (no vendor CDI spec)"
@@ -42,18 +41,25 @@ def cdi_spec(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> tuple[dict[
         top, source = merged(vendor.top_edits, ours), vendor.source
     else:
         for uuid in hold.gpus:
-            node = f"/dev/nvidia{gpu_index.get(uuid, -1)}"
-            found = [{"path": node}] if (paths.root / node.lstrip("/")).exists() else []
+            found = _device_nodes(paths, f"/dev/nvidia{gpu_index.get(uuid, -1)}")
             devices.append({"name": uuid, "containerEdits": {"deviceNodes": found}
                             if found else {"env": [f"BCD_GPU={uuid}"]}})
-        control = [{"path": p} for p in CONTROL_DEVICES if (paths.root / p.lstrip("/")).exists()]
+        control = _device_nodes(paths, *CONTROL_DEVICES)
         env = [*ours["env"], f"NVIDIA_VISIBLE_DEVICES={','.join(hold.gpus)}"]
         top = {"env": env, **({"deviceNodes": control} if control else {})}
         source = FALLBACK
-    spec = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
-            "containerEdits": top}
+    spec = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices, "containerEdits": top}
+    spec["cdiVersion"] = minimum_version(spec)
     check_spec(spec)
     return spec, source
+
+
+def _device_nodes(paths: Paths, *nodes: str) -> list[dict[str, str]]:
+    """The device nodes among `nodes` that exist under the node's root, each with its host
+    path when the root is not `/` (a simulated machine's device files live under it)."""
+    found = [(node, paths.root / node.lstrip("/")) for node in nodes]
+    return [{"path": node, **({} if str(paths.root) == "/" else {"hostPath": str(host)})}
+            for node, host in found if host.exists()]
 
 
 def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
@@ -75,7 +81,7 @@ def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str,
     write_private(env_file, "".join(f"{k}={v}\n" for k, v in {
         **hold.env,
         "BCD_RESERVATION_ID": hold.reservation_id,
-        "BCD_CGROUP_PARENT": hold.slice_name,
+        "BCD_CGROUP_PARENT": cgroup_parent(hold, paths),
         "BCD_CDI_DEVICES": ",".join(hold.cdi_devices),
         "NVIDIA_VISIBLE_DEVICES": ",".join(hold.gpus),
     }.items()))
@@ -85,7 +91,13 @@ def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str,
                                           "preemptAt": hold.preempt_at}) + "\n")
     else:
         notice.unlink(missing_ok=True)
-    return {**hold.binding(), "cdiSource": source}
+    return {**hold.binding(), "cgroupParent": cgroup_parent(hold, paths), "cdiSource": source}
+
+
+def cgroup_parent(hold: Hold, paths: Paths) -> str:
+    """Where the hold's workloads go: its systemd slice, or where systemd does not run, a
+    cgroupfs path (a runtime with the cgroupfs manager refuses a slice name)."""
+    return hold.slice_name if systemd_present(paths) else hold.cgroupfs_path
 
 
 def holds_on_disk(paths: Paths) -> dict[str, Hold]:

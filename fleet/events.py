@@ -9,6 +9,7 @@ from compute.platform.events.types import EventType, event_types
 class FleetEvent(EventType):
     SITE_CREATED = "site.created"
     POOL_CREATED = "pool.created"
+    POOL_POLICY_UPDATED = "pool.policy.updated"
     JOIN_TOKEN_CREATED = "join_token.created"
     JOIN_TOKEN_REVOKED = "join_token.revoked"
     NODE_JOINED = "node.joined"

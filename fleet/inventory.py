@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bcd.contract.profile import PROFILE_UNITS, UNIT_STATES
 from compute.core.errors import InvalidArgument
 
 _VENDOR_PREFIXES = ("NVIDIA ", "Tesla ")
@@ -63,6 +64,7 @@ class InventoryReport:
     gpus: tuple[GpuReport, ...] = field(default_factory=tuple)
     simulated_root: str = ""  # a simulated machine: its agent's private root
     virtualization: str = ""  # kvm | tcg | none | probing; "" from agents that do not say
+    profile: dict[str, Any] = field(default_factory=dict)  # units' states, as reported
 
     def models(self) -> set[str]:
         return {gpu.model for gpu in self.gpus}
@@ -120,6 +122,30 @@ def parse_inventory(data: dict[str, Any]) -> InventoryReport:
                               field="virtualization")
     return InventoryReport(
         simulated_root=root, virtualization=virtualization,
+        profile=parse_profile(data.get("profile") or {}),
         hostname=_get(data, "hostname", str, "", ""), vcpus=_get(data, "vcpus", int, ""),
         memory_gib=_get(data, "memoryGiB", int, ""), serial=_get(data, "serial", str, "", ""),
         product_uuid=_get(data, "productUuid", str, "", ""), macs=macs, gpus=tuple(gpus))
+
+
+def parse_profile(data: Any) -> dict[str, Any]:
+    """The profile part of a report: `{generation, units: {name: {state, reason,
+    generation, at}}}`, kept in that form once checked."""
+    if not isinstance(data, dict):
+        raise InvalidArgument("profile must be an object", field="profile")
+    units = data.get("units") or {}
+    if not isinstance(units, dict):
+        raise InvalidArgument("profile.units must be an object", field="profile.units")
+    checked: dict[str, Any] = {}
+    for name, unit in units.items():
+        where = f"profile.units.{str(name)[:40]}."
+        if name not in PROFILE_UNITS:
+            raise InvalidArgument(f"{where[:-1]} is not a unit", field=where[:-1])
+        if not isinstance(unit, dict) or unit.get("state") not in UNIT_STATES:
+            raise InvalidArgument(f"{where}state must be one of {', '.join(UNIT_STATES)}",
+                                  field=f"{where}state")
+        checked[name] = {"state": unit["state"],
+                         "reason": str(_get(unit, "reason", str, where, ""))[:300],
+                         "generation": _get(unit, "generation", int, where, 0),
+                         "at": str(_get(unit, "at", str, where, ""))[:40]}
+    return {"generation": _get(data, "generation", int, "profile.", 0), "units": checked}

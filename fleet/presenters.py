@@ -6,6 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from bcd.contract.holds import SLURM_ACCOUNT
+from bcd.contract.profile import PROFILE_UNITS, SLURMD
 from compute.core.api.inputs import Input
 from compute.core.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from fleet.models import Device, Image, JoinToken, Node, Pool, Site
@@ -109,6 +111,38 @@ class BmcPolicyIn(Input):
                   "ramdisk for PXE.")
 
 
+class SlurmPolicyIn(Input):
+    """Where the pool's holds asked with `--slurm ACCOUNT` are published."""
+
+    cluster = serializers.RegexField(SLURM_ACCOUNT, max_length=64,
+                                     help_text="The Slurm cluster's name (ClusterName).")
+    partition = serializers.RegexField(SLURM_ACCOUNT, max_length=64, required=False,
+                                       help_text="The partition the Slurm reservation is in.")
+
+
+class ProfileIn(Input):
+    """Software units bcd keeps on the pool's nodes (desired state, reported back)."""
+
+    units = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(PROFILE_UNITS)), min_length=1,
+        max_length=len(PROFILE_UNITS),
+        help_text="container-toolkit: NVIDIA's CDI spec (/etc/cdi/nvidia.json, by UUID) kept "
+                  "current; slurmd: the node's Slurm daemon, offering held GPUs.")
+    required_units = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(PROFILE_UNITS)), required=False,
+        help_text="Units that must be ready for a node to pass acceptance (and be booked).")
+    aliases = {"required": "required_units"}
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        extra = set(attrs.get("required_units", [])) - set(attrs["units"])
+        if extra:
+            raise serializers.ValidationError(
+                {"required": f"{sorted(extra)[0]} is not among the profile's units"})
+        if len(set(attrs["units"])) != len(attrs["units"]):
+            raise serializers.ValidationError({"units": "a unit is listed twice"})
+        return attrs
+
+
 class PolicyIn(Input):
     """A pool's policy. Stored in the wire form it was given, once validated."""
 
@@ -117,6 +151,8 @@ class PolicyIn(Input):
     expect = ExpectIn(required=False)
     host_share = HostShareIn(required=False)
     kubernetes = serializers.BooleanField(required=False, default=False)
+    slurm = SlurmPolicyIn(required=False)
+    profile = ProfileIn(required=False)
     on_device_failure = serializers.ChoiceField(
         choices=["keep", "replace-future"], required=False,
         help_text="A GPU turns unhealthy: keep its bookings (the default), or re-place the "
@@ -129,6 +165,13 @@ class PolicyIn(Input):
         help_text="Slice each GPU (not in MIG mode) into this many time-sliced shares, "
                   "booked as class gpu-share; a GPU is booked whole or as shares, never both "
                   "at one time.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        units = (attrs.get("profile") or {}).get("units", [])
+        if attrs.get("slurm") and SLURMD not in units:
+            raise serializers.ValidationError(
+                {"slurm": "publishing holds to Slurm needs the slurmd unit in profile.units"})
+        return attrs
 
 
 SITE = obj(id=STRING, tenantId=STRING, kind=STRING, region=STRING, name=STRING,
@@ -148,7 +191,8 @@ NODE = obj(
                      powerState=nullable(STRING), polledAt=nullable(TIME),
                      deployment=nullable(obj(image=STRING, imageId=STRING, ramdiskId=STRING,
                                              boot=STRING, startedAt=STRING,
-                                             bootedAt=STRING, deadline=STRING)))))
+                                             bootedAt=STRING, deadline=STRING)))),
+    profile=nullable(obj(generation=INTEGER, units=OBJECT)))
 DEVICE = obj(id=STRING, uuid=STRING, index=INTEGER, product=STRING, model=STRING,
              vramGiB=INTEGER, nvlinkDomain=nullable(STRING), profile=nullable(STRING),
              parentId=nullable(STRING), health=STRING, healthReason=nullable(STRING),
@@ -191,6 +235,7 @@ def present_node(node: Node) -> dict[str, Any]:
         "sessionEpoch": node.session_epoch, "journalEpoch": node.journal_epoch,
         "conditions": node_conditions(node), "role": node.role,
         "provisionError": node.provision_error or None, "bmc": present_bmc(node),
+        "profile": node.profile or None,
     }
 
 

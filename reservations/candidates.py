@@ -192,7 +192,7 @@ SELECT nodes.id, nodes.vcpus, nodes.memory_gib, nodes.gpus,
        coalesce(held.vcpus, 0) + coalesce(sandboxed.vcpus, 0),
        coalesce(held.memory, 0) + coalesce(sandboxed.memory, 0), {group},
        count(*),
-       coalesce(string_agg({Device}.id, ',' ORDER BY {Device}.index) FILTER (
+       coalesce(string_agg({Device}.id, ',' ORDER BY {Device}.index, {Device}.uuid) FILTER (
            WHERE {Device}.health = 'healthy' {device_filter}
              AND {Device}.id NOT IN (SELECT id FROM blocked)), '')
   FROM nodes JOIN {Device} ON {Device}.node_id = nodes.id

@@ -26,6 +26,7 @@ class Shape:
     product: str = ""
     selector: str = ""
     kubernetes: bool = False
+    slurm_account: str = ""  # publish the hold to the node's Slurm, for this account
     fraction: float = 0.0  # of one GPU, asked as time-sliced shares; `on` counts them
 
     @classmethod
@@ -33,7 +34,8 @@ class Shape:
         """The shape a reservation was made with."""
         return cls(count=rsv.count, device_class=rsv.device_class, profile=rsv.profile,
                    topology=rsv.topology, model=rsv.model, product=rsv.product,
-                   selector=rsv.selector, kubernetes=rsv.kubernetes)
+                   selector=rsv.selector, kubernetes=rsv.kubernetes,
+                   slurm_account=rsv.slurm_account)
 
     @classmethod
     def of_series(cls, series: ReservationSeries) -> Shape:
@@ -60,7 +62,9 @@ class Shape:
         return {"gpus": self.count, "topology": self.topology, "model": self.model,
                 "product": self.product, "selector": self.selector,
                 "kubernetes": self.kubernetes, "device_class": self.device_class,
-                "profile": self.profile, **({"fraction": self.fraction} if self.fraction else {})}
+                "profile": self.profile,
+                **({"slurm": self.slurm_account} if self.slurm_account else {}),
+                **({"fraction": self.fraction} if self.fraction else {})}
 
 
 @dataclass(frozen=True)

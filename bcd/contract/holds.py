@@ -21,6 +21,8 @@ from bcd.contract import ids
 CDI_KIND = "bcd.dev/gpu"
 ENV_DIR = "/run/bcd/allocations"
 DEVICE_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9-]{0,94}$")
+# A Slurm account or partition name (what Slurm accepts, and nothing a shell would read).
+SLURM_ACCOUNT = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 SHARE = re.compile(r"^(GPU-[A-Za-z0-9][A-Za-z0-9-]{0,80}):share-([1-9][0-9]?)$")
 
 
@@ -42,6 +44,34 @@ class BadHold(ValueError):
 
 
 @dataclass(frozen=True)
+class SlurmPublish:
+    """A hold the node's Slurm offers to one account until the hold's end: a Slurm
+    reservation named after the reservation, on the node's GPUs that the hold holds."""
+
+    account: str
+    partition: str = ""
+    until: str = ""  # ISO 8601: the Slurm reservation's end (the hold's window end)
+
+    @classmethod
+    def from_wire(cls, where: str, entry: object) -> SlurmPublish:
+        if not isinstance(entry, dict):
+            raise BadHold(f"{where}: slurm must be an object")
+        account, partition = entry.get("account"), entry.get("partition", "")
+        until = entry.get("until", "")
+        if not isinstance(account, str) or not re.match(SLURM_ACCOUNT, account):
+            raise BadHold(f"{where}: slurm.account is not a Slurm account name")
+        if not isinstance(partition, str) or (partition and not re.match(SLURM_ACCOUNT,
+                                                                         partition)):
+            raise BadHold(f"{where}: slurm.partition is not a Slurm partition name")
+        if not isinstance(until, str) or not _is_time(until):
+            raise BadHold(f"{where}: slurm.until must be an ISO 8601 time")
+        return cls(account, partition, until)
+
+    def wire(self) -> dict[str, str]:
+        return {"account": self.account, "partition": self.partition, "until": self.until}
+
+
+@dataclass(frozen=True)
 class Hold:
     allocation_id: str
     reservation_id: str
@@ -49,6 +79,7 @@ class Hold:
     kubernetes: bool = False
     shares: tuple[str, ...] = ()  # time-sliced shares of the held GPUs
     preempt_at: str = ""  # ISO 8601: the hold is preempted then (a notice beside its env file)
+    slurm: SlurmPublish | None = None
 
     @classmethod
     def from_wire(cls, entry: object) -> Hold:
@@ -77,8 +108,10 @@ class Hold:
         preempt_at = entry.get("preemptAt", "")
         if not isinstance(preempt_at, str) or (preempt_at and not _is_time(preempt_at)):
             raise BadHold(f"{allocation_id}: preemptAt must be an ISO 8601 time")
+        slurm = entry.get("slurm")
         return cls(allocation_id, reservation_id, tuple(gpus), kubernetes, tuple(shares),
-                   preempt_at)
+                   preempt_at,
+                   None if slurm is None else SlurmPublish.from_wire(allocation_id, slurm))
 
     def wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"allocationId": self.allocation_id,
@@ -88,6 +121,8 @@ class Hold:
             wire["shares"] = list(self.shares)
         if self.preempt_at:
             wire["preemptAt"] = self.preempt_at
+        if self.slurm:
+            wire["slurm"] = self.slurm.wire()
         return wire
 
     @property
@@ -111,6 +146,12 @@ class Hold:
     @property
     def slice_name(self) -> str:
         return f"bcd-alloc-{self.allocation_id}.slice"
+
+    @property
+    def cgroupfs_path(self) -> str:
+        """The cgroup parent where systemd does not run (a runtime's cgroupfs manager
+        refuses a slice name)."""
+        return f"/bcd/alloc-{self.allocation_id}"
 
     @property
     def env(self) -> dict[str, str]:

@@ -244,6 +244,9 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
 @click.option("--horizon-days", type=click.IntRange(1, 366), default=14, show_default=True,
               help="With --every: how far ahead occurrences are booked.")
 @click.option("--kubernetes", is_flag=True, help="Hold for the node's Kubernetes workers.")
+@click.option("--slurm", "slurm_account", default=None, metavar="ACCOUNT",
+              help="Publish the hold to the node's Slurm for this account (the pool's policy "
+                   "names the cluster).")
 @click.option("--fraction", type=click.FloatRange(0.001, 1), default=None,
               help="Instead of --gpus: this part of one GPU (e.g. 0.22), booked as the fewest "
                    "time-sliced shares of one GPU that cover it.")
@@ -259,8 +262,9 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
             start: str | None,
             at_earliest: bool, before: str | None, every: str | None, until: str | None,
             first_day: str | None, time_zone: str, horizon_days: int, kubernetes: bool,
-            fraction: float | None, priority_class: str | None, key: str | None, wait: float,
-            output: str | None, query: str | None, tenant: str | None) -> None:
+            slurm_account: str | None, fraction: float | None, priority_class: str | None,
+            key: str | None, wait: float, output: str | None, query: str | None,
+            tenant: str | None) -> None:
     """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
     fit; with --every, on every window of a rule until a day); retry with --key KEY to never
     book twice."""
@@ -275,6 +279,7 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
                       time_zone, horizon_days, clashing={"--for": duration, "--start": start,
                                                          "--at-earliest": at_earliest,
                                                          "--kubernetes": kubernetes,
+                                                         "--slurm": slurm_account,
                                                          "--priority-class": priority_class},
                       output=output, query=query, tenant=tenant)
         return
@@ -288,8 +293,8 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
         else None
     body = {**request_shape(pool, gpus or 1, duration, nvlink, None if models else model, product,
                             selector, mig, share),
-            "kubernetes": kubernetes or None, "priorityClass": priority_class,
-            "idempotencyKey": key, "binding": "hold",
+            "kubernetes": kubernetes or None, "slurm": slurm_account,
+            "priorityClass": priority_class, "idempotencyKey": key, "binding": "hold",
             "atEarliest": at_earliest or None, **time_fields("start", start),
             **time_fields("before", before)}
     if fraction is not None:  # counted in shares by the pool that books it

@@ -157,7 +157,8 @@ def pools() -> None:
               required=True)
 @click.option("--gpu-model", default=None, help="GPU family such as H100.")
 @click.option("--policy-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON policy: acceptance checks, expect.gpuCount, hostShare, kubernetes.")
+              help="JSON policy: acceptance checks, expect.gpuCount, hostShare, kubernetes, "
+                   "slurm, profile.")
 @click.option("--name", default=None)
 @click.option("--key", default=None, help="Idempotency key: the same key returns the same pool.")
 def pools_create(site_id: str, pool_class: str, gpu_model: str | None, policy_file: str | None,
@@ -166,6 +167,15 @@ def pools_create(site_id: str, pool_class: str, gpu_model: str | None, policy_fi
     policy = read_json_file(policy_file) if policy_file else None
     return {"siteId": site_id, "class": pool_class, "gpuModel": gpu_model, "policy": policy,
             "name": name, "idempotencyKey": key}
+
+
+@api_command(pools, "update", "pools.update")
+@click.argument("pool_id")
+@click.option("--policy-file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The whole new policy, JSON (what it leaves out is no longer set).")
+def pools_update(pool_id: str, policy_file: str) -> dict[str, Any]:
+    """Replace a pool's policy; its nodes converge to its profile of units."""
+    return {"poolId": pool_id, "policy": read_json_file(policy_file)}
 
 
 @api_command(pools, "get", "pools.get")

@@ -46,16 +46,16 @@ class Capacity(Group):
 
     def earliest(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
             product: str | None = None, selector: str | None = None, model: str | None = None,
-            kubernetes: bool | None = None, after: str | None = None, after_in: int | None = None,
-            before: str | None = None, before_in: int | None = None,
+            kubernetes: bool | None = None, slurm: str | None = None, after: str | None = None,
+            after_in: int | None = None, before: str | None = None, before_in: int | None = None,
             tenant_id: str | None = None) -> Any:
         """The earliest window in which this request fits on one node (after a time, ending
         before another), on which node and devices; or why none. Books nothing.
         """
         return self._call("capacity.earliest", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
-            "kubernetes": kubernetes, "after": after, "afterIn": after_in, "before": before,
-            "beforeIn": before_in, "tenantId": tenant_id}, retry=True)
+            "kubernetes": kubernetes, "slurm": slurm, "after": after, "afterIn": after_in,
+            "before": before, "beforeIn": before_in, "tenantId": tenant_id}, retry=True)
 
     def get(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
         """A pool's capacity per resource: total, allocatable, allocated, reserved, available."""
@@ -63,14 +63,14 @@ class Capacity(Group):
 
     def preview(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
             product: str | None = None, selector: str | None = None, model: str | None = None,
-            kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
-            tenant_id: str | None = None) -> Any:
+            kubernetes: bool | None = None, slurm: str | None = None, start: str | None = None,
+            start_in: int | None = None, tenant_id: str | None = None) -> Any:
         """Would this request fit (now, or from a start), where, with which host share? If not,
         why. Books nothing.
         """
         return self._call("capacity.preview", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
-            "kubernetes": kubernetes, "start": start, "startIn": start_in,
+            "kubernetes": kubernetes, "slurm": slurm, "start": start, "startIn": start_in,
             "tenantId": tenant_id}, retry=True)
 
     def shares(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
@@ -301,21 +301,26 @@ class Pools(Group):
             "limits": limits, "share": share, "priorityClasses": priority_classes,
             "tenantId": tenant_id}, retry=False)
 
+    def update(self, *, pool_id: str, policy: dict[str, Any], tenant_id: str | None = None) -> Any:
+        """Replace a pool's policy; its nodes converge to the new profile of units."""
+        return self._call("pools.update", {"poolId": pool_id, "policy": policy,
+            "tenantId": tenant_id}, retry=False)
+
 
 class Reservations(Group):
     """reservations.* methods."""
 
     def create(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
             product: str | None = None, selector: str | None = None, model: str | None = None,
-            kubernetes: bool | None = None, start: str | None = None, start_in: int | None = None,
-            at_earliest: bool | None = None, before: str | None = None,
+            kubernetes: bool | None = None, slurm: str | None = None, start: str | None = None,
+            start_in: int | None = None, at_earliest: bool | None = None, before: str | None = None,
             before_in: int | None = None, binding: str | None = None,
             priority_class: str | None = None, idempotency_key: str | None = None,
             tenant_id: str | None = None) -> Any:
         """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
         return self._call("reservations.create", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
-            "kubernetes": kubernetes, "start": start, "startIn": start_in,
+            "kubernetes": kubernetes, "slurm": slurm, "start": start, "startIn": start_in,
             "atEarliest": at_earliest, "before": before, "beforeIn": before_in, "binding": binding,
             "priorityClass": priority_class, "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)

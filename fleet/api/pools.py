@@ -14,7 +14,7 @@ from fleet.events import FleetEvent
 from fleet.models import PoolClass
 from fleet.presenters import POOL, PolicyIn, present_pool
 from fleet.selectors import access_pool_by_id, pool_list
-from fleet.services.pools import pool_create
+from fleet.services.pools import pool_create, pool_policy_update
 
 
 def pool_subject(kind: str = "pool", *, owned: bool = False) -> Subject:
@@ -62,3 +62,17 @@ def pools_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
 def pools_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Pools the tenant owns or was offered."""
     return page(pool_list(tenant=ctx.tenant), present=present_pool, **data)
+
+
+class PoolPolicyIn(Input):
+    pool_id = PublicIdField("pool")
+    policy = PolicyIn()
+
+
+@endpoint("pools", "update", returns=POOL, input=PoolPolicyIn, mutating=True,
+          emits=(FleetEvent.POOL_POLICY_UPDATED,))
+def pools_update(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Replace a pool's policy; its nodes converge to the new profile of units."""
+    return present_pool(pool_policy_update(tenant=ctx.tenant, actor=ctx.principal,
+                                           pool_id=data["pool_id"],
+                                           policy=PolicyIn.wire_form(data["policy"])))

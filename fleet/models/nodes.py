@@ -77,6 +77,9 @@ class Node(models.Model):
         max_length=8, blank=True,
         help_text="How the node runs sandbox VMs: kvm, tcg (emulated), none; as it reports.")
     memory_gib = models.PositiveIntegerField(default=0)
+    profile = models.JSONField(default=dict, blank=True, help_text=(
+        "The profile's units as the node last reported them: {generation, units: {name: "
+        "{state, reason, generation, at}}}."))
     vcpus_allocated = models.PositiveIntegerField(default=0)
     memory_gib_allocated = models.PositiveIntegerField(default=0)
     serial = models.CharField(max_length=128, blank=True)

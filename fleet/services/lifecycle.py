@@ -38,6 +38,9 @@ def acceptance_start_locked(node: Node, *, reason: str = "") -> list[NodeCommand
     provisioner has no capacity to accept: it is adopted as it is."""
     policy = node.pool.policy or {}
     wanted = policy.get("acceptance", []) if node.role == NodeRole.NODE else []
+    required = (policy.get("profile") or {}).get("required") or []
+    if required and node.role == NodeRole.NODE:  # the units the pool cannot do without
+        wanted = [*wanted, {"kind": "profile.check", "params": {"units": list(required)}}]
     checks = [c["kind"] for c in wanted]
     attempt = int(node.acceptance.get("attempt", 0)) + 1
     commands = [command_create(node_id=node.id, kind=check["kind"], payload={

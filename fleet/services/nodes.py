@@ -72,9 +72,10 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     node.macs = list(report.macs) or node.macs
     node.simulated_root = report.simulated_root
     node.virtualization = report.virtualization
+    node.profile = report.profile
     node.inventory_generation += 1
     node.save(update_fields=["hostname", "vcpus", "memory_gib", "serial", "product_uuid",
-                             "macs", "simulated_root", "virtualization",
+                             "macs", "simulated_root", "virtualization", "profile",
                              "inventory_generation"])
     seen: set[str] = set()
     for gpu in report.gpus:

@@ -8,8 +8,9 @@ from compute.platform.events.services import event_emit
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
-from fleet.models import Pool, PoolClass
-from fleet.selectors import access_site_by_id
+from fleet.models import Node, Pool, PoolClass
+from fleet.selectors import access_pool_by_id, access_site_by_id
+from fleet.services.specs import node_spec_change_locked
 
 
 @audited
@@ -38,4 +39,29 @@ def pool_create(*, tenant: Tenant, actor: Principal, site_id: str, pool_class: s
                  data={"siteId": site.id, "class": pool_class, "gpuModel": gpu_model})
     event_emit(tenant_id=tenant.id, type=FleetEvent.POOL_CREATED, subject=pool.id,
                payload={"siteId": site.id, "gpuModel": gpu_model})
+    return pool
+
+
+@audited
+def pool_policy_update(*, tenant: Tenant, actor: Principal, pool_id: str,
+                       policy: dict[str, Any]) -> Pool:
+    """Replace the pool's policy. Its nodes get the next spec generation, which carries the
+    new profile of units; bookings, acceptance and sandboxes follow the new policy from now
+    on (what is booked stays booked)."""
+    pool = access_pool_by_id(tenant=tenant, pool_id=pool_id, owned=True, lock=True)
+    if pool.pool_class == PoolClass.CPU_HOST and policy.get("slurm"):
+        raise InvalidArgument("slurm: a cpu-host pool holds no GPUs to publish", field="slurm")
+    before = pool.policy or {}
+    pool.policy = policy
+    pool.save(update_fields=["policy"])
+    respecified = 0
+    for node in Node.objects.select_for_update(no_key=True).filter(pool=pool).order_by("pk"):
+        if node.specs.exists():  # adopted once: it converges to specs
+            node_spec_change_locked(node)
+            respecified += 1
+    changed = sorted(k for k in {*before, *policy} if before.get(k) != policy.get(k))
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="pool.policy.update",
+                 target=pool.id, data={"changed": changed, "nodes": respecified})
+    event_emit(tenant_id=tenant.id, type=FleetEvent.POOL_POLICY_UPDATED, subject=pool.id,
+               payload={"changed": changed, "nodes": respecified})
     return pool

@@ -24,7 +24,8 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     """Write the next generation with hold `add` and VM `vm_add`, `vm_desired` (a sandbox
     and what it should be: running, paused, stopped), without allocation `remove` and
     sandbox `vm_remove` (with none:
-    generation 1 of a newly adopted node, or an unchanged copy).
+    generation 1 of a newly adopted node, or an unchanged copy); the profile of units is
+    always the pool's policy's as it is now.
 
     A released VM stays in the spec, desired stopped, until its node reports it stopped:
     an agent that never started it (or restarted meanwhile) still learns to say so.
@@ -41,6 +42,9 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     desired_state_changed()
     generation = (latest.generation + 1) if latest else 1
     spec = {"allocations": allocations, "vms": vms}
+    units = ((node.pool.policy or {}).get("profile") or {}).get("units")
+    if units:
+        spec["profile"] = {"units": list(units)}
     return NodeSpec.objects.create(node=node, generation=generation, spec=spec,
                                    signed=signed_spec(node.id, generation, spec),
                                    txid=CURRENT_TXID)

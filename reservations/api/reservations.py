@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from bcd.contract.holds import SLURM_ACCOUNT
 from compute.core.api.inputs import IdempotencyKeyField, Input, ListInput, PublicIdField
 from compute.core.api.registry import CallContext, Subject, endpoint
 from compute.core.api.shapes import page_of
@@ -56,6 +57,9 @@ class RequestShapeIn(DevicesIn):
                                         help_text="Milliseconds (at least 1 s).")
     model = serializers.CharField(required=False, default="", max_length=32, allow_blank=True)
     kubernetes = serializers.BooleanField(required=False, default=False)
+    slurm = serializers.RegexField(
+        SLURM_ACCOUNT, required=False, default="", max_length=64, allow_blank=True,
+        help_text="A Slurm account: the node's Slurm runs this account's jobs on the held GPUs.")
 
 
 def shape_of(data: dict[str, Any]) -> Shape:
@@ -65,7 +69,8 @@ def shape_of(data: dict[str, Any]) -> Shape:
                  profile=device["profile"], topology=device["topology"],
                  fraction=device.get("fraction") or 0.0,
                  model=data.pop("model", ""), product=data.pop("product", ""),
-                 selector=data.pop("selector", ""), kubernetes=data.pop("kubernetes", False))
+                 selector=data.pop("selector", ""), kubernetes=data.pop("kubernetes", False),
+                 slurm_account=data.pop("slurm", ""))
 
 
 class ReservationDeviceIn(DeviceRequestIn):

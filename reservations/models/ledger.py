@@ -83,6 +83,8 @@ class Reservation(models.Model):
     product = models.CharField(max_length=96, blank=True)
     selector = models.CharField(max_length=300, blank=True)
     kubernetes = models.BooleanField(default=False)
+    slurm_account = models.CharField(max_length=64, blank=True, help_text=(
+        "Published to the node's Slurm for this account (the pool's policy names the cluster)."))
     priority_class = models.CharField(max_length=32, default="normal",
                                       help_text="The priority class it was asked with.")
     priority = models.SmallIntegerField(default=50, help_text=(

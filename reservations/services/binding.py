@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
-from bcd.contract.holds import Claims, Hold
+from bcd.contract.holds import Claims, Hold, SlurmPublish
 from compute.core.db import database_now
 from compute.core.metrics import BIND_SECONDS
 from compute.platform.events.services import event_emit
@@ -52,7 +52,17 @@ def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
     shares = sorted(uuid for uuid, kind, _ in booked if kind == DeviceClass.SHARE)
     gpus = sorted({gpu if kind == DeviceClass.SHARE else uuid for uuid, kind, gpu in booked})
     return Hold(allocation.id, rsv.id, tuple(gpus), rsv.kubernetes, tuple(shares),
-                rsv.preempt_at.isoformat() if rsv.preempt_at else "")
+                rsv.preempt_at.isoformat() if rsv.preempt_at else "", slurm_of(rsv))
+
+
+def slurm_of(rsv: Reservation) -> SlurmPublish | None:
+    """Where the hold is published in Slurm: the reservation's account, the partition the
+    pool's policy names, until the window's end."""
+    if not rsv.slurm_account:
+        return None
+    policy = rsv.pool.policy.get("slurm") or {}
+    until = rsv.ends_at or timezone.now()  # a placed reservation has its window
+    return SlurmPublish(rsv.slurm_account, policy.get("partition", ""), until.isoformat())
 
 
 @audited
@@ -143,9 +153,11 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
     if rsv.state != ReservationState.BINDING:
         raise BindingRefused(f"reservation {rsv.id} is {rsv.state}, not binding")
     binding = hold.binding()
+    parent = payload.get("cgroupParent")  # the slice, or where systemd does not run, the path
     rsv.binding = {"nodeId": node_id, "cdiDevices": binding["cdiDevices"],
                    "envFile": node.simulated_root.rstrip("/") + binding["envFile"],
-                   "cgroupParent": binding["cgroupParent"],
+                   "cgroupParent": parent if parent == hold.cgroupfs_path
+                   else binding["cgroupParent"],
                    "cdiSource": str(payload.get("cdiSource") or "")[:300],
                    "simulated": bool(node.simulated_root),
                    **({"shares": list(hold.shares)} if hold.shares else {})}

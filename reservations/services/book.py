@@ -221,6 +221,9 @@ def check_pool_request(pool: Pool, shape: Shape) -> None:
     if kubernetes and not pool.policy.get("kubernetes"):
         raise InvalidArgument(f"kubernetes: pool {pool.id} does not allow Kubernetes workers",
                               field="kubernetes")
+    if shape.slurm_account and not pool.policy.get("slurm"):
+        raise InvalidArgument(f"slurm: pool {pool.id} publishes no holds to Slurm (its policy "
+                              "names no slurm cluster)", field="slurm")
     if topology not in Topology.values:
         raise InvalidArgument(f"topology: {topology!r} is not one of "
                               f"{', '.join(Topology.values)}", field="devices")

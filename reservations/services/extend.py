@@ -12,6 +12,8 @@ from compute.core.errors import CapacityConflict, InvalidArgument, InvalidState
 from compute.core.sqltext import tables
 from compute.platform.events.services import event_emit
 from compute.platform.tenancy.models import Principal, Tenant
+from fleet.models import Node
+from fleet.services.specs import node_spec_change_locked
 from reservations.candidates import window
 from reservations.constraints import (
     LEDGER_CONSTRAINTS,
@@ -21,11 +23,14 @@ from reservations.constraints import (
 from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.limits import check_at_once, check_request, offering_limits
-from reservations.models import Allocation, Booking, Reservation
+from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.selectors import access_reservation_by_id
+from reservations.services.binding import hold_of
 from reservations.services.release import live_allocation
 from reservations.states import TERMINAL
 from reservations.work import pool_replan
+
+HELD = (ReservationState.BINDING, ReservationState.ACTIVE)  # the hold is in the node's spec
 
 
 @audited
@@ -47,6 +52,7 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     now = database_now()
     limits = offering_limits(rsv.tenant_id, rsv.pool) if by_ms > 0 else {}
     check_request(limits, duration_ms=new_duration, start=None, now=now)
+    allocation = None
     if rsv.during is not None:
         old_end = rsv.during.upper
         new_end = old_end + timedelta(milliseconds=by_ms)
@@ -61,6 +67,10 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
     rsv.duration_ms = new_duration
     rsv.save(update_fields=["during", "duration_ms"])
+    if rsv.slurm_account and allocation is not None and rsv.state in HELD:
+        # The node's Slurm reservation ends with the hold: tell the node the new end.
+        node_spec_change_locked(Node.objects.get(pk=allocation.node_id),
+                                add=hold_of(allocation, rsv).wire())
     check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.count,
                   skip=rsv.id, during=rsv.during or window(rsv.requested_start or now,
                                                            new_duration))

@@ -50,6 +50,8 @@ CALLS: dict[str, tuple[str, Call]] = {
         c.root, {"kind": "shared", "region": "eu-2"})),
     "pools.create": ("pool.create", lambda c, w: (
         c.root, {"siteId": w["site"], "class": "metal-host", "gpuModel": "H100"})),
+    "pools.update": ("pool.policy.update", lambda c, w: (
+        c.root, {"poolId": w["pool"], "policy": {"kubernetes": True}})),
     "pools.offer": ("pool.offer", lambda c, w: (
         c.root, {"poolId": w["pool"], "to": "acme", "quota": {"gpu": 4}})),
     "tenants.create": ("tenant.create", lambda c, w: (c.root, {"slug": "initech"})),

@@ -15,6 +15,7 @@ from tests.factories import IMAGE_PART, make_node, with_default_image
 SHAPE = {"devices": [{"class": "gpu", "count": 1}], "duration": 3_600_000}
 EXTRA: dict[str, dict[str, Any]] = {
     "pools.offer": {"to": "globex", "quota": {"gpu": 1}},
+    "pools.update": {"policy": {"kubernetes": True}},
     "pools.create": {"class": "metal-host", "gpuModel": "H100"},
     "reservations.create": SHAPE,
     "capacity.preview": SHAPE,

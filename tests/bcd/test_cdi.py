@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcd.cdi import BadCdiSpec, check_spec, read_spec_file
+from bcd.cdi import BadCdiSpec, check_spec, minimum_version, read_spec_file
 from bcd.config import Paths
 from bcd.contract import ids
 from bcd.contract.holds import Hold
@@ -80,9 +80,12 @@ def test_without_a_vendor_spec_the_hold_falls_back_and_says_so(tmp_path):
     spec, source = cdi_spec(a_hold([VENDOR_UUIDS[2]]), Paths(tmp_path), INDEX)
     check_spec(spec)
     assert source == FALLBACK
-    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia2"}]
+    # Under a root other than / (a simulated machine), the host path is the file under it.
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia2", "hostPath": str(tmp_path / "dev/nvidia2")}]
     assert {n["path"] for n in spec["containerEdits"]["deviceNodes"]} == {
         "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert spec["cdiVersion"] == "0.5.0"  # hostPath came in 0.5.0; Podman 4.3 reads no newer
     assert f"NVIDIA_VISIBLE_DEVICES={VENDOR_UUIDS[2]}" in spec["containerEdits"]["env"]
 
 
@@ -142,3 +145,22 @@ def test_a_malformed_vendor_spec_refuses_the_hold_and_nothing_is_reported_bound(
     assert node.held() == {}
     assert not list((root / "etc/cdi").glob("bcd-*"))
     assert not (root / f"run/bcd/allocations/{allocation}.env").exists()
+
+
+@pytest.mark.parametrize(("edit", "version"), [
+    (lambda s: None, "0.3.0"),
+    (lambda s: s["devices"][0]["containerEdits"].update(
+        mounts=[{"hostPath": "/a", "containerPath": "/a", "type": "bind"}]), "0.4.0"),
+    (lambda s: s["devices"][0]["containerEdits"].update(
+        deviceNodes=[{"path": "/dev/x", "hostPath": "/r/dev/x"}]), "0.5.0"),
+    (lambda s: s["devices"][0].update(name="0"), "0.5.0"),
+    (lambda s: s.update(annotations={"a": "b"}), "0.6.0"),
+    (lambda s: s.update(kind="vendor.com/gpu.x"), "0.6.0"),
+    (lambda s: s["containerEdits"].update(additionalGids=[44]), "0.7.0"),
+])
+def test_a_spec_claims_the_oldest_cdi_version_with_what_it_uses(edit, version):
+    spec = {"kind": "bcd.dev/gpu", "devices": [
+        {"name": "GPU-a", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+        "containerEdits": {"env": ["A=1"]}}
+    edit(spec)
+    assert minimum_version(spec) == version

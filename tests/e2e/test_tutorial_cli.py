@@ -61,7 +61,8 @@ def test_tutorial_flow(stack, tmp_path):
     booked = booked_uuids(stack, rsv["id"])
     assert binding["cdiDevices"] == [f"bcd.dev/gpu={uuid}" for uuid in booked]
     assert binding["nodeId"] == rsv["nodeId"]
-    assert binding["cgroupParent"] == f"bcd-alloc-{rsv['allocationId']}.slice"
+    # A simulated machine runs no systemd: a cgroupfs path, not a slice.
+    assert binding["cgroupParent"] == f"/bcd/alloc-{rsv['allocationId']}"
     root = node_root(stack, rsv["nodeId"])
     spec_file = root / "etc" / "cdi" / f"bcd-{rsv['allocationId']}.json"
     spec = json.loads(spec_file.read_text())
