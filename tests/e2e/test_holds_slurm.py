@@ -113,7 +113,7 @@ def slurm_run(slurm: dict[str, str], *argv: str,
 
 
 def unit(stack: Stack, node_id: str, name: str) -> dict:
-    profile = stack.json("nodes", "get", node_id)["profile"] or {"units": {}}
+    profile = stack.json("nodes", "get", node_id, "--query", "profile") or {"units": {}}
     return profile["units"].get(name) or {"state": "", "reason": ""}
 
 
@@ -133,7 +133,9 @@ def test_a_slurm_hold_runs_only_its_accounts_jobs_on_exactly_its_gpus(stack, slu
     stack.ok("pools", "update", pool, "--policy-file", str(tmp_path / "policy.json"))
     assert wait_until(lambda: unit(stack, node["id"], "slurmd")["state"] == "ready",
                       timeout=60), unit(stack, node["id"], "slurmd")
-    assert unit(stack, node["id"], "slurmd")["reason"] == "no Slurm hold on this node"
+    ready = unit(stack, node["id"], "slurmd")
+    assert ready["reason"] == "no Slurm hold on this node"
+    assert ready["generation"] >= 2  # the spec that the new policy wrote
 
     root = node_root(stack, node["id"])
     gpus = {d["uuid"]: d["index"] for d in stack.json("nodes", "get", node["id"])["devices"]
