@@ -43,8 +43,11 @@ class NodeProfile:
         self._lock = threading.Lock()  # one convergence at a time
 
     def want(self, units: tuple[str, ...], generation: int) -> None:
-        """What the newest spec names; converged by `converge` (off the event loop)."""
-        self.units, self.generation = units, generation
+        """What the newest spec names; converged by `converge` (off the event loop). The
+        profile's generation is that of the spec that last changed its units (a spec that
+        only adds or drops a hold keeps it, so the report does not churn)."""
+        if units != self.units or not self.generation:
+            self.units, self.generation = units, generation
         self.wanted.set()
 
     def converge(self, units: tuple[str, ...] | None = None) -> dict[str, UnitState]:
@@ -58,8 +61,11 @@ class NodeProfile:
             for unit in chosen:
                 state, reason = (self._container_toolkit if unit == CONTAINER_TOOLKIT
                                  else self._slurmd)()
-                self.states[unit] = UnitState(state, reason[:300], self.generation,
-                                              datetime.now(timezone.utc).isoformat())
+                before = self.states.get(unit)
+                if before is None or (before.state, before.reason, before.generation) != (
+                        state, reason[:300], self.generation):  # `at`: when it last changed
+                    self.states[unit] = UnitState(state, reason[:300], self.generation,
+                                                  datetime.now(timezone.utc).isoformat())
             for gone in set(self.states) - set(self.units) - set(chosen):
                 del self.states[gone]
             return {unit: self.states[unit] for unit in chosen}

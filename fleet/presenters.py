@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from bcd.contract.holds import SLURM_ACCOUNT
-from bcd.contract.profile import PROFILE_UNITS, SLURMD
+from bcd.contract.profile import PROFILE_UNITS
 from compute.core.api.inputs import Input
 from compute.core.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
 from fleet.models import Device, Image, JoinToken, Node, Pool, Site
@@ -124,23 +124,17 @@ class ProfileIn(Input):
     """Software units bcd keeps on the pool's nodes (desired state, reported back)."""
 
     units = serializers.ListField(
-        child=serializers.ChoiceField(choices=sorted(PROFILE_UNITS)), min_length=1,
+        child=serializers.ChoiceField(choices=sorted(PROFILE_UNITS)), required=False,
         max_length=len(PROFILE_UNITS),
         help_text="container-toolkit: NVIDIA's CDI spec (/etc/cdi/nvidia.json, by UUID) kept "
-                  "current; slurmd: the node's Slurm daemon, offering held GPUs.")
+                  "current; slurmd: the node's Slurm daemon, offering held GPUs (implied by "
+                  "the policy's slurm).")
     required_units = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(PROFILE_UNITS)), required=False,
-        help_text="Units that must be ready for a node to pass acceptance (and be booked).")
+        max_length=len(PROFILE_UNITS),
+        help_text="Units that must be ready for a node to pass acceptance (and be booked); "
+                  "each is kept on the nodes too.")
     aliases = {"required": "required_units"}
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        extra = set(attrs.get("required_units", [])) - set(attrs["units"])
-        if extra:
-            raise serializers.ValidationError(
-                {"required": f"{sorted(extra)[0]} is not among the profile's units"})
-        if len(set(attrs["units"])) != len(attrs["units"]):
-            raise serializers.ValidationError({"units": "a unit is listed twice"})
-        return attrs
 
 
 class PolicyIn(Input):
@@ -165,13 +159,6 @@ class PolicyIn(Input):
         help_text="Slice each GPU (not in MIG mode) into this many time-sliced shares, "
                   "booked as class gpu-share; a GPU is booked whole or as shares, never both "
                   "at one time.")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        units = (attrs.get("profile") or {}).get("units", [])
-        if attrs.get("slurm") and SLURMD not in units:
-            raise serializers.ValidationError(
-                {"slurm": "publishing holds to Slurm needs the slurmd unit in profile.units"})
-        return attrs
 
 
 SITE = obj(id=STRING, tenantId=STRING, kind=STRING, region=STRING, name=STRING,

@@ -35,7 +35,7 @@ class UnitState:
     state: str
     reason: str = ""
     generation: int = 0  # the spec generation it converged for
-    at: str = ""  # when (ISO 8601)
+    at: str = ""  # when it last changed (ISO 8601)
 
     def wire(self) -> dict[str, Any]:
         return {"state": self.state, "reason": self.reason, "generation": self.generation,

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connection
 
 from bcd.contract.crypto import sign_document
+from bcd.contract.profile import SLURMD
 from bcd.contract.signed import command_payload, spec_payload
 from compute.core.db import CURRENT_TXID
 from fleet.models import Node, NodeCommand, NodeSpec
@@ -42,9 +43,9 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     desired_state_changed()
     generation = (latest.generation + 1) if latest else 1
     spec = {"allocations": allocations, "vms": vms}
-    units = ((node.pool.policy or {}).get("profile") or {}).get("units")
+    units = policy_units(node.pool.policy or {})
     if units:
-        spec["profile"] = {"units": list(units)}
+        spec["profile"] = {"units": units}
     return NodeSpec.objects.create(node=node, generation=generation, spec=spec,
                                    signed=signed_spec(node.id, generation, spec),
                                    txid=CURRENT_TXID)
@@ -84,3 +85,12 @@ def _changed(entries: list[dict[str, Any]], key: str, add: dict[str, Any] | None
     gone = {remove, add[key] if add else None} - {None}
     kept = [entry for entry in entries if entry[key] not in gone]
     return [*kept, add] if add else kept
+
+
+def policy_units(policy: dict[str, Any]) -> list[str]:
+    """The units a pool's nodes keep: those its profile names or requires, and `slurmd`
+    when it publishes holds to Slurm; each once, in that order."""
+    profile = policy.get("profile") or {}
+    named = [*profile.get("units", []), *profile.get("required", []),
+             *([SLURMD] if policy.get("slurm") else [])]
+    return list(dict.fromkeys(named))

@@ -135,3 +135,17 @@ def test_a_spec_with_a_malformed_profile_is_refused_whole(root, profile):
         instance.apply_spec(1, {"allocations": [], "profile": profile})
     assert instance.journal.applied_generation() == 0
     assert instance.profile.units == ()
+
+
+def test_the_report_changes_only_when_the_units_or_their_states_do(root, on_path):
+    profile = profile_of(root)
+    profile.want(("container-toolkit",), 3)
+    profile.converge()
+    first = profile.report()
+    profile.want(("container-toolkit",), 4)  # a spec that only added or dropped a hold
+    profile.converge()
+    assert profile.report() == first  # the inventory is not sent again for nothing
+    profile.want(("container-toolkit", "slurmd"), 5)
+    profile.converge()
+    assert profile.report()["generation"] == 5
+    assert profile.report()["units"]["container-toolkit"]["generation"] == 5

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.test_tutorial_cli import node_root
 from tests.support.gpu_files import CONTROL_MINOR, NVIDIA_MAJOR, make_gpu_files
+from tests.support.waiting import wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ENV_PLACEHOLDER = "/run/bcd/allocations/alloc_….env"
@@ -98,13 +100,36 @@ def assert_exactly_held(listing: str, held_minors: set[int]) -> None:
     assert {f"nvidia{minor}" for minor in held_minors} == set(seen), seen
 
 
-def test_podman_runs_the_readme_command_on_exactly_the_held_gpus(stack, podman):
+def toolkit_unavailable_yet_bookable(stack: Stack, node_id: str, root: Path,
+                                     folder: Path) -> None:
+    """The pool's profile names container-toolkit; this machine has no nvidia-ctk: the
+    unit says so (API and `bcd status`), and the node is booked all the same."""
+    policy = stack.json("pools", "get", stack.env["POOL"])["policy"]
+    (folder / "policy.json").write_text(json.dumps(
+        {**policy, "profile": {"units": ["container-toolkit"]}}))
+    stack.ok("pools", "update", stack.env["POOL"], "--policy-file", str(folder / "policy.json"))
+
+    def toolkit() -> dict:
+        profile = stack.json("nodes", "get", node_id, "--query", "profile") or {"units": {}}
+        return profile["units"].get("container-toolkit") or {}
+
+    assert wait_until(lambda: toolkit().get("state") == "unavailable", timeout=30), toolkit()
+    assert "nvidia-ctk not found" in toolkit()["reason"]
+    assert toolkit()["generation"] >= 2
+    status = subprocess.run([sys.executable, "-m", "bcd", "--root", str(root), "status"],
+                            capture_output=True, text=True, timeout=30, check=False).stdout
+    assert "unit        container-toolkit unavailable (generation" in status, status
+    assert "nvidia-ctk not found" in status
+
+
+def test_podman_runs_the_readme_command_on_exactly_the_held_gpus(stack, podman, tmp_path):
     image, env = podman
     node = stack.json("nodes", "list")["items"][0]
     root = node_root(stack, node["id"])
     devices = stack.json("nodes", "get", node["id"])["devices"]
     gpus = {d["uuid"]: d["index"] for d in devices if d["class"] == "gpu"}
     make_gpu_files(root, len(gpus))
+    toolkit_unavailable_yet_bookable(stack, node["id"], root, tmp_path)
     rsv = stack.json("reserve", "--pool", stack.env["POOL"], "--gpus", "2", "--for", "1h")
     assert rsv["state"] == "active", rsv["failureReason"]
     binding = rsv["binding"]

@@ -127,8 +127,7 @@ def test_a_slurm_hold_runs_only_its_accounts_jobs_on_exactly_its_gpus(stack, slu
     pool = stack.env["POOL"]
     node = stack.json("nodes", "list")["items"][0]
     policy = stack.json("pools", "get", pool)["policy"]
-    policy.update(slurm={"cluster": "bctest", "partition": "gpu"},
-                  profile={"units": ["slurmd"]})
+    policy.update(slurm={"cluster": "bctest", "partition": "gpu"})  # implies the slurmd unit
     (tmp_path / "policy.json").write_text(json.dumps(policy))
     stack.ok("pools", "update", pool, "--policy-file", str(tmp_path / "policy.json"))
     assert wait_until(lambda: unit(stack, node["id"], "slurmd")["state"] == "ready",

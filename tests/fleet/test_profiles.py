@@ -40,10 +40,19 @@ def test_a_new_policy_gives_every_adopted_node_a_spec_with_its_units(root, pool)
     assert "profile" not in adopted.specs.order_by("-generation").first().spec
 
 
-@pytest.mark.parametrize(("policy", "field", "words"), [
-    ({"slurm": {"cluster": "gpu-eu"}}, "policy.slurm", "needs the slurmd unit"),
+@pytest.mark.parametrize(("policy", "units"), [
+    ({"slurm": {"cluster": "gpu-eu"}}, ["slurmd"]),
     ({"profile": {"units": ["slurmd"], "required": ["container-toolkit"]}},
-     "policy.profile.required", "not among the profile's units"),
+     ["slurmd", "container-toolkit"]),
+    ({"profile": {"units": ["slurmd", "slurmd"]}, "slurm": {"cluster": "c"}}, ["slurmd"]),
+])
+def test_the_units_a_policy_implies_are_kept_once_each(root, pool, policy, units):
+    node = make_node(pool["id"])
+    root("pools.update", poolId=pool["id"], policy={**POLICY, **policy})
+    assert node.specs.order_by("-generation").first().spec["profile"] == {"units": units}
+
+
+@pytest.mark.parametrize(("policy", "field", "words"), [
     ({"profile": {"units": ["dcgm"]}}, "policy.profile.units", "dcgm"),
     ({"slurm": {"cluster": "gpu eu; rm -rf /"}, "profile": {"units": ["slurmd"]}},
      "policy.slurm.cluster", ""),
