@@ -38,7 +38,7 @@ PROBE = ('echo "CVD=$CUDA_VISIBLE_DEVICES"; for f in {files}; do '
 def slurm_conf(folder: Path, sockets: Path, *, cgroups: bool) -> str:
     host = socket.gethostname().split(".")[0]
     lines = [
-        "ClusterName=bctest", f"SlurmctldHost={host}",
+        "ClusterName=bctest", f"SlurmctldHost={host}(127.0.0.1)",  # no name lookup
         f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={sockets / 'munge.socket'}",
