@@ -59,8 +59,12 @@ class NodeProfile:
             if SLURMD not in chosen and self.slurm.published() is not None:
                 self._slurmd()  # no slurmd unit: withdraw what it offered
             for unit in chosen:
-                state, reason = (self._container_toolkit if unit == CONTAINER_TOOLKIT
-                                 else self._slurmd)()
+                try:
+                    state, reason = (self._container_toolkit if unit == CONTAINER_TOOLKIT
+                                     else self._slurmd)()
+                except (OSError, ValueError, subprocess.SubprocessError) as error:
+                    # A unit's trouble is its own: it never takes the agent down.
+                    state, reason = "failed", f"{type(error).__name__}: {error}"
                 before = self.states.get(unit)
                 if before is None or (before.state, before.reason, before.generation) != (
                         state, reason[:300], self.generation):  # `at`: when it last changed

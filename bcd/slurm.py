@@ -110,10 +110,10 @@ class SlurmNode:
     def published(self) -> Published | None:
         try:
             data = json.loads((self.folder / "published.json").read_text())
-        except (OSError, ValueError):
+            return Published(**{**data, "gpus": tuple(data["gpus"]),
+                                "files": tuple(data["files"])})
+        except (OSError, ValueError, TypeError, KeyError):
             return None
-        return Published(**{**data, "gpus": tuple(data["gpus"]),
-                            "files": tuple(data["files"])})
 
     def publish(self, hold: Hold, files: list[str]) -> Published:
         """Offer the hold's GPUs (their device `files`, in the hold's GPU order) to its

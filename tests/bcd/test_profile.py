@@ -149,3 +149,15 @@ def test_the_report_changes_only_when_the_units_or_their_states_do(root, on_path
     profile.converge()
     assert profile.report()["generation"] == 5
     assert profile.report()["units"]["container-toolkit"]["generation"] == 5
+
+
+def test_a_unit_that_cannot_write_its_files_fails_without_taking_the_agent_down(
+        root, on_path):
+    fake_ctk(on_path, gpus_of(root, 8))
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/cdi").write_text("a file where the CDI folder should be")
+    profile = profile_of(root)
+    profile.want(("container-toolkit",), 2)
+    state = profile.converge()["container-toolkit"]
+    assert state.state == "failed"
+    assert "FileExistsError" in state.reason or "NotADirectoryError" in state.reason, state
