@@ -43,6 +43,19 @@ class Stack:
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         return json.loads(result.stdout)
 
+    def add_to_policy(self, folder: Path, **changes: Any) -> None:
+        """`pools update` of dev's pool: its policy with `changes`."""
+        policy = {**self.json("pools", "get", self.env["POOL"])["policy"], **changes}
+        (folder / "policy.json").write_text(json.dumps(policy))
+        self.ok("pools", "update", self.env["POOL"], "--policy-file",
+                str(folder / "policy.json"))
+
+    def profile_unit(self, node_id: str, name: str) -> dict[str, Any]:
+        """A profile unit as `nodes get --query profile` shows it ({} before any report)."""
+        profile = self.json("nodes", "get", node_id, "--query", "profile") or {"units": {}}
+        found: dict[str, Any] = profile["units"].get(name) or {}
+        return found
+
 
 def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None,
                 memory: bool = True, port: int | None = None) -> Stack:

@@ -104,14 +104,10 @@ def toolkit_unavailable_yet_bookable(stack: Stack, node_id: str, root: Path,
                                      folder: Path) -> None:
     """The pool's profile names container-toolkit; this machine has no nvidia-ctk: the
     unit says so (API and `bcd status`), and the node is booked all the same."""
-    policy = stack.json("pools", "get", stack.env["POOL"])["policy"]
-    (folder / "policy.json").write_text(json.dumps(
-        {**policy, "profile": {"units": ["container-toolkit"]}}))
-    stack.ok("pools", "update", stack.env["POOL"], "--policy-file", str(folder / "policy.json"))
+    stack.add_to_policy(folder, profile={"units": ["container-toolkit"]})
 
     def toolkit() -> dict:
-        profile = stack.json("nodes", "get", node_id, "--query", "profile") or {"units": {}}
-        return profile["units"].get("container-toolkit") or {}
+        return stack.profile_unit(node_id, "container-toolkit")
 
     assert wait_until(lambda: toolkit().get("state") == "unavailable", timeout=30), toolkit()
     assert "nvidia-ctk not found" in toolkit()["reason"]

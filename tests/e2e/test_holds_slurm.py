@@ -1,13 +1,13 @@
 """A hold published to a real Slurm: this machine runs munged and slurmctld (configured
 here, dynamic nodes allowed), `dev` runs one simulated node whose GPUs are real device files,
-the pool's policy names the cluster and the slurmd unit, and a reservation asked with
-`--slurm team-a` makes bcd run the node's slurmd offering exactly the held GPUs in a Slurm
-reservation for team-a. Jobs of team-a see the held GPUs by UUID and may open only the
-device files Slurm gave them; team-b is refused; the release removes it all."""
+the pool's policy names the cluster (its nodes then keep the slurmd unit), and a
+reservation asked with `--slurm team-a` makes bcd run the node's slurmd offering exactly the
+held GPUs in a Slurm reservation for team-a. Jobs of team-a see the held GPUs by UUID and
+may open, of the held GPUs, only the device files Slurm gave them; team-b is refused; the
+release removes it all."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -113,8 +113,7 @@ def slurm_run(slurm: dict[str, str], *argv: str,
 
 
 def unit(stack: Stack, node_id: str, name: str) -> dict:
-    profile = stack.json("nodes", "get", node_id, "--query", "profile") or {"units": {}}
-    return profile["units"].get(name) or {"state": "", "reason": ""}
+    return {"state": "", "reason": "", **stack.profile_unit(node_id, name)}
 
 
 def assert_held_only(output: str, held: list[str]) -> None:
@@ -126,10 +125,7 @@ def assert_held_only(output: str, held: list[str]) -> None:
 def test_a_slurm_hold_runs_only_its_accounts_jobs_on_exactly_its_gpus(stack, slurm, tmp_path):
     pool = stack.env["POOL"]
     node = stack.json("nodes", "list")["items"][0]
-    policy = stack.json("pools", "get", pool)["policy"]
-    policy.update(slurm={"cluster": "bctest", "partition": "gpu"})  # implies the slurmd unit
-    (tmp_path / "policy.json").write_text(json.dumps(policy))
-    stack.ok("pools", "update", pool, "--policy-file", str(tmp_path / "policy.json"))
+    stack.add_to_policy(tmp_path, slurm={"cluster": "bctest", "partition": "gpu"})  # +slurmd
     assert wait_until(lambda: unit(stack, node["id"], "slurmd")["state"] == "ready",
                       timeout=60), unit(stack, node["id"], "slurmd")
     ready = unit(stack, node["id"], "slurmd")

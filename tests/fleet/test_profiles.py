@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bcd.contract.crypto import public_pem
 from bcd.contract.holds import BadHold, Hold
+from compute.core.errors import InvalidArgument
 from fleet.models import Node, NodeCommand
 from fleet.services.sessions import command_result_record, inventory_report_record
 from tests.conftest import POLICY
@@ -104,9 +105,9 @@ def test_the_nodes_report_of_its_units_is_shown(root, pool):
     report_inventory(node, inventory(profile={"generation": 3, "units": {"slurmd": READY}}))
     shown = root("nodes.get", nodeId=node.id)["profile"]
     assert shown == {"generation": 3, "units": {"slurmd": READY}}
-    with pytest.raises(Exception, match="state must be one of"):
+    with pytest.raises(InvalidArgument, match="state must be one of"):
         report_inventory(node, inventory(profile={"units": {"slurmd": {"state": "fine"}}}))
-    with pytest.raises(Exception, match="is not a unit"):
+    with pytest.raises(InvalidArgument, match="is not a unit"):
         report_inventory(node, inventory(profile={"units": {"sshd": READY}}))
 
 
