@@ -43,6 +43,10 @@ VARIABLES = Declared(
              "prepare the booking path's statements on their connection and plan them once "
              "(`plan_cache_mode=force_generic_plan`); `0` for a connection pooler that cannot "
              "follow prepared statements"),
+    Variable("BETTER_COMPUTE_LEDGER_RECHECK", "bool", True,
+             "check every booking written again from the rows, past the EXCLUDE constraints' "
+             "GiST indexes; `0` only to show that the invariant checks catch an overlap "
+             "(`sim run --without exclude` sets it)"),
     Variable("BETTER_COMPUTE_TLS", "bool", False,
              "the API is served over HTTPS (usually behind a proxy that sets "
              "`X-Forwarded-Proto`): Secure cookies, plain HTTP redirected, HSTS"),

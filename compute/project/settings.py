@@ -158,6 +158,7 @@ BC_GATEWAY_URL = env("GATEWAY_URL")
 BC_GATEWAY_JOIN_URL = env("GATEWAY_JOIN_URL")
 BC_DOWNLOADS_DIR = env("DOWNLOADS_DIR")
 BC_HEARTBEAT_SECONDS = whole("BETTER_COMPUTE_HEARTBEAT_SECONDS")
+BC_LEDGER_RECHECK = flag("BETTER_COMPUTE_LEDGER_RECHECK")
 # Refused calls a caller may make: a burst, then so many a minute (compute.platform.iam.refusals).
 BC_REFUSAL_BURST = whole("BETTER_COMPUTE_REFUSAL_BURST")
 # Failed authentications one source address may make at once, and per minute after.

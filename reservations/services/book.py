@@ -43,9 +43,11 @@ from reservations.candidates import (
     window,
 )
 from reservations.constraints import (
+    CLASH,
     LEDGER_CONSTRAINTS,
     NODE_MEMORY_WITHIN_SIZE,
     NODE_VCPUS_WITHIN_SIZE,
+    refuse_clashes,
 )
 from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
@@ -173,15 +175,16 @@ allocation AS (
 booked AS (
   INSERT INTO {Booking} (allocation_id, device_id, during)
   SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
-  RETURNING device_id),
+  RETURNING device_id, gpu_id, whole, during),
 counted AS ({counters} RETURNING 1),
 placed AS (
   UPDATE {Reservation}
      SET during = %(during)s, placed_at = %(placed_at)s, state = 'placed',
          placement_attempts = placement_attempts + 1, failure_reason = ''
    WHERE id = %(reservation)s RETURNING 1)
-SELECT count(*) FROM booked""", Allocation=Allocation, Booking=Booking, Reservation=Reservation)
-BOOK_SQL = MEETING_SPANS + fill(BOOKING, counters=RAISED_COUNTERS_SQL)
+SELECT count(*) FROM booked mine JOIN {Booking} other ON {clash}""",
+    Allocation=Allocation, Booking=Booking, Reservation=Reservation)
+BOOK_SQL = MEETING_SPANS + fill(BOOKING, counters=RAISED_COUNTERS_SQL, clash=CLASH)
 NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
              NODE_MEMORY_WITHIN_SIZE: lambda: NodeFull("memory")}
 
@@ -198,6 +201,9 @@ def _book(rsv: Reservation, choice: Choice, during: Any, *, placed_at: datetime
                              during=during),
             "allocation": allocation.id, "created": allocation.created_at,
             "reservation": rsv.id, "devices": sorted(choice.device_ids), "placed_at": placed_at})
+        # The statement's snapshot, taken under the node's lock, holds every other booking
+        # of its devices, and none of the ones it wrote: what it counts are clashes.
+        refuse_clashes(cursor.fetchone()[0])
     allocation._state.adding = False  # written above
     return allocation
 

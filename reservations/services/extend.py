@@ -19,6 +19,7 @@ from reservations.constraints import (
     LEDGER_CONSTRAINTS,
     NODE_MEMORY_WITHIN_SIZE,
     NODE_VCPUS_WITHIN_SIZE,
+    bookings_refereed,
 )
 from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh, node_lock
@@ -91,6 +92,7 @@ def _move_end(rsv: Reservation, allocation: Allocation, old_end: datetime,
             cursor.execute(
                     tables("UPDATE {Booking} SET during = tstzrange(lower(during), %s, "
                     "'[)') WHERE allocation_id = %s", Booking=Booking), [new_end, allocation.id])
+            bookings_refereed(allocation_id=allocation.id)
     except CapacityConflict:
         blocking = _blocking_window(allocation, old_end, new_end)
         raise CapacityConflict(

@@ -25,7 +25,7 @@ from fleet.models import Device, DeviceClass, Node
 from fleet.selectors import access_node_by_id
 from fleet.services.nodes import node_event
 from reservations.candidates import later_start, window
-from reservations.constraints import LEDGER_CONSTRAINTS
+from reservations.constraints import LEDGER_CONSTRAINTS, bookings_refereed
 from reservations.events import ReservationEvent
 from reservations.models import (
     Allocation,
@@ -89,6 +89,7 @@ def maintenance_create(*, tenant: Tenant, actor: Principal, node_id: str, durati
     with constraint_errors(LEDGER_CONSTRAINTS):  # a booking that raced in: try again
         Booking.objects.bulk_create(Booking(maintenance=held, device=gpu, during=during)
                                     for gpu in gpus)
+        bookings_refereed(maintenance_id=held.id)
     data = {"windowId": held.id, "start": during.lower, "end": during.upper, "moved": moved}
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.maintenance",
                  target=node.id, reason=reason, data=data)

@@ -433,6 +433,8 @@ def main() -> None:
     parser.add_argument("--shares", type=int, default=SHARES, help="time-sliced shares per GPU")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compute.project.settings")
+    if args.drop_exclude or args.drop_gpu_exclude:  # the services' recheck goes with them
+        os.environ["BETTER_COMPUTE_LEDGER_RECHECK"] = "0"
     import django
 
     django.setup()

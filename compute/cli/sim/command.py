@@ -32,8 +32,9 @@ def sim() -> None:
               help="Simulated seconds per real second (heartbeats, leases and timeouts "
               "shrink with it; at most 10, as heartbeats are whole seconds).")
 @click.option("--without", type=click.Choice(WITHOUT), multiple=True,
-              help="Break a guarantee on purpose (drop the EXCLUDE constraints, or agents "
-              "that ignore their journal) to show that I1 or I2 then fails.")
+              help="Break a guarantee on purpose (drop the EXCLUDE constraints and the "
+              "services' recheck of them, or agents that ignore their journal) to show that "
+              "I1 or I2 then fails.")
 @click.option("--faults", "only", type=click.Choice(FAULTS), multiple=True,
               help="Inject only these kinds of fault, in turn, at the seed's fault times "
               "(e.g. --faults postgres-restart --faults postgres-kill: Postgres again and "
