@@ -22,6 +22,7 @@ from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from bcd.contract.reports import REPORT_KINDS, statement
 from bcd.contract.signed import open_command, open_spec
+from bcd.contract.version import PROTOCOL, version
 
 logger = logging.getLogger("bcd.session")
 
@@ -66,8 +67,9 @@ class AgentSession:
     def __init__(self, *, credentials: Credentials, target: str, inventory: Any,
                  run_command: CommandRunner, journal_epoch: int = 0,
                  apply_spec: SpecApplier | None = None, applied_generation: int = 0,
-                 spec_pin: str = "") -> None:
+                 spec_pin: str = "", agent_version: str = "") -> None:
         self.credentials = credentials
+        self.agent_version = agent_version or version()  # what Hello says
         self.target = target
         self.inventory = inventory
         self.run_command = run_command
@@ -120,7 +122,8 @@ class AgentSession:
         self.control.put_nowait(message)
 
     async def _outgoing(self) -> AsyncIterator[pb.AgentMessage]:
-        yield pb.AgentMessage(hello=pb.Hello(agent_version="bcd-py",
+        yield pb.AgentMessage(hello=pb.Hello(agent_version=self.agent_version,
+                                             protocol=PROTOCOL,
                                              journal_epoch=self.journal_epoch,
                                              applied_generation=self.applied_generation))
         while True:

@@ -17,6 +17,7 @@ class FleetEvent(EventType):
     NODE_RECONNECTED = "node.reconnected"
     NODE_UNREACHABLE = "node.unreachable"
     NODE_JOURNAL_LOST = "node.journal.lost"
+    NODE_AGENT_REFUSED = "node.agent.refused"
     NODE_INVENTORY_UPDATED = "node.inventory.updated"
     DEVICE_UNHEALTHY = "device.unhealthy"
     DEVICE_HEALTHY = "device.healthy"

@@ -27,9 +27,10 @@ DEFAULT_ROLE = "bc_gateway"
 # returned key back; an upsert reads the columns it compares). Tables by their models.
 GRANTS: dict[str, str] = {
     Node._meta.db_table: "SELECT (id, site_id, provision_state, session_epoch, connectivity, "
-                  "last_heartbeat_at, connected_at, journal_epoch), "
+                  "last_heartbeat_at, connected_at, journal_epoch, agent_version, "
+                  "agent_refused), "
                   "UPDATE (session_epoch, connectivity, last_heartbeat_at, connected_at, "
-                  "journal_epoch)",
+                  "journal_epoch, agent_version, agent_refused)",
     NodeCommand._meta.db_table: "SELECT (id, node_id, kind, signed, state, created_at, sent_at), "
                                 "UPDATE (state, sent_at, finished_at)",
     NodeSpec._meta.db_table: "SELECT (id, node_id, generation, signed, txid)",

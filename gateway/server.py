@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from bcd.contract.reports import REPORT_KINDS
+from bcd.contract.version import agent_refusal, version
 from compute.core.db import listen_forever
 from compute.core.metrics import HEARTBEAT_LAG, SESSIONS
 from fleet import selectors
@@ -128,8 +129,15 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
         first = await anext(request_iterator.__aiter__(), None)
         if first is None or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message is Hello")
+        agent_version = first.hello.agent_version
+        refusal = agent_refusal(agent_version, current=version())
+        if refusal:
+            await self.db(sessions.session_refuse, node_id=identity.node_id,
+                          agent_version=agent_version, reason=refusal)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         epoch = await self.db(sessions.session_open, node_id=identity.node_id,
-                              journal_epoch=first.hello.journal_epoch)
+                              journal_epoch=first.hello.journal_epoch,
+                              agent_version=agent_version)
         session = Session(node_id=identity.node_id, epoch=epoch)
         older = self.sessions.get(identity.node_id)
         if older is not None:

@@ -28,7 +28,7 @@ def nodes() -> None:
 
 @api_command(nodes, "list", "nodes.list",
              columns=["id", "hostname", "provisionState", "connectivity", "cordoned",
-                      "vcpusAllocated", "vcpus"])
+                      "vcpusAllocated", "vcpus", "agentVersion"])
 @click.option("--pool", "pool_id", default=None)
 def nodes_list(pool_id: str | None) -> dict[str, Any]:
     """Nodes, optionally of one pool."""

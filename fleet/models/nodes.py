@@ -90,6 +90,11 @@ class Node(models.Model):
         default=0, help_text="Bumped by each new agent session; older sessions cannot act.")
     journal_epoch = models.PositiveBigIntegerField(
         default=0, help_text="The agent journal's epoch; a new one means the journal was lost.")
+    agent_version = models.CharField(max_length=64, blank=True, db_default="",
+                                     help_text="The version its agent said in its last Hello.")
+    agent_refused = models.CharField(
+        max_length=300, blank=True, db_default="",
+        help_text="Why its agent's last session was refused (its version); empty once taken.")
     key_pin = models.CharField(max_length=80, blank=True,
                                help_text="SPKI pin of the node's key (from its join CSR).")
     public_key = models.TextField(blank=True, help_text="The node key's public half (PEM): "

@@ -51,12 +51,13 @@ def _audit(node: Node, action: str, **data: Any) -> None:
 
 # The node columns the gateway reads and writes (its role may read no others).
 SESSION_COLUMNS = ("id", "session_epoch", "connectivity", "last_heartbeat_at", "connected_at",
-                   "journal_epoch")
+                   "journal_epoch", "agent_version", "agent_refused")
 SESSION_CHANGE = "session"  # the inbox kind of what the gateway itself says of a session
 
 
 @transaction.atomic(durable=True)
-def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
+def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | None = None
+                 ) -> int:
     """Bump the node's session epoch (older sessions lose the right to act) and mark it
     connected; returns the new epoch. Session bookkeeping, run by the gateway: what it
     means (events, the audit row) is filed in the node's inbox for a worker to record
@@ -67,6 +68,9 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
     comes back with a new journal epoch, its old journal is gone: every command sent before
     and not answered is marked `unknown` and never delivered again, including one queued
     again for a session that never took it (it may have run under the lost journal).
+
+    `agent_version` is what the agent's Hello said, once `agent_refusal` took it (None:
+    not told, as in tests that open sessions directly).
     """
     node = Node.objects.select_for_update(no_key=True).only(*SESSION_COLUMNS).get(pk=node_id)
     unanswered = NodeCommand.objects.filter(node_id=node_id, state=CommandState.SENT)
@@ -85,15 +89,33 @@ def session_open(*, node_id: str, journal_epoch: int = 0) -> int:
         unanswered.update(state=CommandState.QUEUED)
     if journal_epoch:
         node.journal_epoch = journal_epoch
+    if agent_version is not None:
+        node.agent_version, node.agent_refused = agent_version[:64], ""
+        change["agentVersion"] = node.agent_version
     node.session_epoch += 1
     node.connectivity = Connectivity.CONNECTED
     node.last_heartbeat_at = database_now()
     if change["was"] != Connectivity.CONNECTED:
         node.connected_at = node.last_heartbeat_at
     node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at",
-                             "connected_at", "journal_epoch"])
+                             "connected_at", "journal_epoch", "agent_version", "agent_refused"])
     _file_change(node_id, node.session_epoch, journalEpoch=node.journal_epoch, **change)
     return node.session_epoch
+
+
+@transaction.atomic(durable=True)
+def session_refuse(*, node_id: str, agent_version: str, reason: str) -> None:
+    """The agent's version is one this control plane does not take (`agent_refusal`): no
+    session opens, and the node shows why. Filed for a worker to record once per refusal
+    (an agent retrying with the same version files nothing more)."""
+    node = Node.objects.select_for_update(no_key=True).only(*SESSION_COLUMNS).get(pk=node_id)
+    agent_version, reason = agent_version[:64], reason[:300]
+    if (node.agent_version, node.agent_refused) == (agent_version, reason):
+        return
+    node.agent_version, node.agent_refused = agent_version, reason
+    node.save(update_fields=["agent_version", "agent_refused"])
+    _file_change(node_id, node.session_epoch, change="refused", was=node.connectivity,
+                 agentVersion=agent_version, reason=reason)
 
 
 def session_changes_pending(node_id: str) -> bool:
@@ -112,8 +134,11 @@ def session_change_record(*, node_id: str, epoch: int, change: dict[str, Any]) -
     audit row (the gateway's, not the node's word: its actor is `gateway`)."""
     node = Node.objects.select_related("pool").get(pk=node_id)
     kind, was = change.get("change"), change.get("was")
-    if kind not in ("open", "reconnect") or was not in Connectivity.values:
+    if kind not in ("open", "reconnect", "refused") or was not in Connectivity.values:
         raise ValueError(f"no such session change: {str(kind)[:32]!r} from {str(was)[:32]!r}")
+    if kind == "refused":
+        _refusal_record(node, change)
+        return
     if not 0 < epoch <= node.session_epoch:
         raise ValueError(f"session epoch {epoch} was never opened")
     numbers = {name: change.get(name, 0) for name in ("journalEpoch", "oldJournalEpoch",
@@ -130,9 +155,20 @@ def session_change_record(*, node_id: str, epoch: int, change: dict[str, Any]) -
     action, data = (("node.reconnect", {"epoch": epoch}) if kind == "reconnect" else
                     ("node.session.open", {"epoch": epoch, "was": was,
                                            "journalEpoch": numbers["journalEpoch"],
-                                           "commandsUnknown": numbers["commandsUnknown"]}))
+                                           "commandsUnknown": numbers["commandsUnknown"],
+                                           "agentVersion": str(change.get("agentVersion",
+                                                                          ""))[:64]}))
     audit_record(tenant_id=node.pool.tenant_id, actor_id="gateway", action=action,
                  target=node.id, data=data)
+
+
+def _refusal_record(node: Node, change: dict[str, Any]) -> None:
+    agent_version, reason = (str(change.get(key, ""))[:300] for key in ("agentVersion",
+                                                                          "reason"))
+    node_event(node, FleetEvent.NODE_AGENT_REFUSED, agentVersion=agent_version, reason=reason)
+    audit_record(tenant_id=node.pool.tenant_id, actor_id="gateway",
+                 action="node.session.refuse", target=node.id,
+                 data={"agentVersion": agent_version, "reason": reason})
 
 
 @transaction.atomic(durable=True)

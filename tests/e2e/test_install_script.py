@@ -16,9 +16,10 @@ import zipfile
 import httpx
 import pytest
 
+from bcd.contract.version import version
 from tests.e2e.conftest import start_stack, stop_stack
 
-VERSION = "0.1.0"
+VERSION = version()
 
 
 @pytest.fixture(scope="module")
