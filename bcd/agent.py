@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -148,7 +149,7 @@ class Agent:
             "diag.nvml": lambda: checks.diag_nvml(self.inventory, payload),
             "diag.cpu": lambda: checks.diag_cpu(self.inventory, payload),
             "diag.disk": lambda: checks.diag_disk(self.paths.state_dir, payload),
-            "diag.network": lambda: checks.diag_network(self.config.gateway, payload),
+            "diag.network": lambda: checks.diag_network(self.gateway_now(), payload),
             "diag.dcgm": lambda: checks.diag_dcgm(payload),
         }
         if kind in diagnostics:  # they read hardware and files: off the event loop
@@ -279,7 +280,7 @@ class Agent:
         readings = self._telemetry
         return {
             "nodeId": self.config.node_id, "siteId": self.config.site_id,
-            "gateway": self.config.gateway,
+            "gateway": self.gateway_now(),
             "session": {"connected": bool(state and state.connected),
                         "epoch": state.epoch if state else 0},
             "generations": {"applied": self.journal.applied_generation(),
@@ -318,12 +319,30 @@ class Agent:
         async with server:
             await server.serve_forever()
 
+    def gateways(self) -> list[str]:
+        """The session gateways, in the order this node tries them: the list starts at a
+        place of its own (so that nodes spread over them) and goes round."""
+        targets = [target for target in self.config.gateway.split(",") if target]
+        start = zlib.crc32(self.config.node_id.encode()) % max(len(targets), 1)
+        return targets[start:] + targets[:start]
+
+    def gateway_now(self) -> str:
+        """The gateway of the session now (or the one tried next)."""
+        if self.session is not None:
+            return self.session.target
+        return (self.gateways() or [""])[0]
+
     async def keep_session(self) -> None:
+        """Keep a session open. A session lost or refused is tried again on the next
+        gateway (after a jittered backoff, reset by a session that lasted a minute), so a
+        node whose gateway died is connected through another within about a second."""
         delay = 1.0
         unwelcomed = 0
+        turn = 0
         while True:
+            targets = self.gateways() or [""]
             self.session = AgentSession(
-                credentials=self.credentials(), target=self.config.gateway,
+                credentials=self.credentials(), target=targets[turn % len(targets)],
                 inventory=self.inventory, run_command=self.run_command,
                 journal_epoch=self.journal.epoch, apply_spec=self.apply_spec,
                 applied_generation=self.hello_generation(),
@@ -337,6 +356,7 @@ class Agent:
             if asyncio.get_running_loop().time() - started > 60:
                 delay = 1.0
             unwelcomed = 0 if self.session.state.node_id else unwelcomed + 1
+            turn += 1
             if unwelcomed and unwelcomed % REDISCOVER_AFTER == 0:
                 await asyncio.to_thread(self.follow_published_gateway)
             await asyncio.sleep(random.uniform(0, delay))  # noqa: S311 (jitter)
@@ -349,7 +369,7 @@ class Agent:
             return  # the simulator pinned the address
         published = published_gateway(self.config)
         if published and published != self.config.gateway:
-            logger.warning("the control plane publishes the gateway %s; moving from %s",
+            logger.warning("the control plane publishes the gateways %s; moving from %s",
                            published, self.config.gateway)
             self.config = replace(self.config, gateway=published)
             self.config.write(self.paths.config_file)

@@ -28,9 +28,9 @@ DEFAULT_ROLE = "bc_gateway"
 GRANTS: dict[str, str] = {
     Node._meta.db_table: "SELECT (id, site_id, provision_state, session_epoch, connectivity, "
                   "last_heartbeat_at, connected_at, journal_epoch, agent_version, "
-                  "agent_refused), "
+                  "agent_refused, gateway), "
                   "UPDATE (session_epoch, connectivity, last_heartbeat_at, connected_at, "
-                  "journal_epoch, agent_version, agent_refused)",
+                  "journal_epoch, agent_version, agent_refused, gateway)",
     NodeCommand._meta.db_table: "SELECT (id, node_id, kind, signed, state, created_at, sent_at), "
                                 "UPDATE (state, sent_at, finished_at)",
     NodeSpec._meta.db_table: "SELECT (id, node_id, generation, signed, txid)",

@@ -31,8 +31,11 @@ from compute.core import config
               show_default=True, help="The API that joins and renewals are relayed to.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics (/metrics) here; none by default.")
+@click.option("--name", "gateway_name", default="", metavar="NAME",
+              help="What `nodes get` shows as the gateway holding a node's session "
+                   "[default: HOSTNAME:PORT of --listen].")
 def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
-         metrics_listen: str | None) -> None:
+         metrics_listen: str | None, gateway_name: str) -> None:
     """Run the gateway: it holds node sessions, files their reports in Postgres and relays
     joins and renewals to the API. It holds no CA, no signing key and no KEK, and never
     calls IAM."""
@@ -58,7 +61,7 @@ def main(cert_dir: str, listen: str, join_listen: str, api_url: str,
     async def run() -> None:
         task = asyncio.create_task(serve(listen=listen, join_listen=join_listen,
                                          api_url=api_url, cert_dir=cert_dir,
-                                         trust_domain=trust_domain()))
+                                         trust_domain=trust_domain(), name=gateway_name))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, task.cancel)

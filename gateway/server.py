@@ -13,6 +13,7 @@ import base64
 import contextlib
 import json
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -68,8 +69,10 @@ def peer_identity(context: grpc.aio.ServicerContext, trust_domain: str) -> Ident
 
 
 class Gateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, *, api_url: str, trust_domain: str, workers: int = 8) -> None:
+    def __init__(self, *, api_url: str, trust_domain: str, workers: int = 8,
+                 name: str = "") -> None:
         self.api_url = api_url.rstrip("/")
+        self.name = name  # what nodes get shows as the gateway holding a session
         self.trust_domain = trust_domain
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gw-db")
         self.sessions: dict[str, Session] = {}
@@ -137,7 +140,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         epoch = await self.db(sessions.session_open, node_id=identity.node_id,
                               journal_epoch=first.hello.journal_epoch,
-                              agent_version=agent_version)
+                              agent_version=agent_version, gateway=self.name)
         session = Session(node_id=identity.node_id, epoch=epoch)
         older = self.sessions.get(identity.node_id)
         if older is not None:
@@ -335,12 +338,13 @@ class CertificateFiles:
 
 async def serve(*, listen: str, join_listen: str, api_url: str, cert_dir: str,
                 trust_domain: str, ready: asyncio.Event | None = None,
-                holder: dict[str, Any] | None = None) -> None:
+                holder: dict[str, Any] | None = None, name: str = "") -> None:
     """Serve sessions on `listen` (mTLS: a node certificate is required) and joins on
     `join_listen` (TLS only: a joining machine has no certificate yet)."""
     session_credentials = CertificateFiles(Path(cert_dir)).credentials(require_client_auth=True)
     join_credentials = CertificateFiles(Path(cert_dir)).credentials(require_client_auth=False)
-    gateway = Gateway(api_url=api_url, trust_domain=trust_domain)
+    gateway = Gateway(api_url=api_url, trust_domain=trust_domain,
+                      name=name or f"{socket.gethostname()}:{listen.rpartition(':')[2]}")
     if holder is not None:
         holder["gateway"] = gateway
     server = grpc.aio.server(options=[("grpc.keepalive_time_ms", 20_000)])
@@ -353,7 +357,8 @@ async def serve(*, listen: str, join_listen: str, api_url: str, cert_dir: str,
     for service in ("", AGENT_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     keeper = asyncio.create_task(gateway.housekeeping())
-    logger.info("gateway: sessions on %s, joins on %s (API %s)", listen, join_listen, api_url)
+    logger.info("gateway %s: sessions on %s, joins on %s (API %s)", gateway.name, listen,
+                join_listen, api_url)
     if ready is not None:
         ready.set()
     try:

@@ -52,23 +52,32 @@ async def _join_rpc(target: str, ca_pem: bytes, request: pb.JoinRequest) -> pb.J
         return await agent_pb2_grpc.AgentGatewayStub(channel).Join(request, timeout=60)
 
 
+def published_gateways(document: dict[str, Any]) -> str:
+    """The session gateways a well-known document publishes, as the config's `gateway`
+    holds them: gRPC targets, comma separated ("" for none)."""
+    urls = document.get("gatewayUrls") or [document.get("gatewayUrl")]
+    if not isinstance(urls, list):
+        return ""
+    return ",".join(grpc_target(url) for url in urls if isinstance(url, str) and url)
+
+
 def session_gateway(document: dict[str, Any], pinned: str | None) -> str:
-    """The gateway for sessions: the one the control plane publishes (a pinned one that
-    differs is reported), else the pinned one (`--gateway-url`)."""
-    published = document.get("gatewayUrl")
-    if published and pinned and grpc_target(published) != grpc_target(pinned):
-        print(f"bcd join: warning: the control plane publishes the gateway {published}, not "
+    """The gateways for sessions: those the control plane publishes (a pinned one that
+    is not among them is reported), else the pinned one (`--gateway-url`)."""
+    published = published_gateways(document)
+    if published and pinned and grpc_target(pinned) not in published.split(","):
+        print(f"bcd join: warning: the control plane publishes the gateways {published}, not "
               f"{pinned}; using {published}", file=sys.stderr)
-    chosen = published or pinned
+    chosen = published or (grpc_target(pinned) if pinned else "")
     if not chosen:
         raise JoinError("the control plane publishes no gateway (gatewayUrl) and none was "
                         "given (--gateway-url)")
-    return grpc_target(chosen)
+    return chosen
 
 
 def published_gateway(config: Config) -> str | None:
-    """The session gateway the control plane publishes now, its document's pins checked
-    against the node's; None when it cannot be read or names none."""
+    """The session gateways the control plane publishes now (comma separated), its
+    document's pins checked against the node's; None when it cannot be read or names none."""
     try:
         document = fetch_wellknown(config.server)
         check_wellknown(document, Pins(config.serving_ca_pin, config.join_signing_pin,
@@ -76,8 +85,7 @@ def published_gateway(config: Config) -> str | None:
     except (JoinError, KeyError, ValueError) as error:
         print(f"bcd: cannot read where the gateway is: {error}", file=sys.stderr)
         return None
-    published = document.get("gatewayUrl")
-    return grpc_target(published) if isinstance(published, str) and published else None
+    return published_gateways(document) or None
 
 
 def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus: int,

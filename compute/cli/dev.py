@@ -65,18 +65,20 @@ def _port_free(host: str, port: int) -> bool:
         return True
 
 
-def _gateway_ports(state_dir: Path, host: str) -> tuple[int, int]:
-    """The gateway's session and join ports: the last run's while they are free (the agents
-    that joined then keep their address), else new ones, kept for the next run."""
+def _gateway_ports(state_dir: Path, host: str, count: int = 1) -> list[tuple[int, int]]:
+    """Each gateway's session and join ports: the last run's while they are free (the
+    agents that joined then keep their addresses), else new ones, kept for the next run."""
     path = state_dir / "gateway-ports.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text())
-        sessions, joins = int(kept["sessions"]), int(kept["joins"])
-        if _port_free(host, sessions) and _port_free(host, joins):
-            return sessions, joins
-    sessions, joins = free_port(), free_port()
-    path.write_text(json.dumps({"sessions": sessions, "joins": joins}))
-    return sessions, joins
+        pairs = [(int(kept["sessions"]), int(kept["joins"])),
+                 *((int(s), int(j)) for s, j in kept.get("more", []))][:count]
+        if len(pairs) == count and all(_port_free(host, p) for pair in pairs for p in pair):
+            return pairs
+    pairs = [(free_port(), free_port()) for _ in range(count)]
+    path.write_text(json.dumps({"sessions": pairs[0][0], "joins": pairs[0][1],
+                                "more": pairs[1:]}))
+    return pairs
 
 
 def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], what: str) -> None:
@@ -513,22 +515,25 @@ def start_more_workers(stack: Stack, env: dict[str, str]) -> None:
 def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str, port: int,
                         state_dir: Path, sim_variant: str = "gpu", seeded: bool = False,
                         env_extra: dict[str, str] | None = None,
-                        later_workers: bool = False) -> ControlPlane:
+                        later_workers: bool = False, gateways: int = 1) -> ControlPlane:
     """Migrate (unless the server was `seeded` from a migrated copy), bootstrap the root
     tenant, its admin token, a site and a pool, and start the API (as `serve` runs it), the
     gateway, two queue workers and the django-q2 cluster as children of `stack` (with
     `later_workers`, one queue worker: the caller starts the rest with `start_more_workers`
-    once nothing waits on the machine's cores). `env_extra` goes to every one of them."""
+    once nothing waits on the machine's cores). `env_extra` goes to every one of them.
+    With `gateways` > 1, as many gateways (`gateway-2`, …), every one published."""
     stack.log_dir = state_dir / "logs"
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    gateway_port, join_port = _gateway_ports(state_dir, host)
+    ports = _gateway_ports(state_dir, host, gateways)
+    (gateway_port, join_port) = ports[0]
     downloads = Path(config.text("BETTER_COMPUTE_DOWNLOADS_DIR") or state_dir / "downloads")
     write_artifacts(downloads)  # the agent's wheel; executables that were built stay
     env = {**config.environment(**(env_extra or {})),
            "DATABASE_URL": config.text("DATABASE_URL") or server.url,
            "DJANGO_SETTINGS_MODULE": "compute.project.settings",
            "BETTER_COMPUTE_DOWNLOADS_DIR": str(downloads),
-           "BETTER_COMPUTE_GATEWAY_URL": f"grpcs://{host}:{gateway_port}",
+           "BETTER_COMPUTE_GATEWAY_URL": ",".join(f"grpcs://{host}:{sessions}"
+                                                   for sessions, _joins in ports),
            "BETTER_COMPUTE_GATEWAY_JOIN_URL": f"grpcs://{host}:{join_port}"}
     if seeded:
         click.echo("migrations applied (a copy of a migrated cluster)", err=True)
@@ -554,11 +559,14 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
     gateway_env = _gateway_env(env, state_dir)
     _wait_for_port(host, port, api_process, "API server")
     url = f"http://{host}:{port}/api/compute"
-    gateway = stack.start(
-        [sys.executable, "-m", "gateway", "--listen", f"{host}:{gateway_port}",
-         "--join-listen", f"{host}:{join_port}", "--api-url", f"http://{host}:{port}",
-         "--cert-dir", str(state_dir / "gateway")], gateway_env, name="gateway")
-    _wait_for_port(host, join_port, gateway, "gateway")
+    for number, (sessions, joins) in enumerate(ports, start=1):
+        name = "gateway" if number == 1 else f"gateway-{number}"
+        gateway = stack.start(
+            [sys.executable, "-m", "gateway", "--listen", f"{host}:{sessions}",
+             "--join-listen", f"{host}:{joins}", "--api-url", f"http://{host}:{port}",
+             "--cert-dir", str(state_dir / "gateway"), "--name", name], gateway_env,
+            name=name)
+        _wait_for_port(host, joins, gateway, name)
     stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env, name="worker-1")
     if not later_workers:
         start_more_workers(stack, env)
@@ -581,8 +589,10 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
               "cpu: machines without GPUs (and a CPU pool).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the token, env file, gateway credentials and agents go.")
+@click.option("--gateways", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="Gateways to run; agents spread over them and move when one stops.")
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
-        state_dir: Path | None) -> None:
+        state_dir: Path | None, gateways: int) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     signal.signal(signal.SIGTERM, _interrupted)  # TERM while starting: stop what started
     click.echo("starting embedded Postgres …", err=True)
@@ -597,9 +607,10 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         if memory:  # a new database: machines that joined an earlier one are unknown to it
             forget_machines(state_dir)
         plane = start_control_plane(stack, server, host=host, port=port, state_dir=state_dir,
-                                    sim_variant=sim_variant, seeded=seeded, later_workers=True)
+                                    sim_variant=sim_variant, seeded=seeded, later_workers=True,
+                                    gateways=gateways)
         env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
-        gateway_port, join_port = plane.gateway_port, plane.join_port
+        join_port = plane.join_port
         downloads, artifacts = plane.downloads, served_artifacts(plane.downloads)
         # The sandbox image is built (and added) while the machines join and connect.
         images = ThreadPoolExecutor(max_workers=1)
@@ -636,7 +647,9 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         click.echo(f"better-compute listening on {url}")
         click.echo(f"console on http://{host}:{port}/console/ (sign in with the API token in "
                    "the env file)")
-        click.echo(f"gateway on {host}:{gateway_port} (sessions), {host}:{join_port} (joins)")
+        for sessions in plane.env["BETTER_COMPUTE_GATEWAY_URL"].split(","):
+            click.echo(f"gateway on {sessions.removeprefix('grpcs://')} (sessions)")
+        click.echo(f"joins on {host}:{join_port}")
         click.echo(f"each process writes its output to {stack.log_dir}/<name>.log")
         for name, digest in artifacts.items():
             click.echo(f"agent artifact: http://{host}:{port}/downloads/{name} sha256 {digest}")

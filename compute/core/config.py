@@ -59,8 +59,9 @@ VARIABLES = Declared(
     Variable("BETTER_COMPUTE_TRUST_DOMAIN", "str", "better-compute.local",
              "the SPIFFE trust domain of node certificates"),
     Variable("BETTER_COMPUTE_GATEWAY_URL", "str", None,
-             "the gateway's session address published in the well-known document "
-             "(`grpcs://host:port`)"),
+             "the gateways' session addresses published in the well-known document, comma "
+             "separated (`grpcs://gw-1:8443,grpcs://gw-2:8443`): agents spread over them and "
+             "move to another when theirs is lost"),
     Variable("BETTER_COMPUTE_GATEWAY_JOIN_URL", "str", None,
              "the gateway's join address published in the well-known document"),
     Variable("BETTER_COMPUTE_DOWNLOADS_DIR", "path", None,

@@ -31,7 +31,9 @@ def contributors() -> list[Contributor]:
 def document() -> dict[str, Any]:
     doc: dict[str, Any] = {
         "version": 1,
-        "gatewayUrl": settings.BC_GATEWAY_URL or None,
+        # Every session gateway; gatewayUrl, the first, for agents before 0.2.
+        "gatewayUrl": settings.BC_GATEWAY_URLS[0] if settings.BC_GATEWAY_URLS else None,
+        "gatewayUrls": settings.BC_GATEWAY_URLS,
         "gatewayJoinUrl": settings.BC_GATEWAY_JOIN_URL or None,
     }
     for contribute in contributors():

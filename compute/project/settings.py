@@ -154,7 +154,7 @@ BC_IAM_BACKEND = env("IAM_BACKEND")
 # The fleet: node certificates' SPIFFE trust domain, what the well-known document publishes,
 # heartbeat and lease of node sessions, how long a hold may take to bind.
 BC_TRUST_DOMAIN = env("TRUST_DOMAIN")
-BC_GATEWAY_URL = env("GATEWAY_URL")
+BC_GATEWAY_URLS = [url.strip() for url in (env("GATEWAY_URL") or "").split(",") if url.strip()]
 BC_GATEWAY_JOIN_URL = env("GATEWAY_JOIN_URL")
 BC_DOWNLOADS_DIR = env("DOWNLOADS_DIR")
 BC_HEARTBEAT_SECONDS = whole("BETTER_COMPUTE_HEARTBEAT_SECONDS")

@@ -92,6 +92,8 @@ class Node(models.Model):
         default=0, help_text="The agent journal's epoch; a new one means the journal was lost.")
     agent_version = models.CharField(max_length=64, blank=True, db_default="",
                                      help_text="The version its agent said in its last Hello.")
+    gateway = models.CharField(max_length=100, blank=True, db_default="",
+                               help_text="The gateway that opened its last session (its name).")
     agent_refused = models.CharField(
         max_length=300, blank=True, db_default="",
         help_text="Why its agent's last session was refused (its version); empty once taken.")

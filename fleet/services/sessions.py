@@ -51,13 +51,13 @@ def _audit(node: Node, action: str, **data: Any) -> None:
 
 # The node columns the gateway reads and writes (its role may read no others).
 SESSION_COLUMNS = ("id", "session_epoch", "connectivity", "last_heartbeat_at", "connected_at",
-                   "journal_epoch", "agent_version", "agent_refused")
+                   "journal_epoch", "agent_version", "agent_refused", "gateway")
 SESSION_CHANGE = "session"  # the inbox kind of what the gateway itself says of a session
 
 
 @transaction.atomic(durable=True)
-def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | None = None
-                 ) -> int:
+def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | None = None,
+                 gateway: str = "") -> int:
     """Bump the node's session epoch (older sessions lose the right to act) and mark it
     connected; returns the new epoch. Session bookkeeping, run by the gateway: what it
     means (events, the audit row) is filed in the node's inbox for a worker to record
@@ -70,7 +70,8 @@ def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | N
     again for a session that never took it (it may have run under the lost journal).
 
     `agent_version` is what the agent's Hello said, once `agent_refusal` took it (None:
-    not told, as in tests that open sessions directly).
+    not told, as in tests that open sessions directly); `gateway` names the gateway that
+    holds the session.
     """
     node = Node.objects.select_for_update(no_key=True).only(*SESSION_COLUMNS).get(pk=node_id)
     unanswered = NodeCommand.objects.filter(node_id=node_id, state=CommandState.SENT)
@@ -93,13 +94,16 @@ def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | N
         node.agent_version, node.agent_refused = agent_version[:64], ""
         change["agentVersion"] = node.agent_version
     node.session_epoch += 1
+    node.gateway = gateway[:100]
     node.connectivity = Connectivity.CONNECTED
     node.last_heartbeat_at = database_now()
     if change["was"] != Connectivity.CONNECTED:
         node.connected_at = node.last_heartbeat_at
     node.save(update_fields=["session_epoch", "connectivity", "last_heartbeat_at",
-                             "connected_at", "journal_epoch", "agent_version", "agent_refused"])
-    _file_change(node_id, node.session_epoch, journalEpoch=node.journal_epoch, **change)
+                             "connected_at", "journal_epoch", "agent_version", "agent_refused",
+                             "gateway"])
+    _file_change(node_id, node.session_epoch, journalEpoch=node.journal_epoch,
+                 gateway=node.gateway, **change)
     return node.session_epoch
 
 
@@ -157,7 +161,8 @@ def session_change_record(*, node_id: str, epoch: int, change: dict[str, Any]) -
                                            "journalEpoch": numbers["journalEpoch"],
                                            "commandsUnknown": numbers["commandsUnknown"],
                                            "agentVersion": str(change.get("agentVersion",
-                                                                          ""))[:64]}))
+                                                                          ""))[:64],
+                                           "gateway": str(change.get("gateway", ""))[:100]}))
     audit_record(tenant_id=node.pool.tenant_id, actor_id="gateway", action=action,
                  target=node.id, data=data)
 
