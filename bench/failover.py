@@ -197,6 +197,37 @@ class Load:
                 self.call(client, "reservations.release", {"reservationId": booked["id"]})
 
 
+@dataclass
+class Watcher:
+    """Follows `events/watch` (reservation events), resuming after the last sequence seen
+    whenever the stream breaks."""
+
+    url: str
+    token: str
+    seen: list[int] = field(default_factory=list)
+    resumed: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def follow(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        while not self.stop.is_set():
+            since = self.seen[-1] if self.seen else 0
+            try:
+                with httpx.stream("GET", f"{self.url}/events/watch", headers=headers,
+                                  params={"types": "reservation.*", "since": since},
+                                  timeout=httpx.Timeout(10, read=20)) as response:
+                    if response.status_code == 200:
+                        for line in response.iter_lines():
+                            if line.strip():
+                                self.seen.append(int(json.loads(line)["seq"]))
+                            if self.stop.is_set():
+                                return
+            except (httpx.HTTPError, ValueError):
+                pass
+            self.resumed += 1
+            time.sleep(0.5)
+
+
 def kill_leader(members: list[Member]) -> Member:
     leader = next(m for m in members if m.role() in ("master", "primary"))
     postmaster = int((WORK / leader.name / "postmaster.pid").read_text().split()[0])
@@ -257,7 +288,9 @@ def main() -> None:
 def run(clients: int, before: float, after: float, members: list[Member], url: str,
         env: dict[str, str]) -> dict[str, Any]:
     load = Load(env["BETTER_COMPUTE_URL"], env["BETTER_COMPUTE_TOKEN"], env["POOL"])
+    watcher = Watcher(load.url, load.token)
     threads = [threading.Thread(target=load.client) for _ in range(clients)]
+    threading.Thread(target=watcher.follow, daemon=True).start()
     for thread in threads:
         thread.start()
     time.sleep(before)
@@ -290,11 +323,20 @@ def run(clients: int, before: float, after: float, members: list[Member], url: s
             "SELECT count(*) FROM compute_event WHERE type = 'node.unreachable' AND "
             "created_at > %s", [killed_wall]).fetchone()[0]
         nodes = db.execute("SELECT count(*) FROM fleet_node WHERE role = 'node'").fetchone()[0]
+        events = {row[0] for row in db.execute(
+            "SELECT position FROM compute_event WHERE type LIKE 'reservation.%%'")}
+        deadline = time.monotonic() + 60  # a missed event is reported, not waited for
+        while not set(watcher.seen) >= events and time.monotonic() < deadline:
+            time.sleep(0.2)
+        watcher.stop.set()
     moved = gateway_failover(url)
     return {"outage": (back - first_failure) if back and first_failure else 0.0,
             "acknowledged": len(load.acknowledged), "present": len(present),
             "overlaps": overlaps[0], "nodes": nodes, "unreachable": unreachable,
             "caughtUp": caught_up, "bookings": len(load.successes),
+            "events": len(events), "missed": len(events - set(watcher.seen)),
+            "repeated": len(watcher.seen) - len(set(watcher.seen)),
+            "resumed": watcher.resumed,
             "failures": len(load.failures), "leader": f"{old.name} -> " + ", ".join(
                 f"{m.name}={m.role()}" for m in survivors), **moved}
 
@@ -337,6 +379,9 @@ def report(result: dict[str, Any]) -> None:
         ["overlapping bookings", str(result["overlaps"])],
         ["nodes connected again / node.unreachable events since the kill",
          f"{result['nodes']} / {result['unreachable']}"],
+        ["watch stream: reservation events / missed / repeated / resumptions",
+         f"{result['events']} / {result['missed']} / {result['repeated']} / "
+         f"{result['resumed']}"],
         ["work items overdue by 10 s after the failover: none after",
          f"{result['caughtUp']:.1f} s"],
         ["gateway killed: nodes connected through the other",

@@ -1,7 +1,8 @@
 """`bench.failover` at a small size: a three-member Patroni cluster (synchronous replication)
 under the control plane, its leader killed with -9 while clients book and release. Nothing
 acknowledged is lost, nothing overlaps, no node turns unreachable, the work queue catches
-up, and a killed gateway's nodes move to the other."""
+up, an event watcher resumes without a gap, and a killed gateway's nodes move to the
+other."""
 
 from __future__ import annotations
 
@@ -17,3 +18,5 @@ def test_a_patroni_failover_under_load_loses_nothing_acknowledged():
     assert result["unreachable"] == 0, result
     assert result["nodes"] == 2
     assert result["gatewayMoved"] >= 1
+    assert result["events"] > 0
+    assert (result["missed"], result["repeated"]) == (0, 0), result  # the watch resumed
