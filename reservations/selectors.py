@@ -67,9 +67,12 @@ def expired_sandboxes(limit: int = 500) -> list[str]:
                 .values_list("id", flat=True)[:limit])
 
 
-def usage_list(*, tenant: Tenant, meter: str | None = None) -> QuerySet[UsageRecord]:
+def usage_list(*, tenant: Tenant, meter: str | None = None,
+               subject: str | None = None) -> QuerySet[UsageRecord]:
     queryset = UsageRecord.objects.filter(tenant=tenant)
-    return queryset.filter(meter=meter) if meter else queryset
+    if meter:
+        queryset = queryset.filter(meter=meter)
+    return queryset.filter(subject=subject) if subject else queryset
 
 
 def maintenance_list(*, tenant: Tenant, node_id: str | None = None

@@ -632,9 +632,10 @@ def usage() -> None:
 @api_command(usage, "list", "usage.list",
              columns=["subject", "meter", "quantity", "windowStart", "windowEnd"])
 @click.option("--meter", default=None, help="e.g. gpu.H100.hours")
-def usage_list(meter: str | None) -> dict[str, Any]:
+@click.option("--subject", default=None, help="A reservation's or sandbox's id.")
+def usage_list(meter: str | None, subject: str | None) -> dict[str, Any]:
     """Usage records, one per ended window."""
-    return {"meter": meter}
+    return {"meter": meter, "subject": subject}
 
 
 COMMANDS = [nodes, maintenance, capacity, reserve, reservations, series, release, extend,

@@ -538,10 +538,10 @@ class Usage(Group):
     """usage.* methods."""
 
     def list(self, *, limit: int | None = None, after: str | None = None, meter: str | None = None,
-            tenant_id: str | None = None) -> Any:
+            subject: str | None = None, tenant_id: str | None = None) -> Any:
         """Metered usage of the tenant, such as gpu.H100.hours, per ended window."""
         return self._call("usage.list", {"limit": limit, "after": after, "meter": meter,
-            "tenantId": tenant_id}, retry=True)
+            "subject": subject, "tenantId": tenant_id}, retry=True)
 
 
 GROUPS: dict[str, type[Group]] = {

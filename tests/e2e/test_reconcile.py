@@ -40,8 +40,9 @@ def test_a_future_window_becomes_active_at_its_start_and_is_released_at_its_end(
     assert [e["type"] for e in events if e["subject"] == rsv["id"]] == [
         "reservation.placed", "reservation.binding", "reservation.active",
         "reservation.released"]
-    usage = json.loads(fast_stack.ok("usage", "list", "-o", "json"))["items"]
-    assert any(u["subject"] == rsv["id"] for u in usage)
+    usage = json.loads(fast_stack.ok("usage", "list", "--subject", rsv["id"], "-o", "json"))
+    assert usage["items"]
+    assert all(u["subject"] == rsv["id"] for u in usage["items"])
 
 
 def gateway_pid(stack):

@@ -125,8 +125,8 @@ def test_a_sandbox_boots_a_real_vm_and_release_leaves_nothing(cpu_stack):
     assert qemu_processes(created["id"]) == []
     assert not folder.exists()  # the overlay disk, console log and sockets are gone
     assert allocated(cpu_stack) == before
-    meters = {u["meter"] for u in cpu_stack.json("usage", "list")["items"]
-              if u["subject"] == created["id"]}
+    meters = {u["meter"] for u in cpu_stack.json("usage", "list", "--subject",
+                                                 created["id"])["items"]}
     assert meters == {"vcpu.hours", "memory.gib-hours"}
 
 
@@ -527,8 +527,8 @@ def test_a_sandbox_runs_commands_moves_files_pauses_and_keeps_to_its_network(cpu
         settled(cpu_stack, sandbox_id, ("stopped",), timeout=60)
     assert [r for r in cpu_stack.json("audit", "list", "--target", expiring["id"])["items"]
             if r["action"] == "sandbox.expire"], "released by its time limit"
-    meters = [u for u in cpu_stack.json("usage", "list")["items"]
-              if u["subject"] == closed["id"] and u["meter"] == "vcpu.hours"]
+    meters = cpu_stack.json("usage", "list", "--subject", closed["id"],
+                            "--meter", "vcpu.hours")["items"]
     assert len(meters) >= 3  # running, paused (at the pool's lower rate), running again
 
 

@@ -219,6 +219,18 @@ def test_expired_windows_are_released(root, pool):
     assert usage["quantity"] == "2.000000"
 
 
+@pytest.mark.django_db(transaction=True)  # now() must move between create and release
+def test_usage_lists_one_subjects_records(root, pool):
+    make_node(pool["id"])
+    first, second = reserve(root, pool, 2).result, reserve(root, pool, 2).result
+    for rsv in (first, second):
+        root("reservations.release", reservationId=rsv["id"])
+    assert {u["subject"] for u in root("usage.list")["items"]} == {first["id"], second["id"]}
+    only = root("usage.list", subject=second["id"])["items"]
+    assert [u["subject"] for u in only] == [second["id"]]
+    assert root("usage.list", subject="rsv_unknown")["items"] == []
+
+
 @pytest.mark.parametrize("body", [
     {"devices": gpus(0)},
     {"devices": [{"class": "cpu", "count": 1}]},
