@@ -346,6 +346,7 @@ class Agent:
                 inventory=self.inventory, run_command=self.run_command,
                 journal_epoch=self.journal.epoch, apply_spec=self.apply_spec,
                 applied_generation=self.hello_generation(),
+                journal_generation=self.journal.applied_generation(),
                 spec_pin=self.config.join_signing_pin)
             started = asyncio.get_running_loop().time()
             try:

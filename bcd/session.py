@@ -67,7 +67,8 @@ class AgentSession:
     def __init__(self, *, credentials: Credentials, target: str, inventory: Any,
                  run_command: CommandRunner, journal_epoch: int = 0,
                  apply_spec: SpecApplier | None = None, applied_generation: int = 0,
-                 spec_pin: str = "", agent_version: str = "") -> None:
+                 journal_generation: int = 0, spec_pin: str = "",
+                 agent_version: str = "") -> None:
         self.credentials = credentials
         self.agent_version = agent_version or version()  # what Hello says
         self.target = target
@@ -78,6 +79,7 @@ class AgentSession:
         self.spec_pin = spec_pin  # the join-signing key's pin: specs and commands carry its
         # signature
         self.applied_generation = applied_generation
+        self.journal_generation = journal_generation  # what the journal applied, ever
         self.state = SessionState()
         self.control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self.bulk: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -125,7 +127,8 @@ class AgentSession:
         yield pb.AgentMessage(hello=pb.Hello(agent_version=self.agent_version,
                                              protocol=PROTOCOL,
                                              journal_epoch=self.journal_epoch,
-                                             applied_generation=self.applied_generation))
+                                             applied_generation=self.applied_generation,
+                                             journal_generation=self.journal_generation))
         while True:
             if not self.control.empty():
                 yield self._signed(self.control.get_nowait())

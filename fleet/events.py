@@ -18,6 +18,7 @@ class FleetEvent(EventType):
     NODE_UNREACHABLE = "node.unreachable"
     NODE_JOURNAL_LOST = "node.journal.lost"
     NODE_AGENT_REFUSED = "node.agent.refused"
+    NODE_SPEC_REBASED = "node.spec.rebased"
     NODE_INVENTORY_UPDATED = "node.inventory.updated"
     DEVICE_UNHEALTHY = "device.unhealthy"
     DEVICE_HEALTHY = "device.healthy"

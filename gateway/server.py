@@ -140,6 +140,7 @@ class Gateway(agent_pb2_grpc.AgentGatewayServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         epoch = await self.db(sessions.session_open, node_id=identity.node_id,
                               journal_epoch=first.hello.journal_epoch,
+                              journal_generation=first.hello.journal_generation,
                               agent_version=agent_version, gateway=self.name)
         session = Session(node_id=identity.node_id, epoch=epoch)
         older = self.sessions.get(identity.node_id)

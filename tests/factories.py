@@ -56,11 +56,12 @@ def make_provisioner(pool: Pool | str) -> tuple[Node, ec.EllipticCurvePrivateKey
     return Node.objects.get(pk=node.pk), key
 
 
-def open_session(node_id: str, journal_epoch: int = 0) -> int:
+def open_session(node_id: str, journal_epoch: int = 0, journal_generation: int = 0) -> int:
     """Open a session as the gateway does, and record it as a worker then does; the epoch."""
     from fleet.reports import reconcile_reports
 
-    epoch = session_open(node_id=node_id, journal_epoch=journal_epoch)
+    epoch = session_open(node_id=node_id, journal_epoch=journal_epoch,
+                         journal_generation=journal_generation)
     reconcile_reports(node_id)
     return epoch
 

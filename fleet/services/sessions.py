@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from audit.services import audit_denied, audit_exempt, audit_record, audited
@@ -25,11 +25,12 @@ from compute.core.db import database_now
 from compute.core.sqltext import tables
 from fleet.events import FleetEvent
 from fleet.inventory import parse_inventory
-from fleet.models import CommandState, Connectivity, Node, NodeCommand, ReportInbox
+from fleet.models import CommandState, Connectivity, Node, NodeCommand, NodeSpec, ReportInbox
 from fleet.models import ProvisionState as PS
 from fleet.models.agent import NodeReport
 from fleet.services.lifecycle import acceptance_start_locked, command_result_locked
 from fleet.services.nodes import node_event, node_inventory_ingest_locked
+from fleet.services.specs import spec_rebase_locked
 from fleet.work import command_outcome_lost, node_reports_filed
 
 
@@ -57,7 +58,7 @@ SESSION_CHANGE = "session"  # the inbox kind of what the gateway itself says of 
 
 @transaction.atomic(durable=True)
 def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | None = None,
-                 gateway: str = "") -> int:
+                 gateway: str = "", journal_generation: int = 0) -> int:
     """Bump the node's session epoch (older sessions lose the right to act) and mark it
     connected; returns the new epoch. Session bookkeeping, run by the gateway: what it
     means (events, the audit row) is filed in the node's inbox for a worker to record
@@ -72,6 +73,11 @@ def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | N
     `agent_version` is what the agent's Hello said, once `agent_refusal` took it (None:
     not told, as in tests that open sessions directly); `gateway` names the gateway that
     holds the session.
+
+    `journal_generation` is the newest spec generation the node's journal applied. Above
+    the ledger's newest, the ledger went back in time (restored to an earlier point): the
+    worker that records the change writes the ledger's spec above it (`spec_rebase_locked`),
+    so that the node converges to the ledger again instead of ignoring its older specs.
     """
     node = Node.objects.select_for_update(no_key=True).only(*SESSION_COLUMNS).get(pk=node_id)
     unanswered = NodeCommand.objects.filter(node_id=node_id, state=CommandState.SENT)
@@ -90,6 +96,10 @@ def session_open(*, node_id: str, journal_epoch: int = 0, agent_version: str | N
         unanswered.update(state=CommandState.QUEUED)
     if journal_epoch:
         node.journal_epoch = journal_epoch
+    ledger_generation = NodeSpec.objects.filter(node_id=node_id).aggregate(
+        newest=Max("generation"))["newest"] or 0
+    if journal_generation > ledger_generation:
+        change.update(journalGeneration=journal_generation, ledgerGeneration=ledger_generation)
     if agent_version is not None:
         node.agent_version, node.agent_refused = agent_version[:64], ""
         change["agentVersion"] = node.agent_version
@@ -163,8 +173,33 @@ def session_change_record(*, node_id: str, epoch: int, change: dict[str, Any]) -
                                            "agentVersion": str(change.get("agentVersion",
                                                                           ""))[:64],
                                            "gateway": str(change.get("gateway", ""))[:100]}))
+    if kind == "open" and "journalGeneration" in change:
+        data = {**data, "specRebased": _rebase(node, change)}
     audit_record(tenant_id=node.pool.tenant_id, actor_id="gateway", action=action,
                  target=node.id, data=data)
+
+
+MAX_GENERATION = 2**53  # a claim above this is malformed (and would exhaust the counter)
+
+
+def _generation(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_GENERATION:
+        raise ValueError("journalGeneration and ledgerGeneration are generations")
+    return value
+
+
+def _rebase(node: Node, change: dict[str, Any]) -> dict[str, int]:
+    """The node applied a generation the ledger never wrote (or lost): write the ledger's
+    spec as the generation after the node's, with `node.spec.rebased`."""
+    journal, ledger = (_generation(change.get(name))
+                       for name in ("journalGeneration", "ledgerGeneration"))
+    locked = Node.objects.select_for_update(no_key=True).select_related("pool").get(pk=node.pk)
+    spec, written = spec_rebase_locked(locked, above=journal)
+    rebased = {"journalGeneration": journal, "ledgerGeneration": ledger,
+               "generation": spec.generation}
+    if written:  # a repeat of the change writes nothing new
+        node_event(node, FleetEvent.NODE_SPEC_REBASED, **rebased)
+    return rebased
 
 
 def _refusal_record(node: Node, change: dict[str, Any]) -> None:

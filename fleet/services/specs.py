@@ -21,12 +21,12 @@ from fleet.pki import pki
 def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
                             remove: str | None = None, vm_add: dict[str, Any] | None = None,
                             vm_desired: tuple[str, str] | None = None,
-                            vm_remove: str | None = None) -> NodeSpec:
+                            vm_remove: str | None = None, above: int = 0) -> NodeSpec:
     """Write the next generation with hold `add` and VM `vm_add`, `vm_desired` (a sandbox
     and what it should be: running, paused, stopped), without allocation `remove` and
     sandbox `vm_remove` (with none:
     generation 1 of a newly adopted node, or an unchanged copy); the profile of units is
-    always the pool's policy's as it is now.
+    always the pool's policy's as it is now. The generation is above `above` too.
 
     A released VM stays in the spec, desired stopped, until its node reports it stopped:
     an agent that never started it (or restarted meanwhile) still learns to say so.
@@ -41,7 +41,7 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
            else vm
            for vm in _changed(spec.get("vms", []), "sandboxId", vm_add, vm_remove)]
     desired_state_changed()
-    generation = (latest.generation + 1) if latest else 1
+    generation = max((latest.generation + 1) if latest else 1, above + 1)
     spec = {"allocations": allocations, "vms": vms}
     units = policy_units(node.pool.policy or {})
     if units:
@@ -49,6 +49,15 @@ def node_spec_change_locked(node: Node, *, add: dict[str, Any] | None = None,
     return NodeSpec.objects.create(node=node, generation=generation, spec=spec,
                                    signed=signed_spec(node.id, generation, spec),
                                    txid=CURRENT_TXID)
+
+
+def spec_rebase_locked(node: Node, *, above: int) -> tuple[NodeSpec, bool]:
+    """The ledger's spec of the (locked) node as a generation above `above`, the newest its
+    node applied; True when written now, False when the newest already is above it."""
+    latest = node.specs.order_by("-generation").first()
+    if latest is not None and latest.generation > above:
+        return latest, False
+    return node_spec_change_locked(node, above=above), True
 
 
 def command_create(*, node_id: str, kind: str, payload: dict[str, Any]) -> NodeCommand:

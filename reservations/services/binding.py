@@ -179,8 +179,11 @@ def allocation_released_record(*, node_id: str, body: str, signature: str) -> st
     node, payload = verified_report(node_id, body, signature)
     node = Node.objects.select_related("pool").get(pk=node.pk)
     allocation_id = str(payload.get("allocationId", ""))[:32]
+    known = Allocation.objects.filter(pk=allocation_id, node=node).exists()
     audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="allocation.release",
-                 target=allocation_id, reason="signed by node")
+                 target=allocation_id, reason="signed by node" if known else (
+                     "signed by node; the ledger has no such allocation (booked after the "
+                     "point it was restored to, or never): the node dropped its hold"))
     event_emit(tenant_id=node.pool.tenant_id, type=ReservationEvent.ALLOCATION_RELEASED,
                subject=allocation_id, payload={"nodeId": node_id})
     return allocation_id

@@ -12,7 +12,10 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
+from bcd.contract.signed import open_spec
+from compute.platform.events.models import Event
 from fleet.models import CommandState, Node, NodeCommand, NodeSpec
+from fleet.pki import pki
 from reservations.services.binding import (
     BindingRefused,
     StaleReport,
@@ -155,6 +158,47 @@ def test_a_command_queued_again_after_a_lost_session_is_never_run_by_a_new_journ
     sent.refresh_from_db()
     fresh.refresh_from_db()
     assert (sent.state, fresh.state) == (CommandState.UNKNOWN, CommandState.QUEUED)
+
+
+def test_a_node_ahead_of_a_restored_ledger_gets_its_spec_above_its_own(bound):
+    """The ledger went back to an earlier point: the node's journal applied generation 9,
+    the ledger's newest is 2. Recording the session writes the ledger's spec as generation
+    10 (once), and the hold the ledger never booked comes back released, with why."""
+    key, node, _rsv, _hold = bound
+    ledger = NodeSpec.objects.filter(node=node).latest("generation")
+    with assert_wrote(audit="node.session.open", events=["node.spec.rebased"]):
+        open_session(node.id, 111, journal_generation=9)
+    rebased = NodeSpec.objects.filter(node=node).latest("generation")
+    assert (rebased.generation, rebased.spec) == (10, ledger.spec)
+    pin = pki().pins()["joinSigningKeyPin"]  # signed for generation 10, as its node checks
+    assert open_spec(rebased.signed, pin=pin, node_id=node.id, generation=10) == ledger.spec
+    event = Event.objects.get(type="node.spec.rebased", subject=node.id)
+    assert event.payload == {"poolId": node.pool_id, "journalGeneration": 9,
+                             "ledgerGeneration": ledger.generation, "generation": 10}
+    for journal in (9, 10):  # the same news again, then a node that is not ahead
+        with assert_wrote(audit="node.session.open"):
+            open_session(node.id, 111, journal_generation=journal)
+    assert NodeSpec.objects.filter(node=node).latest("generation").generation == 10
+
+    body = canonical({"allocationId": "alloc_01never0booked0here000000", "generation": 10,
+                      "nodeId": node.id}).decode()
+    with assert_wrote(audit="allocation.release", events=["allocation.released"]):
+        allocation_released_record(node_id=node.id, body=body,
+                                   signature=sign_bytes(key, body.encode()))
+    row = AuditEvent.objects.filter(action="allocation.release").latest("seq")
+    assert "the ledger has no such allocation" in row.reason
+
+
+def test_a_generation_no_node_could_have_applied_is_refused(pool):
+    from fleet.services.sessions import MAX_GENERATION, session_change_record
+
+    node = make_node(pool["id"])
+    epoch = open_session(node.id)
+    with pytest.raises(ValueError, match="generations"), assert_wrote(audit=None):
+        session_change_record(node_id=node.id, epoch=epoch, change={
+            "change": "open", "was": "connected", "journalGeneration": MAX_GENERATION,
+            "ledgerGeneration": 1})
+    assert NodeSpec.objects.filter(node=node).latest("generation").generation == 1
 
 
 def signed_failure(key, node, hold, reason="device-missing"):

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x62\x63\x64/contract/proto/agent.proto\x12\x11\x62\x65tter_compute.v1\"P\n\x08Hardware\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0e\n\x06serial\x18\x02 \x01(\t\x12\x14\n\x0cproduct_uuid\x18\x03 \x01(\t\x12\x0c\n\x04macs\x18\x04 \x03(\t\"c\n\x0bJoinRequest\x12\x14\n\x0csealed_token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_der\x18\x02 \x01(\x0c\x12-\n\x08hardware\x18\x03 \x01(\x0b\x32\x1b.better_compute.v1.Hardware\"=\n\tJoinReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x13\n\x0bsigned_json\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xef\x04\n\x0c\x41gentMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x11\n\treport_id\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\t\x12)\n\x05hello\x18\n \x01(\x0b\x32\x18.better_compute.v1.HelloH\x00\x12\x31\n\theartbeat\x18\x0b \x01(\x0b\x32\x1c.better_compute.v1.HeartbeatH\x00\x12.\n\tinventory\x18\x0c \x01(\x0b\x32\x19.better_compute.v1.ReportH\x00\x12:\n\x0e\x63ommand_result\x18\r \x01(\x0b\x32 .better_compute.v1.CommandResultH\x00\x12+\n\x06\x63redit\x18\x0e \x01(\x0b\x32\x19.better_compute.v1.CreditH\x00\x12)\n\x05renew\x18\x0f \x01(\x0b\x32\x18.better_compute.v1.RenewH\x00\x12\x33\n\x05\x62ound\x18\x10 \x01(\x0b\x32\".better_compute.v1.AllocationBoundH\x00\x12\x39\n\x08released\x18\x11 \x01(\x0b\x32%.better_compute.v1.AllocationReleasedH\x00\x12\x35\n\x06\x66\x61iled\x18\x12 \x01(\x0b\x32#.better_compute.v1.AllocationFailedH\x00\x12)\n\x02vm\x18\x13 \x01(\x0b\x32\x1b.better_compute.v1.VmReportH\x00\x12.\n\ttelemetry\x18\x14 \x01(\x0b\x32\x19.better_compute.v1.ReportH\x00\x42\x06\n\x04\x62ody\"3\n\x10\x41llocationFailed\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"2\n\x0f\x41llocationBound\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"+\n\x08VmReport\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"5\n\x12\x41llocationReleased\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"c\n\x05Hello\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12\x15\n\rjournal_epoch\x18\x02 \x01(\x04\x12\x1a\n\x12\x61pplied_generation\x18\x03 \x01(\x04\x12\x10\n\x08protocol\x18\x04 \x01(\r\"\x1f\n\tHeartbeat\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x04\"\x16\n\x06Report\x12\x0c\n\x04json\x18\x01 \x01(\t\"T\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0c\n\x04json\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\t\"@\n\x06\x43redit\x12%\n\x04lane\x18\x01 \x01(\x0e\x32\x17.better_compute.v1.Lane\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\"\x18\n\x05Renew\x12\x0f\n\x07\x63sr_der\x18\x01 \x01(\x0c\"\xf8\x02\n\x0eGatewayMessage\x12%\n\x04lane\x18\x01 \x01(\x0e\x32\x17.better_compute.v1.Lane\x12-\n\x07welcome\x18\n \x01(\x0b\x32\x1a.better_compute.v1.WelcomeH\x00\x12%\n\x03\x61\x63k\x18\x0b \x01(\x0b\x32\x16.better_compute.v1.AckH\x00\x12-\n\x07\x63ommand\x18\x0c \x01(\x0b\x32\x1a.better_compute.v1.CommandH\x00\x12-\n\x07renewed\x18\r \x01(\x0b\x32\x1a.better_compute.v1.RenewedH\x00\x12-\n\x07refused\x18\x0e \x01(\x0b\x32\x1a.better_compute.v1.RefusedH\x00\x12+\n\x06\x63redit\x18\x0f \x01(\x0b\x32\x19.better_compute.v1.CreditH\x00\x12\'\n\x04spec\x18\x10 \x01(\x0b\x32\x17.better_compute.v1.SpecH\x00\x42\x06\n\x04\x62ody\"(\n\x04Spec\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04json\x18\x02 \x01(\t\"[\n\x07Welcome\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x19\n\x11heartbeat_seconds\x18\x02 \x01(\r\x12\x15\n\rlease_seconds\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"+\n\x03\x41\x63k\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"9\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04json\x18\x03 \x01(\t\"\"\n\x07Renewed\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\t\"\x19\n\x07Refused\x12\x0e\n\x06reason\x18\x01 \x01(\t*B\n\x04Lane\x12\x14\n\x10LANE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x43ONTROL\x10\x01\x12\r\n\tPROVISION\x10\x02\x12\x08\n\x04\x42ULK\x10\x03\x32\xa7\x01\n\x0c\x41gentGateway\x12\x44\n\x04Join\x12\x1e.better_compute.v1.JoinRequest\x1a\x1c.better_compute.v1.JoinReply\x12Q\n\x07Session\x12\x1f.better_compute.v1.AgentMessage\x1a!.better_compute.v1.GatewayMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x62\x63\x64/contract/proto/agent.proto\x12\x11\x62\x65tter_compute.v1\"P\n\x08Hardware\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0e\n\x06serial\x18\x02 \x01(\t\x12\x14\n\x0cproduct_uuid\x18\x03 \x01(\t\x12\x0c\n\x04macs\x18\x04 \x03(\t\"c\n\x0bJoinRequest\x12\x14\n\x0csealed_token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_der\x18\x02 \x01(\x0c\x12-\n\x08hardware\x18\x03 \x01(\x0b\x32\x1b.better_compute.v1.Hardware\"=\n\tJoinReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x13\n\x0bsigned_json\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xef\x04\n\x0c\x41gentMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x11\n\treport_id\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\t\x12)\n\x05hello\x18\n \x01(\x0b\x32\x18.better_compute.v1.HelloH\x00\x12\x31\n\theartbeat\x18\x0b \x01(\x0b\x32\x1c.better_compute.v1.HeartbeatH\x00\x12.\n\tinventory\x18\x0c \x01(\x0b\x32\x19.better_compute.v1.ReportH\x00\x12:\n\x0e\x63ommand_result\x18\r \x01(\x0b\x32 .better_compute.v1.CommandResultH\x00\x12+\n\x06\x63redit\x18\x0e \x01(\x0b\x32\x19.better_compute.v1.CreditH\x00\x12)\n\x05renew\x18\x0f \x01(\x0b\x32\x18.better_compute.v1.RenewH\x00\x12\x33\n\x05\x62ound\x18\x10 \x01(\x0b\x32\".better_compute.v1.AllocationBoundH\x00\x12\x39\n\x08released\x18\x11 \x01(\x0b\x32%.better_compute.v1.AllocationReleasedH\x00\x12\x35\n\x06\x66\x61iled\x18\x12 \x01(\x0b\x32#.better_compute.v1.AllocationFailedH\x00\x12)\n\x02vm\x18\x13 \x01(\x0b\x32\x1b.better_compute.v1.VmReportH\x00\x12.\n\ttelemetry\x18\x14 \x01(\x0b\x32\x19.better_compute.v1.ReportH\x00\x42\x06\n\x04\x62ody\"3\n\x10\x41llocationFailed\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"2\n\x0f\x41llocationBound\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"+\n\x08VmReport\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"5\n\x12\x41llocationReleased\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"\x7f\n\x05Hello\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12\x15\n\rjournal_epoch\x18\x02 \x01(\x04\x12\x1a\n\x12\x61pplied_generation\x18\x03 \x01(\x04\x12\x10\n\x08protocol\x18\x04 \x01(\r\x12\x1a\n\x12journal_generation\x18\x05 \x01(\x04\"\x1f\n\tHeartbeat\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x04\"\x16\n\x06Report\x12\x0c\n\x04json\x18\x01 \x01(\t\"T\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0c\n\x04json\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\t\"@\n\x06\x43redit\x12%\n\x04lane\x18\x01 \x01(\x0e\x32\x17.better_compute.v1.Lane\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\"\x18\n\x05Renew\x12\x0f\n\x07\x63sr_der\x18\x01 \x01(\x0c\"\xf8\x02\n\x0eGatewayMessage\x12%\n\x04lane\x18\x01 \x01(\x0e\x32\x17.better_compute.v1.Lane\x12-\n\x07welcome\x18\n \x01(\x0b\x32\x1a.better_compute.v1.WelcomeH\x00\x12%\n\x03\x61\x63k\x18\x0b \x01(\x0b\x32\x16.better_compute.v1.AckH\x00\x12-\n\x07\x63ommand\x18\x0c \x01(\x0b\x32\x1a.better_compute.v1.CommandH\x00\x12-\n\x07renewed\x18\r \x01(\x0b\x32\x1a.better_compute.v1.RenewedH\x00\x12-\n\x07refused\x18\x0e \x01(\x0b\x32\x1a.better_compute.v1.RefusedH\x00\x12+\n\x06\x63redit\x18\x0f \x01(\x0b\x32\x19.better_compute.v1.CreditH\x00\x12\'\n\x04spec\x18\x10 \x01(\x0b\x32\x17.better_compute.v1.SpecH\x00\x42\x06\n\x04\x62ody\"(\n\x04Spec\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04json\x18\x02 \x01(\t\"[\n\x07Welcome\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x19\n\x11heartbeat_seconds\x18\x02 \x01(\r\x12\x15\n\rlease_seconds\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"+\n\x03\x41\x63k\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"9\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04json\x18\x03 \x01(\t\"\"\n\x07Renewed\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\t\"\x19\n\x07Refused\x12\x0e\n\x06reason\x18\x01 \x01(\t*B\n\x04Lane\x12\x14\n\x10LANE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x43ONTROL\x10\x01\x12\r\n\tPROVISION\x10\x02\x12\x08\n\x04\x42ULK\x10\x03\x32\xa7\x01\n\x0c\x41gentGateway\x12\x44\n\x04Join\x12\x1e.better_compute.v1.JoinRequest\x1a\x1c.better_compute.v1.JoinReply\x12Q\n\x07Session\x12\x1f.better_compute.v1.AgentMessage\x1a!.better_compute.v1.GatewayMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bcd.contract.proto.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LANE']._serialized_start=2147
-  _globals['_LANE']._serialized_end=2213
+  _globals['_LANE']._serialized_start=2175
+  _globals['_LANE']._serialized_end=2241
   _globals['_HARDWARE']._serialized_start=53
   _globals['_HARDWARE']._serialized_end=133
   _globals['_JOINREQUEST']._serialized_start=135
@@ -50,31 +50,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATIONRELEASED']._serialized_start=1075
   _globals['_ALLOCATIONRELEASED']._serialized_end=1128
   _globals['_HELLO']._serialized_start=1130
-  _globals['_HELLO']._serialized_end=1229
-  _globals['_HEARTBEAT']._serialized_start=1231
-  _globals['_HEARTBEAT']._serialized_end=1262
-  _globals['_REPORT']._serialized_start=1264
-  _globals['_REPORT']._serialized_end=1286
-  _globals['_COMMANDRESULT']._serialized_start=1288
-  _globals['_COMMANDRESULT']._serialized_end=1372
-  _globals['_CREDIT']._serialized_start=1374
-  _globals['_CREDIT']._serialized_end=1438
-  _globals['_RENEW']._serialized_start=1440
-  _globals['_RENEW']._serialized_end=1464
-  _globals['_GATEWAYMESSAGE']._serialized_start=1467
-  _globals['_GATEWAYMESSAGE']._serialized_end=1843
-  _globals['_SPEC']._serialized_start=1845
-  _globals['_SPEC']._serialized_end=1885
-  _globals['_WELCOME']._serialized_start=1887
-  _globals['_WELCOME']._serialized_end=1978
-  _globals['_ACK']._serialized_start=1980
-  _globals['_ACK']._serialized_end=2023
-  _globals['_COMMAND']._serialized_start=2025
-  _globals['_COMMAND']._serialized_end=2082
-  _globals['_RENEWED']._serialized_start=2084
-  _globals['_RENEWED']._serialized_end=2118
-  _globals['_REFUSED']._serialized_start=2120
-  _globals['_REFUSED']._serialized_end=2145
-  _globals['_AGENTGATEWAY']._serialized_start=2216
-  _globals['_AGENTGATEWAY']._serialized_end=2383
+  _globals['_HELLO']._serialized_end=1257
+  _globals['_HEARTBEAT']._serialized_start=1259
+  _globals['_HEARTBEAT']._serialized_end=1290
+  _globals['_REPORT']._serialized_start=1292
+  _globals['_REPORT']._serialized_end=1314
+  _globals['_COMMANDRESULT']._serialized_start=1316
+  _globals['_COMMANDRESULT']._serialized_end=1400
+  _globals['_CREDIT']._serialized_start=1402
+  _globals['_CREDIT']._serialized_end=1466
+  _globals['_RENEW']._serialized_start=1468
+  _globals['_RENEW']._serialized_end=1492
+  _globals['_GATEWAYMESSAGE']._serialized_start=1495
+  _globals['_GATEWAYMESSAGE']._serialized_end=1871
+  _globals['_SPEC']._serialized_start=1873
+  _globals['_SPEC']._serialized_end=1913
+  _globals['_WELCOME']._serialized_start=1915
+  _globals['_WELCOME']._serialized_end=2006
+  _globals['_ACK']._serialized_start=2008
+  _globals['_ACK']._serialized_end=2051
+  _globals['_COMMAND']._serialized_start=2053
+  _globals['_COMMAND']._serialized_end=2110
+  _globals['_RENEWED']._serialized_start=2112
+  _globals['_RENEWED']._serialized_end=2146
+  _globals['_REFUSED']._serialized_start=2148
+  _globals['_REFUSED']._serialized_end=2173
+  _globals['_AGENTGATEWAY']._serialized_start=2244
+  _globals['_AGENTGATEWAY']._serialized_end=2411
 # @@protoc_insertion_point(module_scope)
