@@ -6,7 +6,8 @@ Starts one etcd and three Patroni members (Debian's `patroni`, PostgreSQL 15's b
 `synchronous_mode: true`, ttl 8 s, loop_wait 1 s, retry_timeout 3 s) on this machine, and
 `better-compute dev --gateways 2 --sim N` on it through a libpq multi-host URL
 (`target_session_attrs=read-write`): the API, two gateways, two queue workers and the
-django-q2 cluster, and N simulated nodes. `--clients` clients book one GPU for ten minutes
+django-q2 cluster, and N simulated nodes, and a second API process (`better-compute serve`)
+beside dev's. `--clients` clients, spread over the two APIs, book one GPU for ten minutes
 and release it, over and over (each booking with an idempotency key, retried until it is
 answered). After `--before` seconds the leader's postmaster is killed with -9, then its
 Patroni; the load goes on for `--after` seconds. Printed: the write outage (first failed to
@@ -128,7 +129,8 @@ def database_url(members: list[Member], name: str = "bc") -> str:
             "?target_session_attrs=read-write&connect_timeout=3")
 
 
-def start_dev(work: Path, url: str, nodes: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def control_plane_env(work: Path, url: str) -> dict[str, str]:
+    """What every process of the control plane reads: the database and the shared secrets."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE")}
     secrets_dir = work / "secrets"  # as an operator keeps them: files, shared by every host
     secrets_dir.mkdir(mode=0o700)
@@ -138,6 +140,11 @@ def start_dev(work: Path, url: str, nodes: int) -> tuple[subprocess.Popen[str], 
         (secrets_dir / name).chmod(0o600)
     env.update(DATABASE_URL=url, BETTER_COMPUTE_SECRET_KEY_FILE=str(secrets_dir / "secret-key"),
                BETTER_COMPUTE_KEK_FILE=str(secrets_dir / "kek"))
+    return env
+
+
+def start_dev(env: dict[str, str], work: Path, nodes: int
+              ) -> tuple[subprocess.Popen[str], dict[str, str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "compute.cli.main", "dev", "--memory", "--port",
          str(free_port()), "--sim", str(nodes), "--gateways", "2", "--state-dir",
@@ -158,7 +165,6 @@ def start_dev(work: Path, url: str, nodes: int) -> tuple[subprocess.Popen[str], 
 
 @dataclass
 class Load:
-    url: str
     token: str
     pool: str
     acknowledged: dict[str, float] = field(default_factory=dict)  # id -> when answered
@@ -171,8 +177,7 @@ class Load:
         """The method's result, retried (same body, same idempotency key) until answered."""
         while not self.stop.is_set():
             try:
-                answer = client.post(f"{self.url}/{method.replace('.', '/')}", json=body,
-                                     timeout=10)
+                answer = client.post(f"/{method.replace('.', '/')}", json=body, timeout=10)
                 if answer.status_code < 500 and answer.json().get("ok"):
                     with self.lock:
                         self.successes.append(time.monotonic())
@@ -184,8 +189,9 @@ class Load:
             time.sleep(0.2)
         return None
 
-    def client(self) -> None:
-        with httpx.Client(headers={"Authorization": f"Bearer {self.token}"}) as client:
+    def client(self, api: str) -> None:
+        with httpx.Client(base_url=api,
+                          headers={"Authorization": f"Bearer {self.token}"}) as client:
             while not self.stop.is_set():
                 booked = self.call(client, "reservations.create", {
                     "poolId": self.pool, "devices": [{"class": "gpu", "count": 1}],
@@ -243,6 +249,31 @@ def kill_leader(members: list[Member]) -> Member:
 WORK = Path()
 
 
+@dataclass
+class Api:
+    process: subprocess.Popen[bytes]
+    url: str
+
+
+def start_api(env: dict[str, str]) -> Api:
+    """`better-compute serve` on a port of its own, on the same database and secrets."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "compute.cli.main", "serve", "--port", str(port),
+         "--workers", "1", "--graceful-timeout", "5"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait(answers, 60, "the second API")
+    return Api(process, f"{base}/api/compute")
+
+
 def failover(*, nodes: int, clients: int, before: float, after: float) -> dict[str, Any]:
     """The whole run (cluster, control plane, load, kills); what `report` prints."""
     global WORK
@@ -256,10 +287,14 @@ def failover(*, nodes: int, clients: int, before: float, after: float) -> dict[s
         with psycopg.connect(database_url(members, "postgres"), autocommit=True) as db:
             db.execute("CREATE DATABASE bc")
         url = database_url(members)
-        dev, env = start_dev(WORK, url, nodes)
+        plane = control_plane_env(WORK, url)
+        dev, env = start_dev(plane, WORK, nodes)
+        second = start_api(plane)  # a second API process, as on a second host
+        processes.append(second.process)
         print(f"cluster up: {', '.join(f'{m.name}={m.role()}' for m in members)}; dev ready",
               flush=True)
-        return run(clients, before, after, members, url, env)
+        apis = [env["BETTER_COMPUTE_URL"], second.url]
+        return run(clients, before, after, members, url, {**env, "apis": ",".join(apis)})
     finally:
         if dev is not None:
             dev.send_signal(signal.SIGINT)
@@ -287,9 +322,11 @@ def main() -> None:
 
 def run(clients: int, before: float, after: float, members: list[Member], url: str,
         env: dict[str, str]) -> dict[str, Any]:
-    load = Load(env["BETTER_COMPUTE_URL"], env["BETTER_COMPUTE_TOKEN"], env["POOL"])
-    watcher = Watcher(load.url, load.token)
-    threads = [threading.Thread(target=load.client) for _ in range(clients)]
+    apis = env["apis"].split(",")
+    load = Load(env["BETTER_COMPUTE_TOKEN"], env["POOL"])
+    watcher = Watcher(apis[-1], load.token)
+    threads = [threading.Thread(target=load.client, args=(apis[i % len(apis)],))
+               for i in range(clients)]
     threading.Thread(target=watcher.follow, daemon=True).start()
     for thread in threads:
         thread.start()
