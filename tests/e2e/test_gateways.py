@@ -1,16 +1,20 @@
 """Several gateways: the well-known document publishes each, agents spread over them, and the
 nodes of a gateway killed with -9 are connected through another within seconds; the specs of
-their holds follow them there."""
+their holds and the commands queued for them follow them there."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
 import psutil
 import pytest
 
+from bcd.config import Paths, joined_config
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.support.waiting import wait_until
 
@@ -81,3 +85,21 @@ def test_the_nodes_of_a_killed_gateway_move_to_another_and_their_holds_follow(st
                 if r["state"] == "active"}
 
     assert wait_until(lambda: active() == set(before), 120), active()
+
+    # A command queued for each moved node reaches it through the survivor and runs once.
+    queued = subprocess.run(
+        [sys.executable, "-m", "django", "bc_sim_mark"], env={
+            **stack.env, "DJANGO_SETTINGS_MODULE": "compute.project.settings"},
+        input="".join(json.dumps({"node": node_id, "mark": f"after-move-{node_id}"}) + "\n"
+                      for node_id in moved), capture_output=True, text=True, timeout=120)
+    assert queued.returncode == 0, queued.stderr
+    roots = {config.node_id: Paths(root) for root in (stack.state_dir / "sim").iterdir()
+             if (config := joined_config(Paths(root))) is not None}
+
+    def marked(node_id: str) -> list[str]:
+        marks = roots[node_id].state_dir / "marks"
+        return marks.read_text().split() if marks.exists() else []
+
+    assert wait_until(lambda: all(f"after-move-{n}" in marked(n) for n in moved), 60), \
+        {n: marked(n) for n in moved}
+    assert all(marked(n).count(f"after-move-{n}") == 1 for n in moved)
