@@ -14,12 +14,12 @@ from typing import Any
 
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-from django.db.models import Model, Q
+from django.db.models import Count, Model, Q
 
 from compute.core.db import prepared_cursor
 from compute.core.errors import InvalidArgument
 from compute.core.sqltext import fill, passed_on, table, tables
-from fleet.models import SCHEDULABLE, Device, Node, Pool
+from fleet.models import SCHEDULABLE, Device, DeviceClass, Node, NodeRole, Pool, ProvisionState
 from reservations.device_filter import parse_selector
 from reservations.models import Allocation, Booking, Sandbox
 from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
@@ -314,11 +314,46 @@ def load_candidates(pool: Pool, during: DateTimeTZRange, request: Request, *,
     return candidates
 
 
+def never_fits(pool: Pool, request: Request, device_filter: Q | None = None) -> str | None:
+    """Why no machine of the pool could ever hold `request`, whatever is booked, down,
+    cordoned or unhealthy now: none has its atoms (class, product, selector, profile) in that
+    number, or that many together. None when one could, and when the pool has no machine
+    yet, or one whose devices are not known yet (they may join or be inspected)."""
+    machines = (Node.objects.filter(pool=pool, role=NodeRole.NODE)
+                .exclude(provision_state=ProvisionState.RETIRED))
+    present = Device.objects.filter(node__in=machines, present=True)
+    if not machines.exists() or machines.exclude(
+            id__in=present.values("node_id")).exists():
+        return None
+    atoms = present.filter(device_class=request.device_class)
+    group = "parent_id" if request.device_class == DeviceClass.SHARE else "nvlink_domain"
+    rows = (atoms.filter(device_filter or Q()).values("node_id", group)
+            .annotate(size=Count("id")))
+    if not rows:
+        offered = ", ".join(sorted(set(atoms.values_list("product", flat=True)))) or "none"
+        return (f"no machine of the pool has {request.noun} that match the request (product, "
+                f"selector, profile); it has: {offered}")
+    per_node: dict[str, int] = defaultdict(int)
+    for row in rows:
+        per_node[row["node_id"]] += row["size"]
+    together = max((row["size"] for row in rows if row[group]), default=0)
+    if request.topology == "nvlink-all" and together < request.count:
+        return (f"no machine of the pool has {request.count} {request.noun} in one NVLink "
+                f"domain (the largest domain has {together})")
+    if request.topology == "same-gpu" and together < request.count:
+        return f"no GPU of the pool has {request.count} shares (the most is {together})"
+    most = max(per_node.values())
+    if most < request.count:
+        return (f"no machine of the pool has {request.count} {request.noun} (the largest has "
+                f"{most})")
+    return None
+
+
 def pending_reason(pool: Pool, during: DateTimeTZRange, candidates: Sequence[Candidate],
-                   request: Request) -> str:
-    """Why a request fits nowhere in `during`: no node that could ever hold it, or, when
-    some could, until when the bookings in the way last."""
-    reason = why_not(candidates, request)
+                   request: Request, device_filter: Q | None = None) -> str:
+    """Why a request fits nowhere in `during`: no machine that could ever hold it, no node
+    that can now, or, when some could, until when the bookings in the way last."""
+    reason = never_fits(pool, request, device_filter) or why_not(candidates, request)
     if reason != BUSY:
         return reason
     with connection.cursor() as cursor:

@@ -142,12 +142,12 @@ def capacity_preview(ask: Ask, *, start: datetime | None = None,
     pool, count = ask.pool, ask.shape.count
     during = window(max(start or now, now), ask.duration_ms)
     request = placement_request(pool, ask.shape)
-    choice, candidates = propose(pool, during, request,
-                                 device_filter=device_filter_q(ask.shape))
+    devices = device_filter_q(ask.shape)
+    choice, candidates = propose(pool, during, request, device_filter=devices)
     if choice is None:
         return {"fits": False, "poolId": pool.id, "gpus": count,
                 "window": {"start": during.lower, "end": during.upper},
-                "reason": pending_reason(pool, during, candidates, request)}
+                "reason": pending_reason(pool, during, candidates, request, devices)}
     return {"fits": True, **placed_view(pool, count, choice, during)}
 
 

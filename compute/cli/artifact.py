@@ -21,6 +21,7 @@ from pathlib import Path
 
 import bcd
 from bcd.contract.version import version as package_version
+from compute.cli.client import CliError
 
 DISTRIBUTION = "better_compute_agent"
 REQUIRES = ("grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8", "cryptography>=44", "PyYAML>=6,<7",
@@ -86,6 +87,8 @@ def write_artifacts(out: Path, *, executable: bool = False,
     """Write the wheel and, with `executable`, this machine's single-file executable (a
     PyInstaller build takes a minute); returns {name: (path, sha256)}."""
     version = version or package_version()
+    if executable:
+        require_pyinstaller()  # before anything is written
     name, data = build_wheel(version)
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_bytes(data)
@@ -99,6 +102,17 @@ def write_artifacts(out: Path, *, executable: bool = False,
 def executable_name(version: str, machine: str | None = None) -> str:
     machine = machine or platform.machine()
     return artifact_name(version, ARCHES.get(machine, machine))
+
+
+def require_pyinstaller() -> None:
+    """PyInstaller is an optional tool (the `artifacts` extra): without it, say what to
+    install instead of failing half-way through a build."""
+    try:
+        import PyInstaller  # type: ignore[import-untyped]  # noqa: F401 (whether it imports)
+    except ImportError:
+        raise CliError("building the agent's executable needs PyInstaller: pip install "
+                       "'better-compute[artifacts]' (or --wheel-only for the wheel alone)"
+                       ) from None
 
 
 def build_executable(out: Path, version: str) -> Path:

@@ -33,6 +33,7 @@ from bcd.config import Paths, joined_config
 from compute.cli import guestimage
 from compute.cli.artifact import served_artifacts, write_artifacts
 from compute.cli.client import Client, CliError, Config
+from compute.cli.devlock import StateLock
 from compute.cli.serve import server_argv
 from compute.core import config, pg
 
@@ -595,6 +596,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir: Path | None, gateways: int) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     signal.signal(signal.SIGTERM, _interrupted)  # TERM while starting: stop what started
+    state_dir = state_dir or pg.state_root() / "dev"
+    lock = StateLock(state_dir)  # before anything is started or touched
     click.echo("starting embedded Postgres …", err=True)
     stack = Stack(restart_delay=config.number("BETTER_COMPUTE_DEV_RESTART_SECONDS"))
     env_file: Path | None = None
@@ -603,7 +606,6 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
     server, seeded = start_throwaway() if kept is None else (kept.start(), False)
     try:
         click.echo(f"embedded Postgres runs in {server.data_dir}", err=True)
-        state_dir = state_dir or pg.state_root() / "dev"
         if memory:  # a new database: machines that joined an earlier one are unknown to it
             forget_machines(state_dir)
         plane = start_control_plane(stack, server, host=host, port=port, state_dir=state_dir,
@@ -644,6 +646,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         exports.update(guest)
         env_file = state_dir / "env"
         _write_env_file(env_file, exports)
+        lock.record(pid=os.getpid(), url=url)
         click.echo(f"better-compute listening on {url}")
         click.echo(f"console on http://{host}:{port}/console/ (sign in with the API token in "
                    "the env file)")
@@ -665,12 +668,12 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         _wait_for_signal(stack, database)
     finally:
         stack.stop()
-        if state_dir is not None:
-            power_off_simulated_vms(state_dir)
+        power_off_simulated_vms(state_dir)
         if env_file is not None:  # it names a server that is gone now
             env_file.unlink(missing_ok=True)
         if started_here:
             server.stop()
+        lock.release()
         click.echo("stopped", err=True)
 
 

@@ -177,8 +177,8 @@ def install_script(pool: str, site: str, gateway_url: str, base_url: str, bcd_ve
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The downloads folder (BETTER_COMPUTE_DOWNLOADS_DIR of the API).")
 @click.option("--executable/--wheel-only", default=True, show_default=True,
-              help="Also build this machine's single-file executable (PyInstaller, about a "
-                   "minute; build on each architecture you serve).")
+              help="Also build this machine's single-file executable (PyInstaller, from the "
+                   "`artifacts` extra; about a minute; build on each architecture you serve).")
 def artifact(out: Path, executable: bool) -> None:
     """Write the agent's wheel (better_compute_agent-<version>-py3-none-any.whl, Python 3.10
     or newer) and its executable bcd_<version>_linux_<arch>; prints each with the SHA-256

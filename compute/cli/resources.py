@@ -280,14 +280,17 @@ def events_list(types: str | None, since: int | None, subject: str | None,
 
 @events.command("watch")
 @click.option("--types", default=None, help="Comma-separated globs, e.g. 'node.*,reservation.*'.")
-@click.option("--since", type=int, default=0, help="Resume after this sequence.")
+@click.option("--since", type=click.IntRange(0), default=None,
+              help="Resume after this sequence (0 replays the history); default: from now.")
 @click.option("--count", type=click.IntRange(1), default=None,
               help="Stop after this many events (for scripts); default: follow until Ctrl-C.")
-@click.option("--output", "-o", "output", type=click.Choice(["json", "table"]), default=None)
+@click.option("--output", "-o", "output", type=click.Choice(["json", "table"]), default=None,
+              help="table: a row per event (the default on a terminal); json: a JSON line "
+              "per event (the default otherwise).")
 @click.option("--tenant", default=None)
-def events_watch(types: str | None, since: int, count: int | None, output: str | None,
+def events_watch(types: str | None, since: int | None, count: int | None, output: str | None,
                  tenant: str | None) -> None:
-    """Follow events live, one JSON line each; Ctrl-C stops. Resume with --since SEQ."""
+    """Follow events live from now, a line each; Ctrl-C stops. Resume with --since SEQ."""
     import sys
 
     import httpx
@@ -296,7 +299,8 @@ def events_watch(types: str | None, since: int, count: int | None, output: str |
 
     api = make_client()
     params = {k: v for k, v in {"types": types, "since": since,
-                                "tenantId": tenant or api.config.tenant}.items() if v}
+                                "tenantId": tenant or api.config.tenant}.items()
+              if v or (k == "since" and v is not None)}
     human = output == "table" or (output is None and sys.stdout.isatty())
     try:
         with api.http.stream("GET", f"{api.config.url}/events/watch", params=params,

@@ -67,6 +67,12 @@ class CapacityConflict(Conflict):
     code = "capacity_conflict"
 
 
+class NeverFits(Conflict):
+    """No machine of the pool could ever hold the request, however much frees."""
+
+    code = "never_fits"
+
+
 class QuotaExceeded(Conflict):
     code = "quota_exceeded"
 

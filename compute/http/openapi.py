@@ -179,8 +179,9 @@ def _watch_operation(error_ref: dict[str, Any], statuses: list[int]) -> dict[str
         "x-handler": "compute/http/watch.py:events_watch",
         "parameters": [
             {"name": "since", "in": "query", "required": False,
-             "schema": {"type": "integer", "minimum": 0, "default": 0},
-             "description": "The last event sequence number seen."},
+             "schema": {"type": "integer", "minimum": 0},
+             "description": "The last event sequence number seen (0 replays the history); "
+                            "without it, the stream starts at the newest event."},
             {"name": "types", "in": "query", "required": False, "schema": {"type": "string"},
              "description": "Comma-separated type globs, such as `node.*,reservation.*`."},
             {"name": "tenantId", "in": "query", "required": False,

@@ -5,8 +5,9 @@ by IAM (`events.watch`) at the same edge as the envelope. New events arrive thro
 Postgres LISTEN/NOTIFY (each outbox write notifies at commit; one listening connection per
 process, compute.http.hub), so a watcher waits without polling and sees an event within a
 second. A stream ends when its token is revoked or expires; a quiet one sends a blank
-keep-alive line every 15 s and keeps listening. Resuming with the last sequence seen
-(`since`) skips nothing and repeats nothing.
+keep-alive line every 15 s and keeps listening. Without `since` the stream starts at the
+newest event (what happens from now on); `since=0` replays the history. Resuming with the
+last sequence seen (`since`) skips nothing and repeats nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from compute.http.auth import session_principal
 from compute.http.edge import caller, decide_once, new_request_id, send_error
 from compute.http.hub import HUB
 from compute.platform.events.presenters import present_event
-from compute.platform.events.selectors import event_list
+from compute.platform.events.selectors import event_head, event_list
 from compute.platform.events.types import parse_type_globs
 from compute.platform.iam.streams import stream_lease_drop, stream_lease_renew, stream_lease_take
 from compute.platform.tenancy.models import Tenant
@@ -63,7 +64,7 @@ def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str,
                      action="events.watch", session=session, user=user,
                      address=(scope.get("client") or ("",))[0] or "")
         try:
-            since = int(query.get("since") or 0)
+            since = int(query["since"]) if query.get("since") else None
         except ValueError:
             raise InvalidArgument("since: must be an event sequence number",
                                   field="since") from None
@@ -75,7 +76,8 @@ def _authorize(headers: dict[str, str], query: dict[str, str], request_id: str,
             functools.partial(principal_for_token, credential) if credential
             else functools.partial(session_principal, session, user))
         lease_id = stream_lease_take(principal_id=who.principal.id, tenant_id=who.tenant.id)
-        return Watch(who.tenant, who.principal.id, recheck, max(0, since), types, lease_id)
+        start = event_head(tenant=who.tenant) if since is None else max(0, since)
+        return Watch(who.tenant, who.principal.id, recheck, start, types, lease_id)
     finally:
         close_old_connections()
 

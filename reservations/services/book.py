@@ -23,7 +23,7 @@ from compute.core.db import (
     known_related,
     prepared_cursor,
 )
-from compute.core.errors import CapacityConflict, InvalidArgument, QuotaExceeded
+from compute.core.errors import CapacityConflict, InvalidArgument, NeverFits, QuotaExceeded
 from compute.core.sqltext import fill, tables
 from compute.platform.events.services import event_emit
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
@@ -36,6 +36,7 @@ from reservations.candidates import (
     device_filter_q,
     end_by,
     later_start,
+    never_fits,
     pending_reason,
     placement_request,
     propose,
@@ -104,7 +105,8 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         choice, candidates = propose(pool, during, request, device_filter=devices,
                                      excluded=excluded)
         if choice is None:
-            rsv.failure_reason = pending_reason(pool, during, candidates, request)[:300]
+            rsv.failure_reason = pending_reason(pool, during, candidates, request,
+                                                devices)[:300]
             rsv.save(update_fields=["failure_reason"])
             return None
         try:
@@ -264,6 +266,14 @@ def check_atoms(pool: Pool, shape: Shape) -> None:
                               field="devices")
 
 
+def check_could_fit(pool: Pool, shape: Shape) -> None:
+    """Refuse at once what no machine of the pool could ever hold (`never_fits`): waiting
+    pending is for what frees."""
+    reason = never_fits(pool, placement_request(pool, shape), device_filter_q(shape))
+    if reason is not None:
+        raise NeverFits(reason, poolId=pool.id)
+
+
 def check_fraction(shape: Shape) -> None:
     """A fraction of a GPU is asked of gpu-share, instead of a count."""
     if not shape.fraction:
@@ -325,6 +335,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
         tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
         duration_ms=duration_ms, at_earliest=at_earliest, before=before, priority=priority,
         models=models)
+    if allocation is None:  # about to wait: only for what some machine could hold
+        check_could_fit(pool, shape)  # (refused, the transaction writes nothing)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
                         inputs=inputs, object_id=rsv.id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.create",

@@ -26,7 +26,7 @@ from reservations.events import ReservationEvent
 from reservations.models import Reservation, ReservationSeries, ReservationState
 from reservations.recurrence import parse_rule, zone_named
 from reservations.selectors import access_series_by_id
-from reservations.services.book import book_new, check_pool_request
+from reservations.services.book import book_new, check_could_fit, check_pool_request
 from reservations.services.release import end_reservation
 from reservations.shape import Shape
 
@@ -79,9 +79,10 @@ def series_create(*, tenant: Tenant, actor: Principal, pool_id: str, gpus: int, 
     parse_rule(rule_text)
     zone = zone_named(time_zone)
     pool = access_pool_by_id(tenant=tenant, pool_id=pool_id)
-    check_pool_request(pool, Shape(count=gpus, topology=topology, product=product,
-                                   selector=selector))
+    shape = Shape(count=gpus, topology=topology, product=product, selector=selector)
+    check_pool_request(pool, shape)
     parse_selector(selector)
+    check_could_fit(pool, shape)
     now = database_now()
     today = now.astimezone(zone).date()
     first_day = first_day or today

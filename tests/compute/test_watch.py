@@ -72,7 +72,7 @@ def before_and_after(watcher: Watcher, create_site, between) -> bool:
 
 
 def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_token):
-    watcher = Watcher(root_token, "types=site.*")
+    watcher = Watcher(root_token, "types=site.*&since=0")
 
     def quiet() -> None:  # nothing happens for longer than the keep-alive period
         time.sleep(watch.KEEPALIVE_SECONDS + 1.5)
@@ -81,6 +81,27 @@ def test_events_arrive_after_a_quiet_spell_longer_than_the_keepalive(root, root_
     arrived = before_and_after(watcher, site_maker(root), quiet)
     assert arrived, "the stream stopped delivering after its first keep-alive"
     assert [e["payload"]["region"] for e in watcher.events()] == ["before", "after"]
+
+
+@pytest.mark.parametrize(("query", "seen"), [("types=site.*", ["new"]),
+                                             ("types=site.*&since=0", ["old", "new"])])
+def test_a_watch_starts_now_unless_told_where_to_resume(root, root_token, query, seen):
+    create_site = site_maker(root)
+    create_site("old")
+    watcher = Watcher(root_token, query)
+
+    async def scenario() -> None:
+        app = asyncio.create_task(watch.events_watch(watcher.scope, watcher.receive,
+                                                     watcher.send))
+        assert await eventually(lambda: watcher.sent, 30)  # the stream is open
+        await asyncio.to_thread(create_site, "new")
+        assert await eventually(lambda: len(watcher.events()) == len(seen), 30)
+        await asyncio.sleep(0.5)  # nothing more comes
+        watcher.inbox.put_nowait({"type": "http.disconnect"})
+        await asyncio.wait_for(app, 30)
+
+    asyncio.run(scenario())
+    assert [e["payload"]["region"] for e in watcher.events()] == seen
 
 
 def test_watching_another_tenant_is_answered_as_a_missing_one_and_audited_at_home(root, acme):
@@ -131,7 +152,7 @@ def test_streams_share_one_connection_and_a_caller_past_its_limit_gets_429(root,
         await asyncio.sleep(1)  # every stream has paged and now waits
         during = await asyncio.to_thread(backends)
         # Another tenant is still served while this caller holds all it may.
-        other = Watcher(root.token, "types=site.*")
+        other = Watcher(root.token, "types=site.*&since=0")
         app = asyncio.create_task(watch.events_watch(other.scope, other.receive, other.send))
         assert await eventually(lambda: bool(other.sent), 30)
         for w in [*watchers, other]:
@@ -175,7 +196,7 @@ def test_a_stream_ends_when_its_token_is_revoked(root, monkeypatch):
 def test_a_stream_loses_nothing_when_the_hubs_connection_is_cut(root, root_token):
     """The one LISTEN connection dies (a failover, a killed backend): the hub reconnects and
     wakes every watcher, which re-reads from its cursor."""
-    watcher = Watcher(root_token, "types=site.*")
+    watcher = Watcher(root_token, "types=site.*&since=0")
 
     def cut_the_listener() -> None:
         try:

@@ -68,7 +68,7 @@ def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None,
          "--port", str(port), "--state-dir", str(tmp / "state"), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 150  # a migration from nothing on a busy machine: ~70 s
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line:

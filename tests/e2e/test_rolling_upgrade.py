@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from bcd.contract.version import version
 from compute.cli.client import ApiError, Client, CliError, Config
@@ -31,6 +32,7 @@ from tests.e2e.test_previous_release import REPOSITORY, previous_tree
 from tests.support.waiting import wait_until
 
 
+@pytest.mark.timeout(900)  # ~100 s alone; 300 s and more on a loaded 2-core machine
 def test_a_rolling_upgrade_keeps_the_fleet_connected_and_loses_no_booking(tmp_path,
                                                                           monkeypatch):
     release = tmp_path / "release"  # the installed code: the previous release, then this one

@@ -231,27 +231,30 @@ def test_join_token_to_a_private_file_and_pki_pins(stack, tmp_path):
 
 def test_events_watch_streams_a_reservation_in_order_and_resumes_exactly(stack):
     import subprocess
+    import threading
     import time
 
-    latest = json.loads(stack.ok("events", "list", "--limit", "1000", "-o", "json"))["nextSince"]
-    watcher = subprocess.Popen(
-        ["better-compute", "events", "watch", "--types", "reservation.*", "--output", "json",
-         "--since", str(latest)],
+    assert json.loads(stack.ok("events", "list", "-o", "json"))["items"]  # a history exists
+    watcher = subprocess.Popen(  # without --since: from now on, none of the history
+        ["better-compute", "events", "watch", "--types", "reservation.*", "--output", "json"],
         env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[dict] = []
+    threading.Thread(target=lambda: seen.extend(
+        json.loads(line) for line in watcher.stdout if line.strip()), daemon=True).start()
+    made = []
     try:
-        time.sleep(1.0)
-        rsv = json.loads(stack.ok("reserve", "--pool", stack.env["POOL"], "--gpus", "2",
-                                  "--for", "1h", "-o", "json"))
-        stack.ok("release", rsv["id"])
-        seen = []
-        deadline = time.monotonic() + 20
-        while len(seen) < 4 and time.monotonic() < deadline:
-            line = watcher.stdout.readline()
-            if line.strip():
-                seen.append(json.loads(line))
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:  # until the watch is open and sees
+            made.append(json.loads(stack.ok("reserve", "--pool", stack.env["POOL"], "--gpus",
+                                            "2", "--for", "1h", "-o", "json")))
+            stack.ok("release", made[-1]["id"])
+            time.sleep(0.5)
+        rsv = made[-1]
+        wait_until(lambda: [e for e in seen if e["subject"] == rsv["id"]][3:], 20)
     finally:
         watcher.terminate()
         watcher.wait(10)
+    assert {e["subject"] for e in seen} <= {m["id"] for m in made}  # nothing from before
     mine = [e for e in seen if e["subject"] == rsv["id"]]
     assert [e["type"] for e in mine] == ["reservation.placed", "reservation.binding",
                                          "reservation.active", "reservation.released"]

@@ -49,8 +49,9 @@ def test_nvlink_all_never_spans_domains(root, pool):
     make_node(pool["id"])
     assert reserve(root, pool, 2).result["state"] == "placed"  # leaves nv0 with 2 free
     assert reserve(root, pool, 2).result["state"] == "placed"  # fills nv0
-    # 4 GPUs left in nv1: nvlink-all of 4 fits; of 5 never (5 > any domain).
-    assert reserve(root, pool, 5, "nvlink-all").result["state"] == "pending"
+    # 4 GPUs left in nv1: nvlink-all of 4 fits; of 5 never (5 > any domain): refused.
+    never = reserve(root, pool, 5, "nvlink-all")
+    assert (never.status, never.code) == (409, "never_fits"), never.body
     assert reserve(root, pool, 4, "nvlink-all").result["state"] == "placed"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from bcd.inventory import inventory_for
 from tests.factories import make_bare_node, report_inventory
 from tests.reservations.conftest import HOUR, reserve
+from tests.support.writes import assert_wrote
 
 
 def simulated_node(pool, variant: str, name: str):
@@ -36,15 +37,45 @@ def test_eight_nvlinked_gpus_place_on_a_default_simulated_machine(root, pool):
     assert rsv["failureReason"] is None
 
 
-def test_two_by_four_machines_say_why_eight_nvlinked_gpus_stay_pending(root, pool):
+def test_what_no_machine_could_ever_hold_is_refused_at_once_naming_why(root, pool):
     adopt(simulated_node(pool, "gpu-2x4", "pcie-1"))
+    cases = [
+        ({"topology": "nvlink-all"}, 8, "no machine of the pool has 8 GPUs in one NVLink "
+                                        "domain (the largest domain has 4)"),
+        ({"product": "A100"}, 4, "no machine of the pool has GPUs that match the request "
+                                 "(product, selector, profile); it has: H100-SXM5-80GB"),
+        ({"selector": "index >= 6"}, 4, "no machine of the pool has 4 GPUs (the largest "
+                                          "has 2)"),
+        ({}, 9, "no machine of the pool has 9 GPUs (the largest has 8)"),
+    ]
+    for extra, count, reason in cases:
+        topology = extra.pop("topology", "any")
+        devices = [{"class": "gpu", "count": count, "topology": topology}]
+        with assert_wrote(audit=None):
+            refused = root.call("reservations.create", poolId=pool["id"], duration=HOUR,
+                                devices=devices, **extra)
+        assert (refused.status, refused.code) == (409, "never_fits"), refused.body
+        assert refused.message == reason
+        preview = root("capacity.preview", poolId=pool["id"], duration=HOUR, devices=devices,
+                       **extra)
+        assert (preview["fits"], preview["reason"]) == (False, reason)
+    assert root("reservations.list")["items"] == []
+
+
+def test_a_machine_that_is_away_or_cordoned_still_could_hold_it_so_the_request_waits(
+        root, pool):
+    node = simulated_node(pool, "gpu", "hgx-away")
+    adopt(node)
+    root("nodes.cordon", nodeId=node.id)
     rsv = reserve(root, pool, 8, topology="nvlink-all").result
     assert rsv["state"] == "pending"
-    assert rsv["failureReason"] == ("no node has 8 GPUs in one NVLink domain (the largest "
-                                    "domain has 4)")
-    preview = root("capacity.preview", poolId=pool["id"], duration=HOUR,
-                   devices=[{"class": "gpu", "count": 8, "topology": "nvlink-all"}])
-    assert (preview["fits"], preview["reason"]) == (False, rsv["failureReason"])
+    assert rsv["failureReason"].startswith("no schedulable node"), rsv
+
+
+def test_a_pool_without_machines_yet_takes_requests_that_wait(root, pool):
+    rsv = root("reservations.create", poolId=pool["id"], duration=HOUR,
+               devices=[{"class": "gpu", "count": 8}], product="A100")
+    assert rsv["state"] == "pending"
 
 
 def test_a_busy_pool_says_until_when_and_preview_takes_a_start(root, pool):

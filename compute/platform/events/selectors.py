@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from django.db.models import Q
+from django.db.models import Max, Q
 
 from compute.platform.events.models import Event
 from compute.platform.events.sequencer import event_sequence
@@ -26,6 +26,14 @@ def latest_events(*, tenant: Tenant, count: int) -> list[Event]:
     event_sequence(tenant_id=tenant.id)
     return list(Event.objects.filter(tenant=tenant, position__isnull=False)
                 .order_by("-position")[:count])
+
+
+def event_head(*, tenant: Tenant) -> int:
+    """The sequence of the tenant's newest event (0 when it has none): a watch from here on
+    sees what happens from now."""
+    event_sequence(tenant_id=tenant.id)
+    newest = Event.objects.filter(tenant=tenant).aggregate(newest=Max("position"))["newest"]
+    return int(newest or 0)
 
 
 def event_list(*, tenant: Tenant, types: str | None = None, since: int = 0,
