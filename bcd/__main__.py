@@ -162,7 +162,9 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("--join-signing-pin", required=True)
     join.add_argument("--join-encryption-pin", required=True)
     join.add_argument("--token-file", help="a 0600 file holding the token; deleted after")
-    join.add_argument("--hostname", default=None)
+    join.add_argument("--hostname", default=None, help=(
+        "the machine's name (default: the host's; with --sim, one derived from --root, so "
+        "that machines simulated from several roots are told apart)"))
     join.add_argument("--gateway-url", default=None,
                       help="the gateway to use if the control plane publishes none")
     join.add_argument("--expect-site", default=None,

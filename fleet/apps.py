@@ -9,7 +9,9 @@ class FleetConfig(AppConfig):
     verbose_name = "Fleet: sites, pools, nodes, devices"
 
     def ready(self) -> None:
-        """Collect the node report kinds each app applies (its `reports.py`)."""
+        """Collect the node report kinds each app applies (its `reports.py`) and what of
+        each app holds a node (its `holders.py`)."""
         for config in apps.get_app_configs():
-            if find_spec(f"{config.name}.reports") is not None:
-                import_module(f"{config.name}.reports")
+            for part in ("reports", "holders"):
+                if find_spec(f"{config.name}.{part}") is not None:
+                    import_module(f"{config.name}.{part}")

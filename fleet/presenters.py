@@ -174,7 +174,8 @@ NODE = obj(
     productUuid=nullable(STRING), macs=array(STRING), createdAt=TIME,
     lastHeartbeatAt=nullable(TIME), sessionEpoch=INTEGER, journalEpoch=INTEGER,
     agentVersion=nullable(STRING), agentRefused=nullable(STRING), gateway=nullable(STRING),
-    conditions=array(CONDITION), role=STRING, provisionError=nullable(STRING),
+    inventoryRefused=nullable(STRING), conditions=array(CONDITION), role=STRING,
+    provisionError=nullable(STRING),
     bmc=nullable(obj(address=STRING, tls=STRING, reachable=nullable(BOOLEAN),
                      powerState=nullable(STRING), polledAt=nullable(TIME),
                      deployment=nullable(obj(image=STRING, imageId=STRING, ramdiskId=STRING,
@@ -222,7 +223,7 @@ def present_node(node: Node) -> dict[str, Any]:
         "lastHeartbeatAt": node.last_heartbeat_at,
         "sessionEpoch": node.session_epoch, "journalEpoch": node.journal_epoch,
         "agentVersion": node.agent_version or None, "agentRefused": node.agent_refused or None,
-        "gateway": node.gateway or None,
+        "gateway": node.gateway or None, "inventoryRefused": node.inventory_refused or None,
         "conditions": node_conditions(node), "role": node.role,
         "provisionError": node.provision_error or None, "bmc": present_bmc(node),
         "profile": node.profile or None,
@@ -250,6 +251,9 @@ def node_conditions(node: Node) -> list[dict[str, Any]]:
     return [
         {"type": "Adopted", "status": node.provision_state == "adopted",
          "reason": node.provision_state},
+        {"type": "InventoryTaken", "status": not node.inventory_refused,
+         "reason": node.inventory_refused or ("taken" if node.inventory_generation
+                                              else "no report yet")},
         {"type": "Accepted", "status": node.acceptance.get("state") == "passed",
          "reason": node.acceptance.get("failure") or node.acceptance.get("state", "not run")},
         {"type": "Reachable", "status": node.connectivity != "unreachable",
@@ -269,6 +273,7 @@ def unschedulable_because(node: Node) -> str:
     """Every reason the placer skips the node, in words ("ok" when it does not)."""
     reasons = [why for why, applies in (
         (f"a {node.role}, not a machine to book", node.role != "node"),
+        (f"inventory refused: {node.inventory_refused}", bool(node.inventory_refused)),
         (f"not adopted ({node.provision_state})", node.provision_state != "adopted"),
         ("cordoned", node.cordoned),
         ("unreachable", node.connectivity == "unreachable"),

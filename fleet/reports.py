@@ -47,20 +47,24 @@ class ReportKind:
     # refusals itself, or where a malformed report is dropped unaudited (telemetry)
     takes: tuple[str, ...]  # what `apply` is given besides node_id and body
     deduplicated: bool  # `apply` answers whether the report was new
+    refused: Callable[..., None] | None = None  # records a refusal (node_id, reason) in
+    # place of the plain denied row, where the node itself shows it
 
 
 KINDS: dict[str, ReportKind] = {}
 
 
 def report_kind(kind: str, apply: Callable[..., Any], *, refusal_action: str = "",
-                takes: tuple[str, ...] = ("signature",), deduplicated: bool = False) -> None:
+                takes: tuple[str, ...] = ("signature",), deduplicated: bool = False,
+                refused: Callable[..., None] | None = None) -> None:
     """Declare who applies reports of `kind`, and with which of the filed fields (epoch,
     report_id, command_id, status, signature)."""
-    KINDS[kind] = ReportKind(apply, refusal_action, takes, deduplicated)
+    KINDS[kind] = ReportKind(apply, refusal_action, takes, deduplicated, refused)
 
 
 report_kind("inventory", sessions.inventory_report_record, refusal_action="node.inventory",
-            takes=("epoch", "report_id"), deduplicated=True)
+            takes=("epoch", "report_id"), deduplicated=True,
+            refused=sessions.inventory_refused_record)
 report_kind("telemetry", telemetry.telemetry_record, takes=("epoch", "report_id"),
             deduplicated=True)
 report_kind("command_result", sessions.command_result_record,
@@ -114,7 +118,9 @@ def apply_report(report: ReportInbox, public_key: str) -> None:
     except (ReportRefused, ComputeError, PermissionError, ValueError) as refusal:
         reason = refusal.message if isinstance(refusal, ComputeError) else str(refusal)
         logger.warning("node %s: %s refused: %s", report.node_id, report.kind, reason)
-        if kind.refusal_action:
+        if kind.refused is not None:
+            kind.refused(node_id=report.node_id, reason=reason)
+        elif kind.refusal_action:
             sessions.node_report_refused(node_id=report.node_id, action=kind.refusal_action,
                                          reason=reason)
     else:

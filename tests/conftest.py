@@ -22,9 +22,21 @@ def embedded_postgres() -> Iterator[pg.EmbeddedPostgres | None]:
     if os.environ.get("DATABASE_URL"):
         yield None
         return
+    from tests.support.pg_guard import guard
+
     server = pg.throwaway().start()
+    guarded = guard(server)  # stops it should this process die before the end below
     yield server
     server.stop()
+    guarded.communicate(timeout=30)  # end of file: the guard finds it stopped already
+
+
+@pytest.fixture(scope="session")
+def django_db_keepdb(request: pytest.FixtureRequest,
+                     embedded_postgres: pg.EmbeddedPostgres | None) -> bool:
+    """A throw-away server goes with its databases: dropping the test database first would
+    only race the connections of processes a test started (and warn of them)."""
+    return embedded_postgres is not None or bool(request.config.getvalue("reuse_db"))
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
 import socket
 import sys
 import urllib.request
@@ -88,6 +90,15 @@ def published_gateway(config: Config) -> str | None:
     return published_gateways(document) or None
 
 
+def simulated_name(root: Path) -> str:
+    """A simulated machine's name when none is given: its root's folder name and a digest of
+    the root's full path. Its serial, product UUID and GPU UUIDs derive from the name, so two
+    machines joined from two roots on one host are two machines, not clones of the host."""
+    where = root.resolve()
+    label = re.sub(r"[^a-z0-9-]+", "-", where.name.lower()).strip("-") or "machine"
+    return f"sim-{label[:40]}-{hashlib.sha256(str(where).encode()).hexdigest()[:6]}"
+
+
 def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus: int,
          sim_variant: str, hostname: str | None, gateway_url: str | None = None,
          expect_site: str | None = None) -> tuple[Config, str]:
@@ -100,7 +111,7 @@ def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus
     if not join_url:
         raise JoinError("the control plane publishes no join gateway (gatewayJoinUrl)")
     gateway = session_gateway(document, gateway_url)
-    name = hostname or socket.gethostname()
+    name = hostname or (simulated_name(root) if sim else socket.gethostname())
     inventory = inventory_for(sim=sim, sim_gpus=sim_gpus, sim_variant=sim_variant,
                               hostname=name)
     report = inventory.report()

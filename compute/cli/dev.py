@@ -663,9 +663,10 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         if memory and not config.is_set("DATABASE_URL"):  # for the next run to start from
             threading.Thread(target=pg.make_spare, args=(pg.migrated_copy(),),
                              daemon=True).start()
+        stop = _catch_stop_signals()  # before the line that invites them
         click.echo("Ctrl-C stops everything.")
         database = DatabaseWatch(server, stack.restart_delay) if started_here else None
-        _wait_for_signal(stack, database)
+        _wait_for_signal(stop, stack, database)
     finally:
         stack.stop()
         power_off_simulated_vms(state_dir)
@@ -696,15 +697,21 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _wait_for_signal(stack: Stack, database: DatabaseWatch | None = None) -> None:
-    stop = {"now": False}
+def _catch_stop_signals() -> threading.Event:
+    """From here on INT and TERM ask for an orderly stop instead of interrupting."""
+    stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
-        stop["now"] = True
+        stop.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    while not stop["now"]:
+    return stop
+
+
+def _wait_for_signal(stop: threading.Event, stack: Stack,
+                     database: DatabaseWatch | None = None) -> None:
+    while not stop.is_set():
         if database is not None:
             database.watch()
         stack.watch()

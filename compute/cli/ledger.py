@@ -74,6 +74,15 @@ def nodes_uncordon(node_id: str, reason: str | None) -> dict[str, Any]:
     return {"nodeId": node_id, "reason": reason}
 
 
+@api_command(nodes, "retire", "nodes.retire")
+@click.argument("node_id")
+@click.option("--reason", required=True,
+              help="Why, e.g. 'joined twice by mistake'. Refused while it holds anything.")
+def nodes_retire(node_id: str, reason: str) -> dict[str, Any]:
+    """Take a node out of the fleet for good (it may not connect again)."""
+    return {"nodeId": node_id, "reason": reason}
+
+
 @api_command(nodes, "maintenance", "maintenance.create")
 @click.argument("node_id")
 @click.option("--from", "start", default=None,

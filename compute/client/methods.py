@@ -232,6 +232,11 @@ class Nodes(Group):
         return self._call("nodes.power", {"nodeId": node_id, "state": state, "reason": reason,
             "tenantId": tenant_id}, retry=False)
 
+    def retire(self, *, node_id: str, reason: str, tenant_id: str | None = None) -> Any:
+        """Take a node out of the fleet for good (refused while anything holds it)."""
+        return self._call("nodes.retire", {"nodeId": node_id, "reason": reason,
+            "tenantId": tenant_id}, retry=False)
+
     def uncordon(self, *, node_id: str, reason: str | None = None,
             tenant_id: str | None = None) -> Any:
         """Let the placer use a node again."""

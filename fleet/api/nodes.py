@@ -17,7 +17,7 @@ from fleet.events import FleetEvent
 from fleet.presenters import DEVICE, present_device, present_node
 from fleet.selectors import access_node_by_id, node_list
 from fleet.services.lifecycle import node_adopt_again
-from fleet.services.nodes import node_cordon, node_uncordon
+from fleet.services.nodes import node_cordon, node_retire, node_uncordon
 
 NODE = Subject("node", access_node_by_id, "node_id")
 
@@ -87,3 +87,14 @@ class NodeAdoptIn(NodeIdIn):
 def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Start a new acceptance attempt for a node whose acceptance failed."""
     return present_node(node_adopt_again(tenant=ctx.tenant, actor=ctx.principal, **data))
+
+
+class NodeRetireIn(NodeIdIn):
+    reason = serializers.CharField(max_length=300)
+
+
+@endpoint("nodes", "retire", returns=wire.NODE, input=NodeRetireIn, mutating=True, subject=NODE,
+          emits=(FleetEvent.NODE_RETIRED,))
+def nodes_retire(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Take a node out of the fleet for good (refused while anything holds it)."""
+    return present_node(node_retire(tenant=ctx.tenant, actor=ctx.principal, **data))

@@ -97,6 +97,10 @@ class Node(models.Model):
     agent_refused = models.CharField(
         max_length=300, blank=True, db_default="",
         help_text="Why its agent's last session was refused (its version); empty once taken.")
+    inventory_refused = models.CharField(
+        max_length=300, blank=True, db_default="",
+        help_text="Why its last inventory report was refused (a device another node holds, "
+                  "another GPU model); empty once a report is taken.")
     key_pin = models.CharField(max_length=80, blank=True,
                                help_text="SPKI pin of the node's key (from its join CSR).")
     public_key = models.TextField(blank=True, help_text="The node key's public half (PEM): "

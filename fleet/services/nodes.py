@@ -1,4 +1,4 @@
-"""Node writes: creation, inventory, adoption and cordoning."""
+"""Node writes: creation, inventory, adoption, cordoning and retirement."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from compute.platform.events.services import event_emit
 from compute.platform.events.types import EventType
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
+from fleet.holders import node_held_by
 from fleet.inventory import GpuReport, InventoryReport
 from fleet.models import (
     Device,
@@ -56,6 +57,8 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     machine with other GPUs is refused with the models named, and nothing is written.
     """
     pool = node.pool
+    if node.provision_state == ProvisionState.RETIRED:
+        raise InventoryRefused(f"node {node.id} is retired", provisionState="retired")
     if pool.pool_class == PoolClass.METAL_HOST and report.gpus:
         foreign = sorted(report.models() - {pool.gpu_model.upper()})
         if foreign:
@@ -74,9 +77,10 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     node.virtualization = report.virtualization
     node.profile = report.profile
     node.inventory_generation += 1
+    node.inventory_refused = ""
     node.save(update_fields=["hostname", "vcpus", "memory_gib", "serial", "product_uuid",
                              "macs", "simulated_root", "virtualization", "profile",
-                             "inventory_generation"])
+                             "inventory_generation", "inventory_refused"])
     seen: set[str] = set()
     for gpu in report.gpus:
         parent = _upsert_device(node, uuid=gpu.uuid, device_class=DeviceClass.GPU,
@@ -130,10 +134,10 @@ def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, prod
     before = Health.HEALTHY if created else device.health
     if not created:
         if device.node_id != node.id:
-            raise InventoryRefused(f"device {uuid} belongs to another node", uuid=uuid)
+            _take_from_retired(device, node)
         for key, value in values.items():
             setattr(device, key, value)
-        device.save(update_fields=[k for k in values if k != "node"])
+        device.save(update_fields=list(values))
     if health != before:
         event_emit(tenant_id=node.pool.tenant_id, subject=device.id,
                    type=FleetEvent.DEVICE_HEALTHY if healthy else FleetEvent.DEVICE_UNHEALTHY,
@@ -141,6 +145,17 @@ def _upsert_device(node: Node, *, uuid: str, device_class: str, index: int, prod
                             "reason": device.health_reason})
         device_health_changed(device.id)
     return device
+
+
+def _take_from_retired(device: Device, node: Node) -> None:
+    """A device another node reported first is this node's only when that node is retired
+    (a machine joined twice by mistake, one of them retired); otherwise it is refused."""
+    holder = Node.objects.only("hostname", "provision_state").get(pk=device.node_id)
+    if holder.provision_state != ProvisionState.RETIRED:
+        raise InventoryRefused(
+            f"device {device.uuid} belongs to node {holder.id} ({holder.hostname or 'no name'}"
+            f"): the same machine joined twice, or a clone; retire the node that should not "
+            f"be (nodes retire)", uuid=device.uuid, heldBy=holder.id)
 
 
 def node_adopt_locked(node: Node, *, checks: list[str]) -> Node:
@@ -184,3 +199,27 @@ def node_uncordon(*, tenant: Tenant, actor: Principal, node_id: str, reason: str
     """Let the placer use the node again."""
     return _set_cordon(tenant=tenant, actor=actor, node_id=node_id, cordoned=False,
                        reason=reason)
+
+
+@audited
+def node_retire(*, tenant: Tenant, actor: Principal, node_id: str, reason: str) -> Node:
+    """Take a node out of the fleet for good: a machine joined by mistake (twice, or a
+    clone), or one that is gone. Refused while anything holds it. Its session ends (the
+    epoch moves on, so the gateway closes it) and it may not connect again; a device it
+    reported may then be reported by another node."""
+    node = access_node_by_id(tenant=tenant, node_id=node_id, lock=True)
+    if node.provision_state == ProvisionState.RETIRED:
+        raise InvalidState(f"node {node.id} is already retired", provisionState="retired")
+    held = node_held_by(node)
+    if held or node.vcpus_allocated or node.memory_gib_allocated:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise InvalidState(f"node {node.id} still holds {shown or 'host capacity'}: release "
+                           "or move it first", holds=held[:50])
+    was = node.provision_state
+    node.provision_state = ProvisionState.RETIRED
+    node.session_epoch += 1
+    node.save(update_fields=["provision_state", "session_epoch"])
+    audit_record(tenant_id=tenant.id, actor_id=actor.id, action="node.retire",
+                 target=node.id, reason=reason, data={"was": was})
+    node_event(node, FleetEvent.NODE_RETIRED, reason=reason, was=was)
+    return node

@@ -314,6 +314,20 @@ def inventory_report_record(*, node_id: str, epoch: int, report_id: str, body: s
 
 
 @audited
+def inventory_refused_record(*, node_id: str, reason: str) -> None:
+    """A refused inventory report (nothing of it was written): its denied audit row, and the
+    reason kept on the node, where its conditions show it until a report is taken; the
+    event `node.inventory.refused` when the reason is new."""
+    node = Node.objects.select_for_update(no_key=True).select_related("pool").get(pk=node_id)
+    audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="node.inventory",
+                 target=node_id, allowed=False, reason=reason)
+    if node.inventory_refused != reason[:300]:
+        node.inventory_refused = reason[:300]
+        node.save(update_fields=["inventory_refused"])
+        node_event(node, FleetEvent.NODE_INVENTORY_REFUSED, reason=reason)
+
+
+@audited
 def command_result_record(*, node_id: str, epoch: int, report_id: str, command_id: str,
                           status: str, body: str, signature: str) -> bool:
     """Record a command result the node signed with its own key (others are refused).
