@@ -14,6 +14,7 @@ import click
 from compute.cli.common import api_command, call_and_show, output_options, show
 from compute.cli.common import client as make_client
 from compute.cli.durations import Duration
+from compute.cli.output import table
 
 RESERVATION_COLUMNS = ["id", "state", "poolId", "nodeId", "start", "end"]
 QUEUE_COLUMNS = ["position", "reservationId", "poolId", "count", "priorityClass", "fairShare",
@@ -206,8 +207,12 @@ def capacity(pool: str, preview: bool, earliest: bool, shares: bool, gpus: int |
             show(result, output=output, query=query)
         return
     if not (preview or earliest):
-        show(api.call("capacity.get", {"poolId": pool}, tenant=tenant), output=output,
-             query=query)
+        result = api.call("capacity.get", {"poolId": pool}, tenant=tenant)
+        as_table = (output or ("table" if sys.stdout.isatty() else "json")) in ("table", "wide")
+        if as_table and not query:
+            click.echo(capacity_text(result))
+        else:
+            show(result, output=output, query=query)
         return
     if preview and earliest:
         raise click.UsageError("--preview and --earliest ask different questions: give one")
@@ -221,6 +226,26 @@ def capacity(pool: str, preview: bool, earliest: bool, shares: bool, gpus: int |
         return
     body.update({**time_fields("after", after), **time_fields("before", before)})
     show(api.call("capacity.earliest", body, tenant=tenant), output=output, query=query)
+
+
+CAPACITY_COLUMNS = ["resource", "total", "allocatable", "allocated", "reserved", "available"]
+
+
+def capacity_text(result: dict[str, Any]) -> str:
+    """`capacity.get` as a terminal shows it: a line on the pool, then one row a resource
+    (GPUs, each MIG profile or share, vCPUs, memory) and what keeps GPUs from placement."""
+    rows = [{"resource": "gpu", **result["gpu"]},
+            *({"resource": f"{part['class']} {part['profile'] or ''}".strip(),
+               "total": part["total"], "available": part["available"]}
+              for part in result["parts"]),
+            {"resource": "vcpu", **result["vcpu"]},
+            {"resource": "memory GiB", **result["memoryGiB"]}]
+    head = (f"pool {result['poolId']} ({result['gpuModel'] or 'no GPUs'}): "
+            f"{result['nodes']} node(s), {result['pending']} pending, at {result['at']}")
+    away = {why: n for why, n in result["gpusNotSchedulable"].items() if n}
+    tail = ("GPUs not schedulable: " + ", ".join(f"{n} {why}" for why, n in away.items())
+            if away else "")
+    return "\n".join(filter(None, [head, table(rows, CAPACITY_COLUMNS), tail]))
 
 
 def time_fields(name: str, text: str | None) -> dict[str, Any]:
@@ -316,6 +341,7 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
     later = start or (at_earliest and result.get("start") and result["state"] == "placed"
                       and result["start"] > result["createdAt"])
     settling = ("pending",) if later else ("pending", "placed", "binding")
+    click.echo(f"reservation: {result['id']}", err=True)  # on its own line, to copy
     result = wait_for(api, result, wait, tenant, settling)
     show(result, output=output, query=query)
 

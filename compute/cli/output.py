@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from typing import Any
@@ -35,17 +36,17 @@ def _cell(value: Any) -> str:
 
 def table(rows: list[dict[str, Any]], columns: list[str] | None = None, *,
           wide: bool = False) -> str:
-    """Rows as aligned columns fitted to the terminal (a cut value ends in …);
-    `wide` never cuts (`--output wide`)."""
+    """Rows as aligned columns fitted to the terminal (a cut value ends in …); ids are
+    never cut, the other columns give way; `wide` never cuts (`--output wide`)."""
     if not rows:
         return "(none)"
     columns = columns or [k for k in rows[0] if not isinstance(rows[0][k], dict | list)][:8]
-    width = shutil.get_terminal_size((120, 20)).columns
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    budget = max(8, (width - 2 * len(columns)) // max(1, len(columns)))
     if not wide:
-        widths = [min(w, max(budget, 12)) for w in widths]
+        kept = [_is_id(c, [r[i] for r in cells]) for i, c in enumerate(columns)]
+        width = shutil.get_terminal_size((120, 20)).columns
+        widths = fit(widths, kept, width - 2 * (len(columns) - 1))
 
     def line(values: list[str]) -> str:
         return "  ".join(
@@ -53,6 +54,31 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None, *,
                                                                              strict=True))
 
     return "\n".join([line([c.upper() for c in columns]), *(line(r) for r in cells)]).rstrip()
+
+
+MIN_CUT = 6  # a column that gives way keeps this much ("adopt…")
+ID = re.compile(r"[a-z]+_[0-9a-z]{16,}")
+
+
+def _is_id(column: str, values: list[str]) -> bool:
+    """A column of ids (`id`, `nodeId`, or values such as `rsv_01m8…`): copied whole."""
+    return column == "id" or column.endswith("Id") or (
+        any(v != "-" for v in values) and all(v == "-" or ID.fullmatch(v) for v in values))
+
+
+def fit(widths: list[int], kept: list[bool], room: int) -> list[int]:
+    """Column widths within `room`: kept columns whole; the others share what is left,
+    the narrow ones whole and the wide ones an even part each (never under MIN_CUT)."""
+    if sum(widths) <= room:
+        return widths
+    left = room - sum(w for w, k in zip(widths, kept, strict=True) if k)
+    giving = sorted((w, i) for i, (w, k) in enumerate(zip(widths, kept, strict=True)) if not k)
+    fitted = list(widths)
+    for n, (natural, index) in enumerate(giving):
+        share = max(MIN_CUT, left // (len(giving) - n))
+        fitted[index] = min(natural, share)
+        left -= fitted[index]
+    return fitted
 
 
 def render(value: Any, *, output: str | None, path: str | None,

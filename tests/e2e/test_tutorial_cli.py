@@ -52,6 +52,7 @@ def test_tutorial_flow(stack, tmp_path):
     assert reserved.returncode == 0, reserved.stderr
     key = reserved.stderr.split("idempotency key: ", 1)[1].split()[0]
     rsv = json.loads(reserved.stdout)
+    assert f"reservation: {rsv['id']}" in reserved.stderr.splitlines()  # its own line
     assert rsv["state"] == "active"
     again = stack.ok("reserve", "--pool", dev_pool, "--gpus", "4", "--for", "1h", "--key", key,
                      "--query", "id")
@@ -334,3 +335,24 @@ def test_the_workers_recompute_the_free_time_bookings_mark(stack):
     finally:
         for rsv in booked:
             stack.ok("release", rsv["id"], "--cancel")
+
+
+def test_tables_show_ids_whole_on_a_narrow_terminal(stack):
+    narrow = {**stack.env, "COLUMNS": "100"}
+    nodes = stack.json("nodes", "list")["items"]
+    listed = stack.cli("nodes", "list", "-o", "table", env=narrow)
+    assert listed.returncode == 0, listed.stderr
+    for node in nodes:
+        assert node["id"] in listed.stdout
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 100
+    capacity = stack.cli("capacity", "--pool", stack.env["POOL"], "-o", "table", env=narrow)
+    assert capacity.returncode == 0, capacity.stderr
+    lines = capacity.stdout.splitlines()
+    assert stack.env["POOL"] in lines[0]
+    assert lines[1].split() == ["RESOURCE", "TOTAL", "ALLOCATABLE", "ALLOCATED", "RESERVED",
+                                "AVAILABLE"]
+    gpu = stack.json("capacity", "--pool", stack.env["POOL"])["gpu"]
+    [row] = [line.split() for line in lines if line.startswith("gpu ")]
+    assert row[1:] == [str(gpu[k]) for k in ("total", "allocatable", "allocated", "reserved",
+                                             "available")]
+    assert "{" not in capacity.stdout  # no JSON cut into a cell
