@@ -108,9 +108,17 @@ def start_api(port: int, workers: int | None = None) -> subprocess.Popen[bytes]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The figures, followed by the machine's load as they were taken (the same run takes
+    several times longer on a busy machine: a figure is quoted with its load)."""
     columns = list(rows[0])
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True))
               for r in rows]
-    return "\n".join(lines)
+    return "\n".join([*lines, machine_load()])
+
+
+def machine_load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return (f"machine: {os.cpu_count() or 1} cores, load average {one:.1f} / {five:.1f} / "
+            f"{fifteen:.1f} (1, 5, 15 min)")

@@ -110,3 +110,11 @@ def test_the_readme_is_one_page_that_points_at_the_docs():
     assert "pip install -e '.[test]' && python -m pytest" in readme
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).exists(), link
+
+
+def test_every_test_the_tutorial_names_exists():
+    tutorial = (ROOT / "docs" / "tutorial.md").read_text()
+    named = re.findall(r"`(?:tests/)?((?:[a-z0-9_]+/)*test_[a-z_]+\.py|[a-z_]+/)`", tutorial)
+    assert len(named) >= 10
+    for path in named:
+        assert (ROOT / "tests" / path).exists(), path

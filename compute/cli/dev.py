@@ -595,6 +595,7 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         state_dir: Path | None, gateways: int) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
+    began = time.monotonic()
     signal.signal(signal.SIGTERM, _interrupted)  # TERM while starting: stop what started
     state_dir = state_dir or pg.state_root() / "dev"
     lock = StateLock(state_dir)  # before anything is started or touched
@@ -647,6 +648,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         env_file = state_dir / "env"
         _write_env_file(env_file, exports)
         lock.record(pid=os.getpid(), url=url)
+        click.echo(ready_line(time.monotonic() - began, machines=sim))
         click.echo(f"better-compute listening on {url}")
         click.echo(f"console on http://{host}:{port}/console/ (sign in with the API token in "
                    "the env file)")
@@ -676,6 +678,14 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
             server.stop()
         lock.release()
         click.echo("stopped", err=True)
+
+
+def ready_line(seconds: float, *, machines: int) -> str:
+    """How long `dev` took to be ready, with what the machine was doing meanwhile: the same
+    start takes several times longer on a busy machine."""
+    load = os.getloadavg()[0]
+    return (f"ready in {seconds:.1f} s with {machines} simulated machine(s) (load average "
+            f"{load:.1f} on {os.cpu_count() or 1} cores)")
 
 
 def forget_machines(state_dir: Path) -> None:

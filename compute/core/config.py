@@ -131,6 +131,10 @@ VARIABLES = Declared(
     Variable("BCD_ROOT", "path", "/",
              "where the install script installs bcd and its files (a folder to try it in)",
              reader="install script"),
+    Variable("BCD_SIM", "str", None,
+             "any value: the install script joins a simulated machine (`bcd join --sim`), to "
+             "try it on a machine without GPUs (with BCD_ROOT, as a user other than root)",
+             reader="install script"),
     Variable("BETTER_COMPUTE_DEV_RESTART_SECONDS", "float", 1.0,
              "how long `dev` waits before restarting a process of its stack that died",
              reader=DEV),

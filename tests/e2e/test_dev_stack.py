@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import psycopg
@@ -28,6 +29,9 @@ def test_dev_with_eight_simulated_agents_comes_up_and_stops_cleanly(tmp_path):
     stack = start_stack(tmp_path, "--sim", "8")
     try:
         assert "8 simulated node(s) adopted and connected" in "".join(stack.output)
+        [ready] = [line for line in stack.output if line.startswith("ready in ")]
+        assert re.fullmatch(r"ready in \d+\.\d s with 8 simulated machine\(s\) \(load "
+                            r"average \d+\.\d on \d+ cores\)\n", ready), ready
         data_dir = next(line.split(" in ")[1].split()[0] for line in stack.output
                         if "embedded Postgres runs in" in line)
         state = str(tmp_path / "state")
