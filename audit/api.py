@@ -82,6 +82,9 @@ class AuditListIn(ListInput):
     target = serializers.CharField(required=False, max_length=64)
     since = serializers.IntegerField(required=False, min_value=0, default=0,
                                      help_text="Rows after this position.")
+    before = serializers.IntegerField(
+        required=False, min_value=1, help_text="Rows before this position: the newest "
+        "`limit` of them, still oldest first (a page going back from the newest).")
 
 
 @endpoint("audit", "list", returns=items_of(AUDIT_ROW, nextSince=INTEGER),
@@ -90,7 +93,8 @@ def audit_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """The tenant's audit rows, oldest first: who did (or was refused) what, and why."""
     rows = audit_event_list(tenant_id=ctx.tenant.id, action=data.get("action"),
                             allowed=data["allowed"], target=data.get("target"),
-                            since=data["since"])[: data["limit"]]
+                            since=data["since"], before=data.get("before"),
+                            limit=data["limit"])
     items = [{"id": row.id, "position": row.position, "action": row.action,
               "allowed": row.allowed, "actorId": row.actor_id, "target": row.target or None,
               "reason": row.reason or None, "requestId": row.request_id or None,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
-
 from audit.models import AuditEvent, Checkpoint
 from audit.sequencer import audit_sequence
 from compute.core.errors import NotFound
@@ -11,8 +9,10 @@ from compute.core.errors import NotFound
 
 def audit_event_list(*, tenant_id: str, action: str | None = None,
                      allowed: bool | None = None, target: str | None = None,
-                     since: int = 0) -> QuerySet[AuditEvent]:
-    """The tenant's audit rows after position `since`, oldest first. `action` may end in
+                     since: int = 0, before: int | None = None,
+                     limit: int | None = None) -> list[AuditEvent]:
+    """The tenant's audit rows after position `since`, oldest first: the first `limit` of
+    them, or with `before`, the last `limit` before that position. `action` may end in
     `*` (`node.*`). Rows whose transactions have settled are numbered first; a row still
     in flight is listed once it has its position."""
     audit_sequence(tenant_id=tenant_id)
@@ -24,7 +24,11 @@ def audit_event_list(*, tenant_id: str, action: str | None = None,
         rows = rows.filter(allowed=allowed)
     if target:
         rows = rows.filter(target=target)
-    return rows.order_by("position")
+    if before is not None:
+        newest = rows.filter(position__lt=before).order_by("-position")
+        return list(reversed(newest[:limit] if limit else newest))
+    ordered = rows.order_by("position")
+    return list(ordered[:limit] if limit else ordered)
 
 
 def audit_event_id_for(*, tenant_id: str, ref: str) -> str:

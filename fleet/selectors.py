@@ -73,6 +73,13 @@ def node_list(*, tenant: Tenant, pool_id: str | None = None) -> QuerySet[Node]:
     return queryset
 
 
+def node_hostnames(*, tenant: Tenant, ids: list[str]) -> dict[str, str]:
+    """The hostnames of the tenant's nodes among `ids` (a node acts in the audit log)."""
+    return {node_id: hostname for node_id, hostname in
+            node_list(tenant=tenant).filter(pk__in=ids).values_list("id", "hostname")
+            if hostname}
+
+
 def access_node_by_id(*, tenant: Tenant, node_id: str, lock: bool = False) -> Node:
     return one_visible(node_list(tenant=tenant), node_id, noun="node", field="nodeId",
                        lock=lock)

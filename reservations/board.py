@@ -10,8 +10,9 @@ from django.db import connection
 
 from compute.core.sqltext import tables
 from compute.platform.tenancy.models import Tenant
-from fleet.models import DeviceClass, Node, NodeRole
+from fleet.models import DeviceClass, Node, NodeRole, ProvisionState
 from fleet.models.devices import Device
+from fleet.presenters import unschedulable_because
 from fleet.selectors import node_list
 from reservations.constraints import OVERLAPS_SQL
 from reservations.models import Allocation, Booking, Reservation, ReservationState, Sandbox
@@ -33,13 +34,14 @@ class Tile:
     hostname: str
     pool_id: str
     pool_name: str
-    state: str  # adopted, cordoned, unreachable, provisioning, failed
+    state: str  # adopted, cordoned, unreachable, provisioning, failed, refused
     simulated: bool
     gpus_held: int
     gpus_total: int
     vcpus_held: int
     vcpus_total: int
     gpus: tuple[Gpu, ...] = ()
+    why: str = ""  # what keeps it from placement, in words ("" when nothing does)
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,16 @@ class Board:
 
 
 def _state(node: Node) -> str:
+    """The tile's one word: what matters most first (a node that cannot be reached is
+    `unreachable` whatever it was doing; one whose inventory is refused is `refused`)."""
+    if node.connectivity == "unreachable":
+        return "unreachable"
+    if node.inventory_refused:
+        return "refused"
     if node.provision_state == "acceptance-failed":
         return "failed"
     if node.provision_state != "adopted":
         return "provisioning"
-    if node.connectivity == "unreachable":
-        return "unreachable"
     return "cordoned" if node.cordoned else "adopted"
 
 
@@ -74,14 +80,16 @@ def ledger_overlaps() -> int:
 def fleet_board(*, tenant: Tenant) -> Board:
     """The board of the tenant's own machines (four queries, whatever the fleet's size);
     provisioners hold no capacity and are listed with the nodes, not here."""
-    nodes = list(node_list(tenant=tenant).filter(role=NodeRole.NODE).select_related("pool")
+    nodes = list(node_list(tenant=tenant).filter(role=NodeRole.NODE)
+                 .exclude(provision_state=ProvisionState.RETIRED).select_related("pool")
                  .order_by("pool__name", "hostname"))
     gpus = _gpus_now([n.id for n in nodes])
     tiles = [Tile(node_id=n.id, hostname=n.hostname or n.id, pool_id=n.pool_id,
                   pool_name=n.pool.name, state=_state(n), simulated=bool(n.simulated_root),
                   gpus_held=sum(1 for g in gpus.get(n.id, ()) if g.reservation_id),
                   gpus_total=len(gpus.get(n.id, ())), vcpus_held=n.vcpus_allocated,
-                  vcpus_total=n.vcpus, gpus=tuple(gpus.get(n.id, ())))
+                  vcpus_total=n.vcpus, gpus=tuple(gpus.get(n.id, ())),
+                  why="" if n.schedulable else unschedulable_because(n))
              for n in nodes]
     pending = Reservation.objects.filter(pool__tenant=tenant,
                                          state=ReservationState.PENDING).count()
@@ -116,6 +124,17 @@ def _gpus_now(node_ids: list[str]) -> dict[str, list[Gpu]]:
         for node_id, *fields in cursor.fetchall():
             by_node.setdefault(node_id, []).append(Gpu(*fields))
     return by_node
+
+
+def reservations_on_node(node_id: str) -> list[dict[str, Any]]:
+    """The reservations that hold the node (booked ahead or running; any tenant's: the
+    node's owner sees what holds its machine), soonest first."""
+    live = (Allocation.objects.filter(node_id=node_id, ended_at__isnull=True)
+            .select_related("reservation__tenant").order_by("reservation__during", "id"))
+    return [{"id": a.reservation_id, "tenant": a.reservation.tenant.slug,
+             "state": a.reservation.state, "count": a.reservation.count,
+             "deviceClass": a.reservation.device_class, "start": a.reservation.starts_at,
+             "end": a.reservation.ends_at} for a in live]
 
 
 def sandboxes_on_node(node_id: str) -> list[dict[str, Any]]:

@@ -24,10 +24,10 @@ class Audit(Group):
 
     def list(self, *, limit: int | None = None, after: str | None = None, action: str | None = None,
             allowed: bool | None = None, target: str | None = None, since: int | None = None,
-            tenant_id: str | None = None) -> Any:
+            before: int | None = None, tenant_id: str | None = None) -> Any:
         """The tenant's audit rows, oldest first: who did (or was refused) what, and why."""
         return self._call("audit.list", {"limit": limit, "after": after, "action": action,
-            "allowed": allowed, "target": target, "since": since,
+            "allowed": allowed, "target": target, "since": since, "before": before,
             "tenantId": tenant_id}, retry=True)
 
     def prove(self, *, event_id: str, tenant_id: str | None = None) -> Any:

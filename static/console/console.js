@@ -87,6 +87,14 @@ const AFTER = {
   show(form, result) {
     form.querySelector("output.result").textContent = JSON.stringify(result, null, 2);
   },
+  verified(form, result) {
+    const out = form.querySelector("output.result");
+    out.className = `result ${result.ok ? "ok" : "bad"}`;
+    out.textContent = result.ok
+      ? `Intact: ${result.checkedEvents} event(s) and ${result.checkedCheckpoints} ` +
+        "checkpoint(s) recomputed; every row, position and signature matches."
+      : `Broken at position ${result.firstBadPosition}: ${result.problem}`;
+  },
   earliest(form, result) {
     const out = form.querySelector("output.result");
     out.textContent = result.found
@@ -127,16 +135,15 @@ async function submit(event) {
   }
 }
 
-async function prove(button) {
-  const envelope = await api("audit.prove", {eventId: button.dataset.eventId});
-  if (!envelope.ok) { say(envelope.error.message); return; }
-  const blob = new Blob([JSON.stringify(envelope.result, null, 2)], {type: "application/json"});
-  const link = Object.assign(document.createElement("a"), {
-    href: URL.createObjectURL(blob), download: `proof-${button.dataset.eventId}.json`});
-  link.click();
-  URL.revokeObjectURL(link.href);
+// The MIG profile field is shown only when MIG instances are asked for.
+function showProfileFor(select) {
+  const label = select.form && select.form.querySelector(".mig-only");
+  if (label) label.hidden = select.value !== "mig";
 }
 
+document.addEventListener("change", (event) => {
+  if (event.target.name === "deviceClass") showProfileFor(event.target);
+});
 document.addEventListener("submit", submit);
 document.addEventListener("click", (event) => {
   const copy = event.target.closest("button.copy");
@@ -144,8 +151,6 @@ document.addEventListener("click", (event) => {
     navigator.clipboard.writeText(copy.parentElement.querySelector("output").textContent)
       .then(() => say("Copied"), () => say("Copy it by hand: the clipboard is not allowed"));
   }
-  const proof = event.target.closest("button.prove");
-  if (proof) prove(proof);
 });
 
 // The live board: follow the events watch stream from the last event shown, add each new
@@ -237,6 +242,7 @@ class Feed {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  document.querySelectorAll("select[name=deviceClass]").forEach(showProfileFor);
   const list = document.getElementById("feed");
   if (list) {
     window.consoleFeed = new Feed(list);

@@ -67,6 +67,8 @@ CALLS: dict[str, tuple[str, Call]] = {
     "nodes.uncordon": ("node.uncordon", lambda c, w: (c.root, {"nodeId": w["cordoned"]})),
     "nodes.adopt": ("node.adopt", lambda c, w: (
         c.root, {"nodeId": failed_acceptance(w), "reason": "GPU 3 reseated"})),
+    "nodes.retire": ("node.retire", lambda c, w: (
+        c.root, {"nodeId": w["cordoned"], "reason": "joined twice"})),
     "reservations.create": ("reservation.create", lambda c, w: (
         c.acme, {"poolId": w["pool"], **SHAPE})),
     "reservations.release": ("reservation.release", lambda c, w: (

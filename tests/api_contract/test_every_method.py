@@ -26,6 +26,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "sandboxes.create": {"vcpus": 1, "memoryGiB": 1},
     "joinTokens.create": {"ttl": 3_600_000},
     "nodes.adopt": {"reason": "reseated"},
+    "nodes.retire": {"reason": "intruder"},
     "images.create": {"name": "intruder", "kernel": IMAGE_PART, "initrd": IMAGE_PART},
     "sandboxes.logs": {"lines": 5},
     "sandboxes.exec": {"argv": ["true"]},

@@ -51,6 +51,15 @@ def browser() -> Iterator[Browser]:
         launched.close()
 
 
+@pytest.fixture(autouse=True)
+def pages_closed_after_each_test(browser: Browser) -> Iterator[None]:
+    """Each test's pages are closed after it, and their event streams with them (a caller
+    holds at most BETTER_COMPUTE_STREAMS_PER_CALLER streams at once)."""
+    yield
+    for context in browser.contexts:
+        context.close()
+
+
 @pytest.fixture
 def shots(request: pytest.FixtureRequest) -> Path:
     folder = ROOT / "build" / "screenshots" / request.node.name
@@ -88,7 +97,8 @@ def board_live(page: Page, *, timeout_ms: int = 5000) -> None:
 
 def nodes(stack: Stack) -> list[dict]:
     """The machines (dev's provisioner is a node too, but holds no capacity)."""
-    return [n for n in stack.json("nodes", "list")["items"] if n["role"] == "node"]
+    return [n for n in stack.json("nodes", "list")["items"]
+            if n["role"] == "node" and n["provisionState"] != "retired"]
 
 
 def feed_seqs(page: Page) -> list[int]:
@@ -337,16 +347,31 @@ def test_audit_verify_and_a_proof_download_from_the_console(stack, browser, shot
     page.goto(f"{base_url(stack)}/console/audit")
     verify = page.locator("form[data-action='audit.verify']")
     verify.locator("button").click()
-    expect(verify.locator("output.result")).to_contain_text('"ok": true')
+    expect(verify.locator("output.result")).to_contain_text(re.compile(
+        r"^Intact: \d+ event\(s\) and \d+ checkpoint\(s\) recomputed"))
     first = page.locator("#audit tbody tr").last  # the oldest row: inside the checkpoint
     event_id = first.get_attribute("id")
     with page.expect_download() as download:
-        first.locator("button.prove").click()
+        first.locator("a.prove").click()
     proof = json.loads(Path(download.value.path()).read_text())
     assert proof["event"]["id"] == event_id
     page.screenshot(path=shots / "audit.png", full_page=True)
     saved = shots / "proof.json"
     saved.write_text(json.dumps(proof))
+    checked = stack.cli("audit", "check-proof", str(saved), "--public-key",
+                        stack.ok("audit", "public-key"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # A row holding an integer past 2**53 (an agent's journal epoch): its proof is the
+    # server's, number for number, and verifies.
+    [opened] = [r for r in stack.json("audit", "list", "--action", "node.session.open")["items"]
+                if r["data"].get("journalEpoch", 0) > 2**53][:1]
+    answer = page.request.get(f"{base_url(stack)}/console/audit/{opened['id']}/proof")
+    assert answer.ok
+    assert "attachment" in answer.headers["content-disposition"]
+    saved.write_bytes(answer.body())
+    assert json.loads(saved.read_text())["event"]["data"]["journalEpoch"] == \
+        opened["data"]["journalEpoch"]
     checked = stack.cli("audit", "check-proof", str(saved), "--public-key",
                         stack.ok("audit", "public-key"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -444,3 +469,88 @@ def test_a_machine_is_enrolled_by_its_bmc_and_powered_from_the_console(stack, br
         expect(page.locator("#provision-state")).to_have_text("available")
     finally:
         bmc.stop()
+
+
+def test_who_holds_a_node_hostnames_end_times_and_the_mig_field(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    base = base_url(stack)
+    rsv = stack.json("reserve", "--pool", stack.env["POOL"], "--gpus", "2", "--for", "1h")
+    node = stack.json("nodes", "get", rsv["nodeId"])
+    page.goto(f"{base}/console/nodes/{node['id']}")
+    expect(page.locator("#schedulable")).to_have_text("yes")
+    held = page.locator(f"#node-reservations tr#{rsv['id']}")
+    expect(held).to_contain_text("root")
+    expect(held).to_contain_text("2 GPUs")
+    expect(page.locator("#inventory tbody tr").first).to_contain_text("gpu")
+    page.screenshot(path=shots / "node-held-by.png", full_page=True)
+
+    page.goto(f"{base}/console/reservations")
+    row = page.locator(f"#reservations tr#{rsv['id']}")
+    expect(row).to_contain_text(node["hostname"])
+    expect(row).not_to_contain_text(node["id"])
+    profile = page.locator("form[data-action='reservations.create'] label.mig-only")
+    expect(profile).to_be_hidden()  # whole GPUs have no MIG profile
+    page.locator("form[data-action='reservations.create'] select[name=deviceClass]"
+                 ).select_option("mig")
+    expect(profile).to_be_visible()
+    page.screenshot(path=shots / "reservations-mig-field.png", full_page=True)
+    stack.ok("release", rsv["id"])
+    ended = stack.json("reservations", "get", rsv["id"])["endedAt"]
+    page.goto(f"{base}/console/reservations")
+    end = page.locator(f"#reservations tr#{rsv['id']} td.end")
+    expect(end).to_contain_text("(released)")
+    assert ended[:16].replace("T", " ") in end.inner_text()
+    page.goto(f"{base}/console/reservations/{rsv['id']}")
+    expect(page.locator("#ended")).to_contain_text("released")
+    page.screenshot(path=shots / "reservation-ended.png", full_page=True)
+
+
+def test_the_audit_log_pages_back_and_names_its_actors(stack, browser, shots):
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    page.goto(f"{base_url(stack)}/console/audit")
+    rows = page.locator("#audit tbody tr")
+    expect(rows).to_have_count(50)
+    actors = page.locator("#audit td.actor").all_inner_texts()
+    assert not any(actor.startswith("prn_") for actor in actors), actors
+    assert "admin" in " ".join(actors) or any(a for a in actors), actors
+    newest = int(rows.first.locator("td").first.inner_text())
+    with page.expect_navigation():
+        page.locator("#older").click()
+    older = int(page.locator("#audit tbody tr").first.locator("td").first.inner_text())
+    assert older == newest - 50
+    page.screenshot(path=shots / "audit-older.png", full_page=True)
+    with page.expect_navigation():
+        page.locator("#newer").click()
+    assert int(page.locator("#audit tbody tr").first.locator("td").first.inner_text()) == newest
+
+
+def test_a_clone_shows_why_it_is_refused_and_is_retired_from_the_console(
+        stack, browser, shots, tmp_path):
+    from tests.e2e.test_joined_by_hand import join_by_hand, run_agent
+
+    original = nodes(stack)[0]
+    clone = join_by_hand(stack, tmp_path, "clone", "--hostname", original["hostname"])
+    agent = run_agent(tmp_path, "clone")
+    try:
+        assert wait_until(lambda: stack.json("nodes", "get", clone)["inventoryRefused"], 60)
+        page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+        board_live(page)
+        tile = page.locator(f"li.tile#{clone}")
+        expect(tile).to_have_class(re.compile("refused"))
+        expect(tile.locator(".held")).to_have_text("no inventory yet")
+        page.screenshot(path=shots / "board-clone.png", full_page=True)
+        page.goto(f"{base_url(stack)}/console/nodes/{clone}")
+        expect(page.locator("#inventory-refused")).to_contain_text(original["id"])
+        expect(page.locator("#schedulable")).to_contain_text("inventory refused")
+        page.screenshot(path=shots / "node-refused.png", full_page=True)
+        retire = page.locator("form[data-action='nodes.retire']")
+        retire.locator("input[name=reason]").fill("a clone of " + original["hostname"])
+        with page.expect_navigation():
+            retire.locator("button").click()
+        expect(page.locator("#state")).to_contain_text("retired")
+        page.goto(f"{base_url(stack)}/console/")
+        expect(page.locator(f"li.tile#{clone}")).to_have_count(0)
+        expect(page.locator(f"li.tile#{original['id']}")).to_have_count(1)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)

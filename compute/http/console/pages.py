@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from decimal import Decimal
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -14,7 +16,14 @@ from compute.core.errors import ComputeError
 from compute.http.console.session import Page, console_page
 from compute.platform.events.presenters import present_event
 from compute.platform.events.selectors import latest_events
-from reservations.board import fleet_board, gpus_held_now, sandboxes_on_node
+from compute.platform.tenancy.selectors import principal_names
+from fleet.selectors import node_hostnames
+from reservations.board import (
+    fleet_board,
+    gpus_held_now,
+    reservations_on_node,
+    sandboxes_on_node,
+)
 from reservations.models import ReservationState, Topology
 
 FEED_LENGTH = 50
@@ -58,7 +67,7 @@ def reservations(request: HttpRequest, page: Page) -> HttpResponse:
     pending queue: each waiting request's position, class, fair share and why."""
     state, pool_id = request.GET.get("state") or None, request.GET.get("pool") or None
     filters = {k: v for k, v in {"state": state, "poolId": pool_id}.items() if v}
-    items = page.call("reservations.list", limit=1000, **filters)["items"]
+    items = with_node_names(page, page.call("reservations.list", limit=1000, **filters)["items"])
     pool_list = page.call("pools.list", limit=1000)["items"]
     return page.render("console/reservations.html", {
         "items": list(reversed(items)), "pools": pool_list, "states": ReservationState.values,
@@ -72,10 +81,18 @@ def reservations(request: HttpRequest, page: Page) -> HttpResponse:
         "tenants": page.call("tenants.list", limit=1000)["items"] if page.is_root else []})
 
 
+def with_node_names(page: Page, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Reservations with `nodeName`: their node's hostname where the tenant may list its
+    nodes, else the node's id."""
+    names = ({n["id"]: n["hostname"] for n in page.call("nodes.list", limit=1000)["items"]}
+             if any(r["nodeId"] for r in items) and page.can("nodes.list") else {})
+    return [{**r, "nodeName": names.get(r["nodeId"]) or r["nodeId"]} for r in items]
+
+
 @console_page
 def reservation(request: HttpRequest, page: Page, reservation_id: str) -> HttpResponse:
     """One reservation with its binding, its events and its audit rows."""
-    found = page.call("reservations.get", reservationId=reservation_id)
+    [found] = with_node_names(page, [page.call("reservations.get", reservationId=reservation_id)])
     events = page.call("events.list", subject=reservation_id, limit=1000)["items"]
     rows = (page.call("audit.list", target=reservation_id, limit=1000)["items"]
             if page.can("audit.list") else None)
@@ -135,6 +152,7 @@ def node(request: HttpRequest, page: Page, node_id: str) -> HttpResponse:
               if found["bmc"] and found["provisionState"] in DEPLOYABLE else [])
     return page.render("console/node.html", {"node": found, "events": events, "held": held,
                                              "sandboxes": sandboxes_on_node(found["id"]),
+                                             "reservations": reservations_on_node(found["id"]),
                                              "can_act": page.can("nodes.cordon"),
                                              "disk_images": [i for i in images if i.get("disk")]})
 
@@ -164,12 +182,37 @@ def tenants(request: HttpRequest, page: Page) -> HttpResponse:
 
 
 @console_page
+def audit_proof(request: HttpRequest, page: Page, event_id: str) -> HttpResponse:
+    """One audit row's inclusion proof, as a file. Written here, not in the browser: a
+    browser's JSON rounds integers past 2**53 (a journal epoch), which would change the
+    row the proof is about, and the proof would no longer verify."""
+    proof = page.call("audit.prove", eventId=event_id)
+    response = HttpResponse(json.dumps(proof, indent=2, cls=DjangoJSONEncoder),
+                            content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="proof-{proof["event"]["id"]}.json"'
+    return response
+
+
+AUDIT_PAGE = 50
+NEWEST = 2**62  # `before` that lists the newest rows
+
+
+@console_page
 def audit(request: HttpRequest, page: Page) -> HttpResponse:
-    """The tenant's audit log, newest first, with verify and a proof per row."""
-    since = int(request.GET["since"]) if request.GET.get("since", "").isdigit() else 0
-    listed = page.call("audit.list", since=since, limit=200)
+    """The tenant's audit log, newest first, a page at a time (older and newer pages by
+    position), with verify, a proof per row, and each actor by name."""
+    since, before = (int(request.GET[k]) if request.GET.get(k, "").isdigit() else None
+                     for k in ("since", "before"))
+    window = {"since": since} if since is not None else {"before": before or NEWEST}
+    rows = list(reversed(page.call("audit.list", limit=AUDIT_PAGE, **window)["items"]))
+    named = {**principal_names([r["actorId"] for r in rows]),
+             **node_hostnames(tenant=page.tenant, ids=[r["actorId"] for r in rows])}
+    rows = [{**r, "actorName": named.get(r["actorId"]) or r["actorId"]} for r in rows]
+    positions = [r["position"] for r in rows if r["position"]]
     return page.render("console/audit.html", {
-        "rows": list(reversed(listed["items"])), "next_since": listed["nextSince"],
+        "rows": rows,
+        "older": min(positions) if positions and min(positions) > 1 else None,
+        "newer": max(positions) if positions and (since is not None or before) else None,
         "checkpoints": page.call("audit.checkpoints", limit=20)["items"],
         "can_checkpoint": page.can("audit.checkpoint")})
 

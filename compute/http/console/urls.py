@@ -19,5 +19,6 @@ urlpatterns = [
     path("join-tokens", pages.join_tokens, name="console-join-tokens"),
     path("tenants", pages.tenants, name="console-tenants"),
     path("audit", pages.audit, name="console-audit"),
+    path("audit/<str:event_id>/proof", pages.audit_proof, name="console-audit-proof"),
     path("usage", pages.usage, name="console-usage"),
 ]

@@ -140,3 +140,8 @@ def access_token_by_id(*, tenant: Tenant, token_id: str, lock: bool = False) -> 
 def principal_roles(principal: Principal) -> list[dict[str, str]]:
     return [{"tenantId": b.tenant_id, "tenant": b.tenant.slug, "role": b.role}
             for b in principal.bindings.select_related("tenant").order_by("created_at")]
+
+
+def principal_names(ids: list[str]) -> dict[str, str]:
+    """Principals' names by id (an audit row names its actor by id)."""
+    return dict(Principal.objects.filter(pk__in=ids).values_list("id", "name"))
