@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from compute.cli.client import CliError
 from compute.cli.common import api_command, output_options, show
 from compute.cli.common import client as make_client
 from compute.cli.guestimage import sha256_of
@@ -103,6 +104,6 @@ def images_deploy_ramdisk(deploy_url: str, out_dir: Path) -> None:
     try:
         built = build_deploy_ramdisk(out_dir, deploy_url)
     except FileNotFoundError as missing:
-        raise click.ClickException(str(missing)) from None
+        raise CliError(str(missing)) from None
     for path in built.values():
         click.echo(f"{path.name}  {sha256_of(path)}  {path}")
