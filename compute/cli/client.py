@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from compute.client.transport import ApiError as LibraryApiError
-from compute.client.transport import ClientError, Transport
 from compute.core import config
 
 USER_AGENT = "better-compute-cli"
@@ -89,6 +87,8 @@ class Client:
     with the CLI's own errors."""
 
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
+        from compute.client.transport import Transport  # httpx: loaded for a call only
+
         self.config = config
         self.transport = Transport(config.url, config.token, timeout=timeout,
                                    user_agent=USER_AGENT)
@@ -96,6 +96,9 @@ class Client:
 
     def call(self, method: str, body: dict[str, Any] | None = None,
              tenant: str | None = None) -> Any:
+        from compute.client.transport import ApiError as LibraryApiError
+        from compute.client.transport import ClientError
+
         if "." not in method.strip("."):
             raise CliError(f"method must look like group.method, got {method!r}")
         payload = dict(body or {})

@@ -7,17 +7,23 @@ import sys
 import click
 
 from bcd.contract.version import version
-from compute.cli import baremetal  # noqa: F401  (adds its commands to `nodes`)
-from compute.cli.audit import audit
 from compute.cli.client import ApiError, CliError
 from compute.cli.common import call_and_show, output_options, parse_assignment
-from compute.cli.dev import dev
-from compute.cli.images import images
-from compute.cli.install_script import daemon
-from compute.cli.ledger import COMMANDS as LEDGER_COMMANDS
-from compute.cli.resources import GROUPS
-from compute.cli.serve import serve
-from compute.cli.sim.command import sim
+from compute.cli.lazy import LazyGroup
+
+# Each command where it lives, imported when it is used.
+RESOURCES = {name: f"compute.cli.resources:{attribute}" for name, attribute in (
+    ("system", "system"), ("tenants", "tenants"), ("tokens", "tokens"), ("sites", "sites"),
+    ("pools", "pools"), ("offerings", "offerings"), ("events", "events"),
+    ("join-tokens", "join_tokens"), ("pki", "pki"))}
+LEDGER = {name: f"compute.cli.ledger:{name}" for name in (
+    "nodes", "maintenance", "capacity", "reserve", "reservations", "series", "release",
+    "extend", "sandboxes", "usage")}
+LAZY = {**RESOURCES, **LEDGER, "images": "compute.cli.images:images",
+        "audit": "compute.cli.audit:audit", "daemon": "compute.cli.install_script:daemon",
+        "dev": "compute.cli.dev:dev", "serve": "compute.cli.serve:serve",
+        "sim": "compute.cli.sim.command:sim"}
+ALSO = {"nodes": ("compute.cli.baremetal",)}  # it adds its commands to `nodes`
 
 _process_value = click.Option.process_value
 
@@ -42,7 +48,8 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
         ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy=LAZY, also=ALSO,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True,
               callback=_show_version, help="Show the version and exit.")
 def cli() -> None:
@@ -52,11 +59,6 @@ def cli() -> None:
     """
 
 
-for command in [*GROUPS, *LEDGER_COMMANDS, images, audit, daemon]:
-    cli.add_command(command)
-cli.add_command(dev)
-cli.add_command(serve)
-cli.add_command(sim)
 
 
 @cli.command("api")

@@ -8,8 +8,6 @@ import shutil
 import sys
 from typing import Any
 
-import yaml
-
 from compute.cli.client import CliError
 
 
@@ -92,6 +90,8 @@ def render(value: Any, *, output: str | None, path: str | None,
     if fmt == "json":
         return json.dumps(value, indent=2, sort_keys=False)
     if fmt == "yaml":
+        import yaml  # only for this output
+
         return yaml.safe_dump(value, sort_keys=False).rstrip()
     if isinstance(value, dict) and isinstance(value.get("items"), list):
         return table(value["items"], columns, wide=wide)
