@@ -245,12 +245,16 @@ def test_events_watch_streams_a_reservation_in_order_and_resumes_exactly(stack):
     made = []
     try:
         deadline = time.monotonic() + 60
-        while not seen and time.monotonic() < deadline:  # until the watch is open and sees
+        def reserve_and_release() -> dict:
             made.append(json.loads(stack.ok("reserve", "--pool", stack.env["POOL"], "--gpus",
                                             "2", "--for", "1h", "-o", "json")))
             stack.ok("release", made[-1]["id"])
+            return made[-1]
+
+        while not seen and time.monotonic() < deadline:  # until the watch is open and sees
+            reserve_and_release()  # (it may open in the middle of one reservation's life)
             time.sleep(0.5)
-        rsv = made[-1]
+        rsv = reserve_and_release()  # all of its life after the watch opened
         wait_until(lambda: [e for e in seen if e["subject"] == rsv["id"]][3:], 20)
     finally:
         watcher.terminate()
