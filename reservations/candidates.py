@@ -22,7 +22,16 @@ from compute.core.sqltext import fill, passed_on, table, tables
 from fleet.models import SCHEDULABLE, Device, DeviceClass, Node, NodeRole, Pool, ProvisionState
 from reservations.device_filter import parse_selector
 from reservations.models import Allocation, Booking, Sandbox
-from reservations.placement import BUSY, Candidate, Choice, Group, Request, choose, why_not
+from reservations.placement import (
+    BUSY,
+    Candidate,
+    Choice,
+    Group,
+    Request,
+    choose,
+    shortfall,
+    why_not,
+)
 from reservations.shape import Shape
 
 MAX_START_AHEAD = timedelta(days=366)  # the latest start a request may ask for
@@ -333,20 +342,11 @@ def never_fits(pool: Pool, request: Request, device_filter: Q | None = None) -> 
         offered = ", ".join(sorted(set(atoms.values_list("product", flat=True)))) or "none"
         return (f"no machine of the pool has {request.noun} that match the request (product, "
                 f"selector, profile); it has: {offered}")
-    per_node: dict[str, int] = defaultdict(int)
+    per_node: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for row in rows:
-        per_node[row["node_id"]] += row["size"]
-    together = max((row["size"] for row in rows if row[group]), default=0)
-    if request.topology == "nvlink-all" and together < request.count:
-        return (f"no machine of the pool has {request.count} {request.noun} in one NVLink "
-                f"domain (the largest domain has {together})")
-    if request.topology == "same-gpu" and together < request.count:
-        return f"no GPU of the pool has {request.count} shares (the most is {together})"
-    most = max(per_node.values())
-    if most < request.count:
-        return (f"no machine of the pool has {request.count} {request.noun} (the largest has "
-                f"{most})")
-    return None
+        per_node[row["node_id"]].append((row[group] or "", row["size"]))
+    return shortfall(request, list(per_node.values()), machine="machine of the pool",
+                     gpu="GPU of the pool")
 
 
 def pending_reason(pool: Pool, during: DateTimeTZRange, candidates: Sequence[Candidate],

@@ -148,16 +148,26 @@ def why_not(candidates: Sequence[Candidate], request: Request) -> str:
     when)."""
     if not candidates:
         return "no schedulable node in the pool (adopted, reachable, not cordoned)"
+    return shortfall(request, [[(g.domain, g.size) for g in c.groups] for c in candidates],
+                     machine="node", gpu="GPU") or BUSY
+
+
+def shortfall(request: Request, machines: Sequence[Sequence[tuple[str, int]]], *,
+              machine: str, gpu: str) -> str | None:
+    """What none of `machines` has for the request, in words naming them (`machine`, `gpu`);
+    None when one has it. Each machine is its groups of atoms: (NVLink domain, or for shares
+    their GPU, "" for none; how many)."""
     if request.topology == "nvlink-all":
-        largest = max((g.size for c in candidates for g in c.groups if g.domain), default=0)
+        largest = max((size for groups in machines for domain, size in groups if domain),
+                      default=0)
         if largest < request.count:
-            return (f"no node has {request.count} GPUs in one NVLink domain (the largest "
-                    f"domain has {largest})")
+            return (f"no {machine} has {request.count} {request.noun} in one NVLink domain "
+                    f"(the largest domain has {largest})")
     if request.topology == "same-gpu":
-        largest = max((g.size for c in candidates for g in c.groups), default=0)
+        largest = max((size for groups in machines for _, size in groups), default=0)
         if largest < request.count:
-            return f"no GPU has {request.count} shares (the most is {largest})"
-    most = max(sum(g.size for g in c.groups) for c in candidates)
+            return f"no {gpu} has {request.count} shares (the most is {largest})"
+    most = max((sum(size for _, size in groups) for groups in machines), default=0)
     if most < request.count:
-        return f"no node has {request.count} {request.noun} (the largest has {most})"
-    return BUSY
+        return f"no {machine} has {request.count} {request.noun} (the largest has {most})"
+    return None
