@@ -17,7 +17,7 @@ import os
 import time
 
 
-def test_waits_for_its_end(db, embedded_postgres):
+def test_waits_for_its_end(embedded_postgres):  # the server alone: no database to migrate
     with open(os.environ["PROBE_OUT"], "w") as out:
         out.write(str(embedded_postgres.data_dir))
     time.sleep(300)
