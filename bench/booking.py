@@ -159,8 +159,9 @@ def http_work(ids: dict[str, str], port: int, latencies: list[float]):
     return work
 
 
-def raw_work(ids: dict[str, str]):
-    """INSERT one booking per transaction, same table and constraint, no placement."""
+def raw_work(ids: dict[str, str], first_day: int = 400):
+    """INSERT one booking per transaction, same table and constraint, no placement, from
+    `first_day` days ahead (a later run on the same ledger starts after the last)."""
     from django.db import connection
 
     from compute.platform.tenancy.selectors import root_tenant
@@ -183,7 +184,7 @@ def raw_work(ids: dict[str, str]):
                 "INSERT INTO reservations_booking (allocation_id, device_id, during) VALUES "
                 "(%s, %s, tstzrange(now() + %s, now() + %s, '[)'))",
                 [allocation.id, devices[n % len(devices)],
-                 timedelta(days=400 + n), timedelta(days=400 + n, minutes=1)])
+                 timedelta(days=first_day + n), timedelta(days=first_day + n, minutes=1)])
         return True
 
     return work

@@ -1,0 +1,289 @@
+"""What a user of `better-compute dev --memory --sim 8` sees, measured from outside it.
+
+    python -m bench.stack [--seconds 8] [--clients 1,8,32] [--reservations 60]
+
+The whole stack as the README starts it (API, gateway, workers, eight simulated machines),
+driven by client processes over plain HTTP:
+
+- bookings/s and p50/p99 of `reservations.create` (4 GPUs, one hour, starts spread over a
+  week) at each client count, with a new connection per request (as the CLI and most HTTP
+  clients do) and with one kept-alive connection per client;
+- reserve -> active as the client sees it: create, then `reservations.get` every 20 ms until
+  it says `active` (4 clients);
+- in the same run, the raw-SQL booking ceiling on the stack's own database (one INSERT per
+  transaction, same table and EXCLUDE constraint, no placement);
+- where the CPU went while the clients booked: API, Postgres, workers, gateway, agents and
+  the clients themselves, in CPU milliseconds per booking;
+- the CLI's wall time (`--version`, `api system.whoami`) and the stack's memory (RSS by
+  process kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import table
+from bench.dev import start_dev
+
+WEEK_MS = 7 * 24 * 3_600_000
+KINDS = ("api", "postgres", "worker", "qcluster", "gateway", "agent", "dev")
+
+
+def kind_of(pid: int) -> str | None:
+    """Which part of the stack a process is, from its command line."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None
+    for kind, marks in (("postgres", ("postgres",)), ("agent", ("-m bcd", "bin/bcd")),
+                        ("gateway", ("-m gateway",)), ("qcluster", ("qcluster",)),
+                        ("worker", ("bc_worker",)),
+                        ("api", ("gunicorn", "uvicorn", "compute.cli.main serve", " serve "))):
+        if any(mark in argv for mark in marks):
+            return kind
+    return "dev" if "compute.cli.main dev" in argv else None
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def stack_processes(dev_pid: int, data_dir: str) -> dict[int, str]:
+    """The stack's processes by kind: dev's descendants, and the embedded Postgres (started
+    with pg_ctl, so not dev's child): the postmaster of its data folder and its backends."""
+    found = {pid: kind_of(pid) for pid in descendants(dev_pid)}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if data_dir and f"-D {data_dir}" in argv:
+                found.update(dict.fromkeys(descendants(int(entry.name)), "postgres"))
+    return {pid: kind for pid, kind in found.items() if kind}
+
+
+def data_dir_of(url: str) -> str:
+    """The embedded server's data folder: its socket's folder, the URL's `host`."""
+    from urllib.parse import parse_qs, urlsplit
+
+    return parse_qs(urlsplit(url).query).get("host", [""])[0]
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def by_kind(processes: dict[int, str], value: Any) -> dict[str, float]:
+    totals = dict.fromkeys(KINDS, 0.0)
+    for pid, kind in processes.items():
+        totals[kind] += value(pid)
+    return totals
+
+
+def book_loop(args: tuple[str, str, str, float, bool, int]) -> list[float]:
+    """One client process: create bookings until the deadline; each one's latency."""
+    url, token, pool, seconds, keep_alive, seed = args
+    rng = random.Random(seed)
+    headers = {"Authorization": f"Bearer {token}"}
+    client = httpx.Client(timeout=30, headers=headers) if keep_alive else None
+    latencies = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        body = {"poolId": pool, "devices": [{"class": "gpu", "count": 4}],
+                "duration": 3_600_000, "startIn": rng.randrange(60_000, WEEK_MS)}
+        began = time.monotonic()
+        answer = (client.post(f"{url}/reservations/create", json=body) if client
+                  else httpx.post(f"{url}/reservations/create", json=body, headers=headers,
+                                  timeout=30))
+        if answer.status_code == 200:
+            latencies.append(time.monotonic() - began)
+    return latencies
+
+
+def bookings(exports: dict[str, str], clients: int, seconds: float, keep_alive: bool,
+             processes: dict[int, str]) -> dict[str, Any]:
+    work = [(exports["BETTER_COMPUTE_URL"], exports["BETTER_COMPUTE_TOKEN"].strip(),
+             exports["POOL"], seconds, keep_alive, n) for n in range(clients)]
+    cpu_before = by_kind(processes, cpu_seconds)
+    own_before = os.times()
+    began = time.monotonic()
+    with multiprocessing.get_context("fork").Pool(clients) as pool:
+        latencies = [x for part in pool.map(book_loop, work) for x in part]
+    elapsed = time.monotonic() - began
+    own = os.times()
+    cpu = {kind: used - cpu_before[kind] for kind, used in by_kind(processes,
+                                                                    cpu_seconds).items()}
+    cpu["clients"] = (own.children_user + own.children_system
+                      - own_before.children_user - own_before.children_system)
+    booked = max(1, len(latencies))
+    return {"rate": len(latencies) / elapsed, "p50": p(latencies, 50), "p99": p(latencies, 99),
+            "cpu_ms": {kind: used * 1000 / booked for kind, used in cpu.items()}}
+
+
+def p(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
+
+
+def reserve_to_active(exports: dict[str, str], count: int, clients: int) -> list[float]:
+    """Create (1 GPU, now, one hour), then get every 20 ms until active; release."""
+    url, token = exports["BETTER_COMPUTE_URL"], exports["BETTER_COMPUTE_TOKEN"].strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    times: list[float] = []
+    lock = threading.Lock()
+    left = [count]
+
+    def one(client: httpx.Client) -> None:
+        began = time.monotonic()
+        rsv = client.post(f"{url}/reservations/create", json={
+            "poolId": exports["POOL"], "devices": [{"class": "gpu", "count": 1}],
+            "duration": 3_600_000}).json()["result"]
+        while True:
+            state = client.post(f"{url}/reservations/get",
+                                json={"reservationId": rsv["id"]}).json()["result"]["state"]
+            if state == "active":
+                break
+            if time.monotonic() - began > 30:
+                raise RuntimeError(f"{rsv['id']} not active after 30 s ({state})")
+            time.sleep(0.02)
+        with lock:
+            times.append(time.monotonic() - began)
+        client.post(f"{url}/reservations/release", json={"reservationId": rsv["id"]})
+
+    def loop() -> None:
+        with httpx.Client(timeout=30, headers=headers) as client:
+            while True:
+                with lock:
+                    if not left[0]:
+                        return
+                    left[0] -= 1
+                one(client)
+
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return times
+
+
+def raw_ceiling(exports: dict[str, str], clients: int, seconds: float) -> float:
+    """The raw-SQL booking loop (bench.booking's) on the stack's own database."""
+    first_day = 400 + random.randrange(10_000) * 10_000  # after any earlier run's
+    work = f"raw_work({{'pool': {exports['POOL']!r}}}, first_day={first_day})"
+    code = ("from bench.common import django_setup, timed_threads; django_setup(); "
+            f"from bench.booking import raw_work; print(timed_threads({clients}, {seconds}, "
+            f"{work}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parent.parent,
+                          env={**os.environ, "DATABASE_URL": exports["DATABASE_URL"]})
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def cli_wall(exports: dict[str, str], argv: list[str]) -> float:
+    """The CLI's median wall time over ten runs, in ms."""
+    env = {**os.environ, **{k: v for k, v in exports.items() if k.startswith("BETTER")}}
+    times = []
+    for _ in range(10):
+        began = time.monotonic()
+        subprocess.run(["better-compute", *argv], env=env, capture_output=True, check=True)
+        times.append(time.monotonic() - began)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--reservations", type=int, default=60)
+    parser.add_argument("--port", type=int, default=3192)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        process, ready, exports = start_dev(Path(folder), args.port, "stack")
+        try:
+            time.sleep(3)  # the second worker and the cluster start once the machines are up
+            processes = stack_processes(process.pid, data_dir_of(exports["DATABASE_URL"]))
+            memory = by_kind(processes, rss_mib)
+            counts = [int(c) for c in args.clients.split(",")]
+            rows = []
+            for clients in counts:
+                ceiling = raw_ceiling(exports, clients, args.seconds / 2)
+                for keep_alive in (False, True):
+                    measured = bookings(exports, clients, args.seconds, keep_alive, processes)
+                    cpu = measured["cpu_ms"]
+                    rows.append({
+                        "clients": clients, "connection": "kept" if keep_alive else "new",
+                        "per_second": f"{measured['rate']:.1f}",
+                        "raw_sql": f"{ceiling:.0f}",
+                        "x_raw": f"{measured['rate'] / ceiling:.3f}",
+                        "p50_ms": f"{measured['p50'] * 1000:.0f}",
+                        "p99_ms": f"{measured['p99'] * 1000:.0f}",
+                        "cpu_ms": " ".join(f"{k}={v:.1f}" for k, v in cpu.items() if v >= 0.05),
+                    })
+                    print(rows[-1], flush=True)
+            active = reserve_to_active(exports, args.reservations, 4)
+            version = cli_wall(exports, ["--version"])
+            whoami = cli_wall(exports, ["api", "system.whoami"])
+        finally:
+            process.terminate()
+            process.wait(60)
+    print()
+    print(table(rows))
+    print()
+    print(table([
+        {"measure": "dev --memory --sim 8 ready", "value": f"{ready:.1f} s"},
+        {"measure": f"reserve -> active, client side ({len(active)}, 4 clients)",
+         "value": f"p50 {p(active, 50) * 1000:.0f} ms, p99 {p(active, 99) * 1000:.0f} ms"},
+        {"measure": "better-compute --version (median of 10)", "value": f"{version:.0f} ms"},
+        {"measure": "better-compute api system.whoami (median of 10)",
+         "value": f"{whoami:.0f} ms"},
+        {"measure": f"RSS of the stack ({len(processes)} processes)",
+         "value": f"{sum(memory.values()):.0f} MiB: " + ", ".join(
+             f"{k} {v:.0f}" for k, v in memory.items() if v)}]))
+
+
+if __name__ == "__main__":
+    main()
