@@ -104,10 +104,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mib(pid: int) -> float:
+def memory_mib(pid: int, field: str) -> float:
+    """A process's `Rss` or `Pss` (its shared pages divided among their sharers: forked
+    workers and Postgres's backends share most of theirs, which RSS counts in each)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -246,7 +248,8 @@ def main() -> None:
         try:
             time.sleep(3)  # the second worker and the cluster start once the machines are up
             processes = stack_processes(process.pid, data_dir_of(exports["DATABASE_URL"]))
-            memory = by_kind(processes, rss_mib)
+            rss = by_kind(processes, lambda pid: memory_mib(pid, "Rss"))
+            pss = by_kind(processes, lambda pid: memory_mib(pid, "Pss"))
             counts = [int(c) for c in args.clients.split(",")]
             rows = []
             for clients in counts:
@@ -280,9 +283,10 @@ def main() -> None:
         {"measure": "better-compute --version (median of 10)", "value": f"{version:.0f} ms"},
         {"measure": "better-compute api system.whoami (median of 10)",
          "value": f"{whoami:.0f} ms"},
-        {"measure": f"RSS of the stack ({len(processes)} processes)",
-         "value": f"{sum(memory.values()):.0f} MiB: " + ", ".join(
-             f"{k} {v:.0f}" for k, v in memory.items() if v)}]))
+        *({"measure": f"{name} of the stack ({len(processes)} processes)",
+           "value": f"{sum(memory.values()):.0f} MiB: " + ", ".join(
+               f"{k} {v:.0f}" for k, v in memory.items() if v)}
+          for name, memory in (("RSS", rss), ("PSS", pss)))]))
 
 
 if __name__ == "__main__":
