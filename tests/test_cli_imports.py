@@ -40,3 +40,17 @@ def test_a_command_imports_only_what_it_needs(argv, also_never):
 
 def test_an_api_call_loads_its_http_client():
     assert "httpx" in imported("api", "system.whoami")
+
+
+def test_every_group_of_the_command_modules_is_reachable():
+    """A group added to the resources' or the ledger's list is named in LAZY too."""
+    import click
+
+    from compute.cli.ledger import COMMANDS
+    from compute.cli.main import cli
+    from compute.cli.resources import GROUPS
+
+    listed = cli.list_commands(click.Context(cli))
+    for command in [*GROUPS, *COMMANDS]:
+        assert command.name in listed, command.name
+        assert cli.get_command(click.Context(cli), command.name) is command
