@@ -11,7 +11,7 @@ from rest_framework import serializers
 from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import CallContext, Subject, endpoint
 from fleet import presenters as wire
-from fleet.api.nodes import NODE, NodeIdIn
+from fleet.api.nodes import NODE, NodeIdIn, NodeReasonIn
 from fleet.events import FleetEvent
 from fleet.presenters import present_node
 from fleet.selectors import access_pool_by_id
@@ -103,11 +103,7 @@ def nodes_deploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return present_node(node_deploy(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
-class NodeUndeployIn(NodeIdIn):
-    reason = serializers.CharField(max_length=300)
-
-
-@endpoint("nodes", "undeploy", returns=wire.NODE, input=NodeUndeployIn, mutating=True,
+@endpoint("nodes", "undeploy", returns=wire.NODE, input=NodeReasonIn, mutating=True,
           subject=NODE, emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_undeploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Eject the media and power a deployed machine off: available again (refused while it
@@ -115,11 +111,7 @@ def nodes_undeploy(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return present_node(node_undeploy(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
-class NodeAbortIn(NodeIdIn):
-    reason = serializers.CharField(max_length=300)
-
-
-@endpoint("nodes", "abort", returns=wire.NODE, input=NodeAbortIn, mutating=True, subject=NODE,
+@endpoint("nodes", "abort", returns=wire.NODE, input=NodeReasonIn, mutating=True, subject=NODE,
           emits=(FleetEvent.NODE_PROVISION_STATE,))
 def nodes_abort(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Stop a machine's provision step, or clear its failure: back to where it was."""

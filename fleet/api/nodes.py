@@ -78,22 +78,20 @@ def nodes_uncordon(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return present_node(node_uncordon(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
-class NodeAdoptIn(NodeIdIn):
+class NodeReasonIn(NodeIdIn):
+    """A node and why (adopt again, retire, and the provision steps that need a reason)."""
+
     reason = serializers.CharField(max_length=300)
 
 
-@endpoint("nodes", "adopt", returns=wire.NODE, input=NodeAdoptIn, mutating=True, subject=NODE,
+@endpoint("nodes", "adopt", returns=wire.NODE, input=NodeReasonIn, mutating=True, subject=NODE,
           emits=(FleetEvent.NODE_ACCEPTANCE_STARTED, FleetEvent.NODE_ADOPTED))
 def nodes_adopt(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Start a new acceptance attempt for a node whose acceptance failed."""
     return present_node(node_adopt_again(tenant=ctx.tenant, actor=ctx.principal, **data))
 
 
-class NodeRetireIn(NodeIdIn):
-    reason = serializers.CharField(max_length=300)
-
-
-@endpoint("nodes", "retire", returns=wire.NODE, input=NodeRetireIn, mutating=True, subject=NODE,
+@endpoint("nodes", "retire", returns=wire.NODE, input=NodeReasonIn, mutating=True, subject=NODE,
           emits=(FleetEvent.NODE_RETIRED,))
 def nodes_retire(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Take a node out of the fleet for good (refused while anything holds it)."""
