@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ import httpx
 import pytest
 
 from bcd.contract.version import version
-from compute.cli.client import ApiError, Client, CliError, Config
+from compute.cli.client import ApiError, Client, Config
+from compute.client.transport import ClientError
 from compute.core import pg
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.test_previous_release import REPOSITORY, previous_tree
@@ -140,15 +142,20 @@ class Bookers:
             thread.start()
 
     def _book(self) -> None:
+        """Each create carries an idempotency key, so a request cut by a server that
+        restarts is sent again (as the client library does with `retry`) and books once."""
+        calls = self.api.transport
         while not self.stopping.is_set():
             try:
-                made = self.api.call("reservations.create", {
-                    "poolId": self.pool, "startIn": 86_400_000, "duration": 3_600_000,
-                    "devices": [{"class": "gpu", "count": 1}]})
+                made = calls.call("reservations.create", {
+                    "tenantId": "root", "poolId": self.pool, "startIn": 86_400_000,
+                    "duration": 3_600_000, "devices": [{"class": "gpu", "count": 1}],
+                    "idempotencyKey": str(uuid.uuid4())}, retry=True)
                 self.acknowledged[made["id"]] = made["state"]
-                done = self.api.call("reservations.release", {"reservationId": made["id"]})
+                done = calls.call("reservations.release", {
+                    "tenantId": "root", "reservationId": made["id"]}, retry=True)
                 self.acknowledged[made["id"]] = done["state"]
-            except CliError as error:
+            except ClientError as error:
                 self.failures.append(f"{time.strftime('%X')} {error}")
                 time.sleep(0.2)
 
