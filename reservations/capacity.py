@@ -41,13 +41,13 @@ from reservations.models import Booking, Reservation
 from reservations.placement import Choice
 from reservations.shape import Ask
 
+GPU_STATES = ("total", "allocatable", "allocated", "reserved", "available", "provisioning",
+              "unhealthy", "maintenance", "unreachable")
 
-def capacity_rollup(pool: Pool) -> dict[str, Any]:
-    """Per resource: total, allocatable, allocated (held now), reserved (with a booking that
-    starts later) and available now; plus GPUs provisioning, unhealthy, in maintenance or
-    unreachable. Allocatable means on a node the placer considers. In maintenance: on a
-    cordoned node, or inside a maintenance window now."""
-    now = database_now()
+
+def gpu_counts(now: datetime, pool_ids: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """Per pool (all, or those of `pool_ids`): how many whole GPUs are in each of
+    GPU_STATES now (see capacity_rollup); one query."""
     instant = DateTimeTZRange(now, now, "[]")
     # A GPU is held when it, or any of its parts (MIG instances, shares), is booked.
     held_now = Booking.objects.filter(gpu=OuterRef("pk"), during__overlap=instant,
@@ -56,13 +56,15 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
                                           allocation__isnull=False)
     serviced_now = Booking.objects.filter(device=OuterRef("pk"), during__overlap=instant,
                                           maintenance__isnull=False)
-    gpus = (Device.objects.filter(node__pool=pool, node__role=NodeRole.NODE, present=True,
-                                  device_class=DeviceClass.GPU)
-            .annotate(held=Exists(held_now), later=Exists(booked_later),
-                      serviced=Exists(serviced_now)))
-    schedulable = Q(node__in=Node.objects.filter(pool=pool).filter(SCHEDULABLE)) & Q(
+    gpus = Device.objects.filter(node__role=NodeRole.NODE, node__pool__isnull=False,
+                                 present=True, device_class=DeviceClass.GPU)
+    if pool_ids is not None:
+        gpus = gpus.filter(node__pool_id__in=pool_ids)
+    gpus = gpus.annotate(held=Exists(held_now), later=Exists(booked_later),
+                         serviced=Exists(serviced_now))
+    schedulable = Q(node__in=Node.objects.filter(SCHEDULABLE)) & Q(
         health=Health.HEALTHY, serviced=False)
-    counts = gpus.aggregate(
+    rows = gpus.values("node__pool_id").annotate(
         total=Count("pk"),
         allocatable=Count("pk", filter=schedulable),
         allocated=Count("pk", filter=Q(held=True)),
@@ -73,7 +75,22 @@ def capacity_rollup(pool: Pool) -> dict[str, Any]:
             node__health=Health.UNHEALTHY)),
         maintenance=Count("pk", filter=Q(node__cordoned=True) | Q(serviced=True)),
         unreachable=Count("pk", filter=Q(node__connectivity=Connectivity.UNREACHABLE)),
-    )
+    ).order_by()
+    found: dict[str, dict[str, int]] = {}
+    for row in rows:
+        counts: dict[str, Any] = dict(row)
+        found[counts.pop("node__pool_id")] = counts
+    return found
+
+
+def capacity_rollup(pool: Pool) -> dict[str, Any]:
+    """Per resource: total, allocatable, allocated (held now), reserved (with a booking that
+    starts later) and available now; plus GPUs provisioning, unhealthy, in maintenance or
+    unreachable. Allocatable means on a node the placer considers. In maintenance: on a
+    cordoned node, or inside a maintenance window now."""
+    now = database_now()
+    instant = DateTimeTZRange(now, now, "[]")
+    counts = gpu_counts(now, pool_ids=[pool.id]).get(pool.id) or dict.fromkeys(GPU_STATES, 0)
     nodes = Node.objects.filter(pool=pool, role=NodeRole.NODE)  # not its provisioners
     host = nodes.aggregate(vcpus=Sum("vcpus"), vcpus_allocated=Sum("vcpus_allocated"),
                            memory=Sum("memory_gib"), memory_allocated=Sum("memory_gib_allocated"))

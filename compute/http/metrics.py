@@ -10,54 +10,52 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from compute.core.db import database_now
 from compute.platform.queue.models import WorkItem
-from reservations.models import Reservation
+from fleet.metrics import fleet_series
+from reservations.metrics import ledger_series
 
-_RESERVATIONS, _WORK = Reservation._meta.db_table, WorkItem._meta.db_table
-PENDING = f"SELECT pool_id, count(*) FROM {_RESERVATIONS} WHERE state = 'pending' GROUP BY 1"  # noqa: S608
-QUEUE = (f"SELECT kind, count(*), EXTRACT(EPOCH FROM now() - min(due_at)) FROM {_WORK} "  # noqa: S608
-         "WHERE due_at <= now() GROUP BY kind")
+QUEUE = (f"SELECT kind, count(*), EXTRACT(EPOCH FROM now() - min(due_at)) "  # noqa: S608
+         f"FROM {WorkItem._meta.db_table} WHERE due_at <= now() GROUP BY kind")
 
 
-class LedgerCollector(Collector):
-    """Series read from Postgres when scraped: what waits, and for how long."""
+class DatabaseCollector(Collector):
+    """Series read from Postgres when scraped: the work queue's, the ledger's
+    (reservations.metrics) and the fleet's (fleet.metrics). A scrape costs about a dozen
+    queries, whatever the scrape interval."""
 
-    @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-        return (GaugeMetricFamily("bc_reservations_pending",
-                                  "Reservations waiting for a placement, by pool.",
-                                  labels=["pool"]),
-                GaugeMetricFamily("bc_work_queue_depth", "Work items due, by kind.",
-                                  labels=["kind"]),
-                GaugeMetricFamily("bc_work_queue_oldest_seconds",
-                                  "How long the oldest due work item has waited, by kind.",
-                                  labels=["kind"]))
+    def describe(self) -> Iterator[Metric]:
+        """Nothing: registering asks, maybe where no database may be touched (such as while
+        an ASGI server imports the URLs), and the names depend on no other collector."""
+        return iter(())
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        """The names, without a query (registering asks, maybe where no database may be
-        touched, such as while an ASGI server imports the URLs)."""
-        yield from self._families()
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        pending, depth, oldest = self._families()
+    def collect(self) -> Iterator[Metric]:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(PENDING)
-                for pool_id, count in cursor.fetchall():
-                    pending.add_metric([pool_id], count)
-                cursor.execute(QUEUE)
-                for kind, count, age in cursor.fetchall():
-                    depth.add_metric([kind], count)
-                    oldest.add_metric([kind], float(age))
+            now = database_now()
+            families = [*self._queue(), *ledger_series(now), *fleet_series(now)]
         except DatabaseError:
             return  # /readyz says why; the process's own series are still served
-        yield from (pending, depth, oldest)
+        yield from families
+
+    @staticmethod
+    def _queue() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        depth = GaugeMetricFamily("bc_work_queue_depth", "Work items due, by kind.",
+                                  labels=["kind"])
+        oldest = GaugeMetricFamily("bc_work_queue_oldest_seconds",
+                                   "How long the oldest due work item has waited, by kind.",
+                                   labels=["kind"])
+        with connection.cursor() as cursor:
+            cursor.execute(QUEUE)
+            for kind, count, age in cursor.fetchall():
+                depth.add_metric([kind], count)
+                oldest.add_metric([kind], float(age))
+        return depth, oldest
 
 
-REGISTRY.register(LedgerCollector())
+REGISTRY.register(DatabaseCollector())
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

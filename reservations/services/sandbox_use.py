@@ -115,8 +115,12 @@ def sandbox_pause(*, tenant: Tenant, actor: Principal, sandbox_id: str,
 
 
 def paused_rate(sandbox: Sandbox) -> float:
-    policy = sandbox.pool.policy.get("sandboxes") or {}
-    return float(policy.get("pausedRate", PAUSED_RATE))
+    return pool_paused_rate(sandbox.pool.policy)
+
+
+def pool_paused_rate(policy: dict[str, Any]) -> float:
+    """What a paused sandbox's time counts for under a pool's policy."""
+    return float((policy.get("sandboxes") or {}).get("pausedRate", PAUSED_RATE))
 
 
 def expires_at_for(policy: dict[str, Any], timeout_seconds: int | None) -> datetime | None:

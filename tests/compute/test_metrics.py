@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from datetime import timedelta
 
 import psycopg
 import pytest
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import make_node
@@ -23,8 +25,8 @@ def scrape(client) -> dict[tuple[str, tuple], float]:
             for sample in family.samples}
 
 
-def value(series, name: str, **labels: str) -> float:
-    return series.get((name, tuple(sorted(labels.items()))), 0.0)
+def value(series, series_name: str, **labels: str) -> float:
+    return series.get((series_name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_a_booking_moves_its_series(client, root, pool):
@@ -46,8 +48,61 @@ def test_a_booking_moves_its_series(client, root, pool):
     timed = {"method": "reservations.create"}
     assert value(after, "bc_api_request_seconds_count", **timed) - value(
         before, "bc_api_request_seconds_count", **timed) == 2
-    assert value(after, "bc_reservations_pending", pool=pool["id"]) == 1
+    assert value(after, "bc_reservations_pending", pool=pool["id"], tenant="root") == 1
     assert_queue_series(client)
+
+
+@pytest.mark.django_db(transaction=True)  # now() must move between create and release
+def test_the_ledger_series_count_per_pool_and_tenant_what_the_ledger_holds(client, root, pool):
+    from fleet.models import Device, GpuSample
+    from reservations.models import UsageRecord
+
+    node = make_node(pool["id"])
+    placed = root("reservations.create", poolId=pool["id"], duration=3_600_000,
+                  devices=[{"class": "gpu", "count": 3}])
+    waiting = root("reservations.create", poolId=pool["id"], duration=3_600_000,
+                   devices=[{"class": "gpu", "count": 8}])
+    held = scrape(client)
+    gpus = {state: value(held, "bc_pool_gpus", pool=pool["id"], state=state)
+            for state in ("total", "allocatable", "allocated", "available", "unreachable")}
+    assert gpus == {"total": 8, "allocatable": 8, "allocated": 3, "available": 5,
+                    "unreachable": 0}
+    assert value(held, "bc_tenant_atoms_allocated", pool=pool["id"], tenant="root",
+                 **{"class": "gpu"}) == 3
+    assert value(held, "bc_usage_rate", pool=pool["id"], tenant="root",
+                 meter="gpu.H100.hours") == 3
+    assert value(held, "bc_reservations_pending_oldest_seconds", pool=pool["id"],
+                 tenant="root") >= 0
+    assert value(held, "bc_pool_nodes", pool=pool["id"], connectivity=node.connectivity,
+                 simulated="false") == 1
+    assert value(held, "bc_pool_info", pool=pool["id"], name=pool["name"],
+                 **{"class": pool["class"]}) == 1
+
+    # Telemetry: the last fresh sample of each GPU, under dcgm-exporter's names.
+    first, second = Device.objects.filter(node=node, device_class="gpu").order_by("index")[:2]
+    now = timezone.now()
+    GpuSample.objects.create(device=first, at=now - timedelta(seconds=40), utilization=10,
+                             memory_used_mib=100)
+    GpuSample.objects.create(device=first, at=now, utilization=87, memory_used_mib=4096)
+    GpuSample.objects.create(device=second, at=now - timedelta(minutes=10), utilization=50)
+    sampled = scrape(client)
+    labels = {"gpu": str(first.index), "UUID": first.uuid, "device": f"nvidia{first.index}",
+              "modelName": first.product, "Hostname": node.hostname, "node": node.id,
+              "pool": pool["id"], "simulated": "false"}
+    assert value(sampled, "DCGM_FI_DEV_GPU_UTIL", **labels) == 87
+    assert value(sampled, "DCGM_FI_DEV_FB_USED", **labels) == 4096
+    assert [key for key in sampled if key[0] == "DCGM_FI_DEV_GPU_UTIL"
+            and ("UUID", second.uuid) in key[1]] == []  # stale: its node went quiet
+
+    root("reservations.release", reservationId=waiting["id"])
+    root("reservations.release", reservationId=placed["id"])
+    released = scrape(client)
+    [record] = UsageRecord.objects.filter(subject=placed["id"], meter="gpu.H100.hours")
+    metered = record.quantity
+    assert value(released, "bc_usage_metered_total", tenant="root",
+                 meter="gpu.H100.hours") == pytest.approx(float(metered))
+    assert value(released, "bc_usage_rate", pool=pool["id"], tenant="root",
+                 meter="gpu.H100.hours") == 0
 
 
 def assert_queue_series(client) -> None:

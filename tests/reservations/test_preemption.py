@@ -12,6 +12,7 @@ from compute.core.db import database_now
 from compute.platform.events.models import Event
 from fleet.models import NodeSpec
 from fleet.reconcilers import sweep as fleet_sweep
+from reservations.metrics import preemptions
 from reservations.models import Quota, Reservation
 from reservations.reconcilers import sweep
 from reservations.services.preemption import reservation_preempted_release
@@ -51,6 +52,14 @@ def deadline_passes(*victims):
     run_due_work()
 
 
+def preemption_series(pool_id: str) -> dict[str, dict[str, float]]:
+    """`bc_preemptions_total` and `bc_preemptions_noticed` of the pool, by tenant."""
+    return {family.name: {sample.labels["tenant"]: sample.value for sample in family.samples
+                          if sample.labels["pool"] == pool_id and not sample.name.endswith(
+                              "_created")}
+            for family in preemptions()}
+
+
 def types_of(rsv):
     return list(Event.objects.filter(subject=rsv["id"]).order_by("seq")
                 .values_list("type", flat=True))
@@ -81,9 +90,13 @@ def test_a_borrowed_reservation_is_preempted_with_notice_for_a_request_within_qu
     preempt = AuditEvent.objects.get(action="reservation.preempt")
     assert (preempt.target, preempt.data["victims"]) == (needs["id"], [borrowed["id"]])
     assert acme("reservations.get", reservationId=borrowed["id"])["preemptAt"] is not None
+    assert preemption_series(pool["id"]) == {"bc_preemptions": {"acme": 0},
+                                             "bc_preemptions_noticed": {"acme": 1}}
 
     deadline_passes(borrowed)
     assert row(borrowed).state == "released"
+    assert preemption_series(pool["id"]) == {"bc_preemptions": {"acme": 1},
+                                             "bc_preemptions_noticed": {"acme": 0}}
     assert row(borrowed).failure_reason == f"preempted for {needs['id']}"
     released = AuditEvent.objects.get(action="reservation.preempted")
     assert (released.target, released.data["victims"]) == (needs["id"], [borrowed["id"]])

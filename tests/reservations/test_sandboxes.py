@@ -32,6 +32,18 @@ def keyed_cpu_node(cpu_pool):
     return key, node
 
 
+def pool_series(pool_id: str) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The sandbox and usage-rate series of root's samples in a pool, by their other labels."""
+    from compute.core.db import database_now
+    from reservations.metrics import sandbox_series, usage_rate
+
+    families = [*sandbox_series(), usage_rate(database_now())]
+    return {(sample.name, tuple(v for k, v in sorted(sample.labels.items())
+                                if k not in ("pool", "tenant"))): pytest.approx(sample.value)
+            for family in families for sample in family.samples
+            if sample.labels == {**sample.labels, "pool": pool_id, "tenant": "root"}}
+
+
 def counters(node) -> tuple[int, int]:
     node.refresh_from_db()
     return node.vcpus_allocated, node.memory_gib_allocated
@@ -208,6 +220,10 @@ def test_only_the_nodes_report_pauses_a_sandbox_and_its_paused_time_is_metered_l
     assert [vm["desired"] for vm in spec["vms"]] == ["paused"]
     vm_report_record(**vm_report(key, node.id, sandbox["id"], "paused"))
     assert root("sandboxes.get", sandboxId=sandbox["id"])["state"] == "paused"
+    assert pool_series(cpu_pool["id"]) == {  # what /metrics says of the pool meanwhile
+        ("bc_sandbox_vcpus", ()): 4, ("bc_sandbox_memory_bytes", ()): 2 * 2**30,
+        ("bc_sandboxes", ("paused",)): 1, ("bc_usage_rate", ("vcpu.hours",)): 0.4,
+        ("bc_usage_rate", ("memory.gib-hours",)): 0.2}
     exec_refused = root.call("sandboxes.exec", sandboxId=sandbox["id"], argv=["true"])
     assert (exec_refused.status, exec_refused.code) == (409, "invalid_state")
     hour_ago = Sandbox.objects.get(pk=sandbox["id"]).metered_from - timedelta(hours=1)
