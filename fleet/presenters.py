@@ -152,6 +152,10 @@ class PolicyIn(Input):
         help_text="A GPU turns unhealthy: keep its bookings (the default), or re-place the "
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
+    ending_notice_seconds = serializers.FloatField(
+        required=False, min_value=0, max_value=7 * 86_400,
+        help_text="How long before a started reservation's end the event reservation.ending "
+                  "is sent, so a webhook can warn its owner (600; 0: never).")
     sandboxes = SandboxPolicyIn(required=False)
     sharing = SharingIn(required=False)
     time_slicing = TimeSlicingIn(

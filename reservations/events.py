@@ -19,6 +19,7 @@ class ReservationEvent(EventType):
     RESERVATION_REPLACED = "reservation.replaced"
     RESERVATION_DEVICE_UNHEALTHY = "reservation.device_unhealthy"
     RESERVATION_EXTENDED = "reservation.extended"
+    RESERVATION_ENDING = "reservation.ending"
     RESERVATION_IDLE = "reservation.idle"
     RESERVATION_BUSY = "reservation.busy"
     RESERVATION_RELEASED = "reservation.released"

@@ -1,6 +1,7 @@
 """The ledger's level-triggered reconcilers on the work queue.
 
-`sweep()` turns timers into work items: reservations whose window starts or ends, bindings
+`sweep()` turns timers into work items: reservations whose window starts or ends (or whose
+end is within notice), bindings
 past their timeout, pools with pending requests, series whose horizon moved, nodes whose
 free time bookings marked stale. Each item's handler reads the current state and takes one
 step, so running it twice, or after a lost message, is harmless.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import Q
 
 from compute.core.db import database_now
@@ -31,6 +33,12 @@ from reservations.services.device_failure import (
     reservation_replace_off_device,
 )
 from reservations.services.idle import reservation_idle_check, watched_on
+from reservations.services.notices import (
+    ENDING_DUE,
+    NOTICE_SECONDS,
+    ending_due,
+    reservation_ending_notice,
+)
 from reservations.services.pending import pending_place
 from reservations.services.preemption import preempt_for_queue, reservation_preempted_release
 from reservations.services.release import reservation_expire
@@ -52,6 +60,8 @@ def reconcile_reservation(reservation_id: str) -> None:
         reservation_preempted_release(reservation_id=rsv.id)
     elif rsv.state in HOLDING and rsv.during.upper <= now:
         reservation_expire(reservation_id=rsv.id)
+    elif ending_due(rsv):
+        reservation_ending_notice(reservation_id=rsv.id)
     elif rsv.state == ReservationState.BINDING and \
             Reservation.objects.filter(binding_overdue(now), pk=rsv.id).exists():
         binding_fail(reservation_id=rsv.id, reason=TIMEOUT_REASON)
@@ -152,6 +162,11 @@ def sweep(limit: int = 500) -> int:
     for node_id in stale_nodes(limit):
         enqueue(GAPS, node_id)
         count += 1
+    with connection.cursor() as cursor:
+        cursor.execute(ENDING_DUE, {"now": now, "default": NOTICE_SECONDS, "limit": limit})
+        for (rsv_id,) in cursor.fetchall():
+            enqueue(RESERVATION, rsv_id)
+            count += 1
     for sandbox_id in expired_sandboxes(limit):
         enqueue(SANDBOX, sandbox_id)
         count += 1

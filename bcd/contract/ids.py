@@ -37,6 +37,8 @@ PREFIXES: dict[str, str] = {
     "tnt": "tenant",
     "tok": "API token",
     "use": "usage record",
+    "wdl": "webhook delivery",
+    "whk": "webhook subscription",
 }
 
 

@@ -549,6 +549,49 @@ class Usage(Group):
             "subject": subject, "tenantId": tenant_id}, retry=True)
 
 
+class Webhooks(Group):
+    """webhooks.* methods."""
+
+    def create(self, *, url: str, types: str | None = None, description: str | None = None,
+            max_attempts: int | None = None, tenant_id: str | None = None) -> Any:
+        """Subscribe a URL to the tenant's events from now on. The answer carries the signing
+        secret, shown this once (deliveries are signed as Standard Webhooks says).
+        """
+        return self._call("webhooks.create", {"url": url, "types": types,
+            "description": description, "maxAttempts": max_attempts,
+            "tenantId": tenant_id}, retry=False)
+
+    def delete(self, *, webhook_id: str, tenant_id: str | None = None) -> Any:
+        """Stop delivering; the subscription, its log and its secret are deleted."""
+        return self._call("webhooks.delete", {"webhookId": webhook_id,
+            "tenantId": tenant_id}, retry=False)
+
+    def deliveries(self, *, webhook_id: str, limit: int | None = None, after: str | None = None,
+            state: str | None = None, tenant_id: str | None = None) -> Any:
+        """The subscription's delivery log, newest first: each event's state, attempts, and
+        what the receiver last answered.
+        """
+        return self._call("webhooks.deliveries", {"webhookId": webhook_id, "limit": limit,
+            "after": after, "state": state, "tenantId": tenant_id}, retry=True)
+
+    def get(self, *, webhook_id: str, tenant_id: str | None = None) -> Any:
+        """One subscription."""
+        return self._call("webhooks.get", {"webhookId": webhook_id,
+            "tenantId": tenant_id}, retry=True)
+
+    def list(self, *, limit: int | None = None, after: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """The tenant's subscriptions."""
+        return self._call("webhooks.list", {"limit": limit, "after": after,
+            "tenantId": tenant_id}, retry=True)
+
+    def replay(self, *, webhook_id: str, delivery_id: str | None = None, since: int | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Send deliveries again, in order, before anything newer."""
+        return self._call("webhooks.replay", {"webhookId": webhook_id, "deliveryId": delivery_id,
+            "since": since, "tenantId": tenant_id}, retry=False)
+
+
 GROUPS: dict[str, type[Group]] = {
     "audit": Audit,
     "capacity": Capacity,
@@ -568,4 +611,5 @@ GROUPS: dict[str, type[Group]] = {
     "tenants": Tenants,
     "tokens": Tokens,
     "usage": Usage,
+    "webhooks": Webhooks,
 }

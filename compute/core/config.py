@@ -95,6 +95,13 @@ VARIABLES = Declared(
              "is away (the wait doubles from 0.5 s)"),
     Variable("BETTER_COMPUTE_BMC_POLL_SECONDS", "int", 60,
              "how often the provisioner asks each enrolled machine's BMC how it is"),
+    Variable("BETTER_COMPUTE_WEBHOOK_ALLOW", "str", "public",
+             "where webhooks may be sent, comma-separated: `public` (any globally routable "
+             "address), CIDRs (`10.0.0.0/8`, `127.0.0.1/32`) and host names "
+             "(`hooks.example.com`, `*.example.com`); loopback and private addresses only when "
+             "a CIDR or the host's name allows them"),
+    Variable("BETTER_COMPUTE_WEBHOOK_TIMEOUT_SECONDS", "float", 10.0,
+             "how long one webhook attempt may take before it counts as failed"),
     Variable("BETTER_COMPUTE_KEK", "str", None,
              "the key-encryption key (base64 of 32 bytes) sealing the PKI and audit keys; "
              "default: a 0600 file made on first use, `<state>/secrets/kek`. Required with a "

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from compute.core.db import database_now
 from compute.platform.queue.models import WorkItem
+from compute.platform.webhooks.metrics import webhook_series
 from fleet.metrics import fleet_series
 from reservations.metrics import ledger_series
 
@@ -24,8 +25,8 @@ QUEUE = (f"SELECT kind, count(*), EXTRACT(EPOCH FROM now() - min(due_at)) "  # n
 
 class DatabaseCollector(Collector):
     """Series read from Postgres when scraped: the work queue's, the ledger's
-    (reservations.metrics) and the fleet's (fleet.metrics). A scrape costs about a dozen
-    queries, whatever the scrape interval."""
+    (reservations.metrics), the fleet's (fleet.metrics) and webhooks' deliveries. A scrape
+    costs about a dozen queries, whatever the fleet's size."""
 
     def describe(self) -> Iterator[Metric]:
         """Nothing: registering asks, maybe where no database may be touched (such as while
@@ -35,7 +36,8 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             now = database_now()
-            families = [*self._queue(), *ledger_series(now), *fleet_series(now)]
+            families = [*self._queue(), *ledger_series(now), *fleet_series(now),
+                        *webhook_series()]
         except DatabaseError:
             return  # /readyz says why; the process's own series are still served
         yield from families

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_q",
     "compute.platform.apps.ComputeConfig",
+    "compute.platform.webhooks.apps.WebhooksConfig",
     "audit.apps.AuditConfig",
     "fleet.apps.FleetConfig",
     "reservations.apps.ReservationsConfig",
@@ -179,6 +180,10 @@ BC_BINDING_TIMEOUT_SECONDS = whole("BETTER_COMPUTE_BINDING_TIMEOUT_SECONDS")
 BC_DB_RETRY_MAX_SECONDS = number("BETTER_COMPUTE_DB_RETRY_MAX_SECONDS")
 # How often the provisioner asks each enrolled machine's BMC whether it answers and is on.
 BC_BMC_POLL_SECONDS = whole("BETTER_COMPUTE_BMC_POLL_SECONDS")
+
+# Where webhooks may be sent (compute.platform.webhooks.outbound), and how long one may take.
+BC_WEBHOOK_ALLOW = text("BETTER_COMPUTE_WEBHOOK_ALLOW")
+BC_WEBHOOK_TIMEOUT_SECONDS = number("BETTER_COMPUTE_WEBHOOK_TIMEOUT_SECONDS")
 
 # The key-encryption key sealing the PKI and audit keys in Postgres (base64 of 32 bytes),
 # or a file holding it; neither set: a 0600 file made on first use under the state dir.

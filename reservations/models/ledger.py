@@ -118,6 +118,8 @@ class Reservation(models.Model):
                                blank=True, related_name="occurrences")
     idle_since = models.DateTimeField(null=True, blank=True,
                                       help_text="Flagged idle by its offering's idle reclaim.")
+    ending_noticed_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When `reservation.ending` was sent for its current end (cleared when it moves)."))
     created_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -58,6 +58,11 @@ CALLS: dict[str, tuple[str, Call]] = {
     "tokens.create": ("token.create", lambda c, w: (
         c.acme, {"name": "ci", "role": "viewer"})),
     "tokens.revoke": ("token.revoke", lambda c, w: (c.acme, {"tokenId": w["token"]})),
+    "webhooks.create": ("webhook.create", lambda c, w: (
+        c.acme, {"url": "https://1.1.1.1/hooks", "types": "reservation.*"})),
+    "webhooks.replay": ("webhook.replay", lambda c, w: (
+        c.root, {"webhookId": w["webhook"], "since": 0})),
+    "webhooks.delete": ("webhook.delete", lambda c, w: (c.root, {"webhookId": w["webhook"]})),
     "joinTokens.create": ("join_token.create", lambda c, w: (
         c.root, {"poolId": w["pool"], "ttl": 3_600_000})),
     "joinTokens.revoke": ("join_token.revoke", lambda c, w: (
@@ -153,6 +158,7 @@ def world(root, acme, pool, cpu_pool) -> dict[str, str]:
         "site": pool["siteId"], "pool": pool["id"], "cpuPool": cpu_pool["id"],
         "node": make_node(pool["id"]).id, "cordoned": cordoned.id,
         "token": acme("tokens.create", name="svc", role="viewer")["id"],
+        "webhook": root("webhooks.create", url="https://1.1.1.1/hooks")["id"],
         "joinToken": root("joinTokens.create", poolId=pool["id"], ttl=3_600_000)["id"],
         "rsv": acme("reservations.create", poolId=pool["id"], **SHAPE)["id"],
         "sandbox": root("sandboxes.create", poolId=cpu_pool["id"], vcpus=2,

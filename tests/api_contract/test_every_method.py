@@ -56,6 +56,7 @@ TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
     "sites.create": {"kind": "shared", "region": "eu-9"},
     "events.list": {},
     "reservations.queue": {},
+    "webhooks.create": {"url": "https://1.1.1.1/hooks"},
 }
 
 
@@ -76,11 +77,12 @@ def make_objects(root, acme) -> dict[str, str]:
     series = acme("series.create", poolId=pool["id"], devices=[{"class": "gpu", "count": 1}],
                   every="daily 09:00-10:00", until="2027-01-02", horizonDays=366,
                   **{"from": "2027-01-01"})
+    webhook = acme("webhooks.create", url="https://1.1.1.1/hooks")
     audit = AuditEvent.objects.filter(tenant_id=acme.tenant_id).latest("seq")
     return {"site": site["id"], "pool": pool["id"], "tok": token["id"], "tnt": acme.tenant_id,
             "node": node.id, "rsv": rsv["id"], "sbx": sandbox["id"], "aud": audit.id,
             "jtk": join_token["id"], "img": image["id"], "mnt": window["id"],
-            "ser": series["id"]}
+            "ser": series["id"], "whk": webhook["id"]}
 
 
 def target(endpoint) -> tuple[str, str] | None:

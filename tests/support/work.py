@@ -14,7 +14,8 @@ def queued(kind: str, key: str) -> bool:
 
 def run_due_work() -> int:
     """One worker pass over every due item; returns how many ran."""
-    import fleet.reconcilers  # noqa: F401  (registers the handlers)
+    import compute.platform.webhooks.reconcilers  # noqa: F401  (registers the handlers)
+    import fleet.reconcilers  # noqa: F401
     import reservations.reconcilers  # noqa: F401
 
     worker = Worker("test-worker")
