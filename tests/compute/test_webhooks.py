@@ -4,12 +4,8 @@ dead-lettering after the limit, replay, the allowlist, and one tenant's events o
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from standardwebhooks import Webhook
@@ -20,45 +16,15 @@ from compute.core.db import database_now
 from compute.platform.webhooks.metrics import webhook_series
 from compute.platform.webhooks.models import Delivery, Subscription
 from compute.platform.webhooks.reconcilers import sweep
+from tests.support.receiver import Receiver, receiving
 from tests.support.work import run_due_work
-
-
-@dataclass
-class Receiver:
-    """Answers `status` (200 unless told otherwise) and keeps what it was sent."""
-
-    status: int = 200
-    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-    url: str = ""
-
-    def messages(self) -> list[dict]:
-        return [json.loads(body) for _, body in self.received]
 
 
 @pytest.fixture
 def receiver(settings) -> Iterator[Receiver]:
     settings.BC_WEBHOOK_ALLOW = "127.0.0.1/32"
-    state = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["content-length"]))
-            if state.status == 200:
-                state.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-            self.send_response(state.status)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
+    with receiving() as state:
+        yield state
 
 
 def deliver() -> None:

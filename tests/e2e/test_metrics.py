@@ -1,6 +1,8 @@
-"""What an operator watches, on `dev --sim 8` under a short workload: `/metrics` scraped
-twice, per pool and tenant series that move with the ledger, the agents' GPU telemetry under
-dcgm-exporter's names, and a Grafana dashboard whose every query reads a series served."""
+"""What an operator watches and plugs in, on `dev --sim 8` under a short workload: `/metrics`
+scraped twice, per pool and tenant series that move with the ledger, the agents' GPU telemetry
+under dcgm-exporter's names, a Grafana dashboard whose every query reads a series served, and
+a webhook whose receiver was down for a while getting every event in order from the stack's
+own workers."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.test_idle_reclaim import set_load
 from tests.e2e.test_tutorial_cli import booked_uuids
+from tests.support.receiver import Receiver, receiving
 from tests.support.waiting import wait_until
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "better-compute.json"
@@ -52,54 +55,83 @@ def served(name: str, families: set[str]) -> bool:
 
 
 def test_the_series_an_operator_watches_move_under_a_workload(tmp_path):
-    stack = start_stack(tmp_path, "--sim", "8", env_extra={"BCD_TELEMETRY_SECONDS": "1"})
+    stack = start_stack(tmp_path, "--sim", "8", env_extra={
+        "BCD_TELEMETRY_SECONDS": "1", "BETTER_COMPUTE_WEBHOOK_ALLOW": "127.0.0.1/32"})
     try:
-        pool = stack.env["POOL"]
-        stack.ok("tenants", "create", "--slug", "acme")
-        stack.ok("pools", "offer", pool, "--to", "acme", "--quota", "gpu=16")
-        member = stack.ok("tokens", "create", "--name", "ml", "--role", "member", "--tenant",
-                          "acme", "--query", "token")
-        acme = {**stack.env, "BETTER_COMPUTE_TOKEN": member, "BETTER_COMPUTE_TENANT": "acme"}
-
-        def reporting(samples: Series) -> int:
-            return len([labels for name, labels in samples if name == "DCGM_FI_DEV_GPU_UTIL"
-                        and ("simulated", "true") in labels])
-
-        assert wait_until(lambda: reporting(scrape(stack)[0]) == 64, timeout=60)
-        before, _ = scrape(stack)
-        gpus = total(before, "bc_pool_gpus", pool=pool, state="total")
-        assert (gpus, total(before, "bc_pool_gpus", pool=pool, state="allocated")) == (64, 0)
-        assert total(before, "bc_pool_nodes", pool=pool, simulated="true") == 8
-
-        kept = stack.json("reserve", "--pool", pool, "--gpus", "4", "--for", "1h", env=acme)
-        ended = stack.json("reserve", "--pool", pool, "--gpus", "2", "--for", "1h", env=acme)
-        assert (kept["state"], ended["state"]) == ("active", "active")
-        set_load(stack, kept, 77)
-        assert stack.cli("release", ended["id"], env=acme).returncode == 0
-        uuids = set(booked_uuids(stack, kept["id"]))
-
-        def busy(samples: Series) -> list[float]:
-            return [v for (n, labels), v in samples.items() if n == "DCGM_FI_DEV_GPU_UTIL"
-                    and dict(labels)["UUID"] in uuids]
-
-        assert wait_until(lambda: busy(scrape(stack)[0]) == [77.0] * 4, timeout=30)
-        after, families = scrape(stack)
-        assert total(after, "bc_pool_gpus", pool=pool, state="allocated") == 4
-        assert total(after, "bc_pool_gpus", pool=pool, state="available") == 60
-        assert total(after, "bc_tenant_atoms_allocated", pool=pool, tenant="acme") == 4
-        assert total(after, "bc_usage_rate", tenant="acme", meter="gpu.H100.hours") == 4
-        assert total(after, "bc_usage_metered_total", tenant="acme") > 0  # the released one
-        assert total(after, "bc_usage_metered_total", tenant="acme") > total(
-            before, "bc_usage_metered_total", tenant="acme")
-
-        queries = [target["expr"] for panel in json.loads(DASHBOARD.read_text())["panels"]
-                   for target in panel["targets"]]
-        assert len(queries) >= 20
-        unknown = {name for query in queries for name in series_named(query)
-                   if not served(name, families)}
-        assert unknown == set()
+        with receiving() as receiver:
+            watch_and_book(stack, receiver)
     finally:
         assert stop_stack(stack) == 0
+
+
+def watch_and_book(stack: Stack, receiver: Receiver) -> None:
+    pool = stack.env["POOL"]
+    stack.ok("tenants", "create", "--slug", "acme")
+    stack.ok("pools", "offer", pool, "--to", "acme", "--quota", "gpu=16")
+    member = stack.ok("tokens", "create", "--name", "ml", "--role", "member", "--tenant",
+                      "acme", "--query", "token")
+    acme = {**stack.env, "BETTER_COMPUTE_TOKEN": member, "BETTER_COMPUTE_TENANT": "acme"}
+    admin = stack.ok("tokens", "create", "--name", "hooks", "--role", "admin", "--tenant",
+                     "acme", "--query", "token")
+    hooks = {**acme, "BETTER_COMPUTE_TOKEN": admin}
+    hook = stack.json("webhooks", "create", "--url", receiver.url, "--types", "reservation.*",
+                      env=hooks)
+    receiver.status = 503  # down while the first bookings happen
+
+    def reporting(samples: Series) -> int:
+        return len([labels for name, labels in samples if name == "DCGM_FI_DEV_GPU_UTIL"
+                    and ("simulated", "true") in labels])
+
+    assert wait_until(lambda: reporting(scrape(stack)[0]) == 64, timeout=60)
+    before, _ = scrape(stack)
+    gpus = total(before, "bc_pool_gpus", pool=pool, state="total")
+    assert (gpus, total(before, "bc_pool_gpus", pool=pool, state="allocated")) == (64, 0)
+    assert total(before, "bc_pool_nodes", pool=pool, simulated="true") == 8
+
+    kept = stack.json("reserve", "--pool", pool, "--gpus", "4", "--for", "1h", env=acme)
+    ended = stack.json("reserve", "--pool", pool, "--gpus", "2", "--for", "1h", env=acme)
+    assert (kept["state"], ended["state"]) == ("active", "active")
+    set_load(stack, kept, 77)
+    assert stack.cli("release", ended["id"], env=acme).returncode == 0
+    uuids = set(booked_uuids(stack, kept["id"]))
+
+    def busy(samples: Series) -> list[float]:
+        return [v for (n, labels), v in samples.items() if n == "DCGM_FI_DEV_GPU_UTIL"
+                and dict(labels)["UUID"] in uuids]
+
+    assert wait_until(lambda: busy(scrape(stack)[0]) == [77.0] * 4, timeout=30)
+    after, families = scrape(stack)
+    assert total(after, "bc_pool_gpus", pool=pool, state="allocated") == 4
+    assert total(after, "bc_pool_gpus", pool=pool, state="available") == 60
+    assert total(after, "bc_tenant_atoms_allocated", pool=pool, tenant="acme") == 4
+    assert total(after, "bc_usage_rate", tenant="acme", meter="gpu.H100.hours") == 4
+    assert total(after, "bc_usage_metered_total", tenant="acme") > 0  # the released one
+    assert total(after, "bc_usage_metered_total", tenant="acme") > total(
+        before, "bc_usage_metered_total", tenant="acme")
+
+    # The webhook: its first attempts met a receiver that was down; now it is up.
+    assert wait_until(lambda: any(d["lastStatus"] == 503 for d in stack.json(
+        "webhooks", "deliveries", hook["id"], env=hooks)["items"]), timeout=30)
+    receiver.status = 200
+    events = stack.json("events", "list", "--types", "reservation.*", env=acme)["items"]
+    assert len(events) >= 6  # two bookings' pending, placed, binding, active; a release
+
+    def received() -> list[int]:
+        return [m["data"]["seq"] for m in receiver.messages()]
+
+    assert wait_until(lambda: received()[:len(events)] == [e["seq"] for e in events],
+                      timeout=60), (received(), [e["seq"] for e in events])
+    assert len(set(received())) == len(received())
+    delivered, _ = scrape(stack)
+    assert total(delivered, "bc_webhook_deliveries", tenant="acme",
+                 state="delivered") >= len(events)
+
+    queries = [target["expr"] for panel in json.loads(DASHBOARD.read_text())["panels"]
+               for target in panel["targets"]]
+    assert len(queries) >= 20
+    unknown = {name for query in queries for name in series_named(query)
+               if not served(name, families)}
+    assert unknown == set()
 
 
 def test_the_promql_reader_finds_metric_names_not_labels_or_functions():
