@@ -152,10 +152,11 @@ class PolicyIn(Input):
         help_text="A GPU turns unhealthy: keep its bookings (the default), or re-place the "
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
-    ending_notice_seconds = serializers.FloatField(
-        required=False, min_value=0, max_value=7 * 86_400,
+    ending_notices = serializers.ListField(
+        child=serializers.FloatField(min_value=1, max_value=7 * 86_400), required=False,
+        max_length=8,
         help_text="How long before a started reservation's end the event reservation.ending "
-                  "is sent, so a webhook can warn its owner (600; 0: never).")
+                  "is sent, in seconds, once each ([900, 60] by default; []: never).")
     sandboxes = SandboxPolicyIn(required=False)
     sharing = SharingIn(required=False)
     time_slicing = TimeSlicingIn(

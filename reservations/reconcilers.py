@@ -34,9 +34,9 @@ from reservations.services.device_failure import (
 )
 from reservations.services.idle import reservation_idle_check, watched_on
 from reservations.services.notices import (
+    DEFAULT_JSON,
     ENDING_DUE,
-    NOTICE_SECONDS,
-    ending_due,
+    notice_due,
     reservation_ending_notice,
 )
 from reservations.services.pending import pending_place
@@ -60,7 +60,7 @@ def reconcile_reservation(reservation_id: str) -> None:
         reservation_preempted_release(reservation_id=rsv.id)
     elif rsv.state in HOLDING and rsv.during.upper <= now:
         reservation_expire(reservation_id=rsv.id)
-    elif ending_due(rsv):
+    elif notice_due(rsv) is not None:
         reservation_ending_notice(reservation_id=rsv.id)
     elif rsv.state == ReservationState.BINDING and \
             Reservation.objects.filter(binding_overdue(now), pk=rsv.id).exists():
@@ -163,7 +163,7 @@ def sweep(limit: int = 500) -> int:
         enqueue(GAPS, node_id)
         count += 1
     with connection.cursor() as cursor:
-        cursor.execute(ENDING_DUE, {"now": now, "default": NOTICE_SECONDS, "limit": limit})
+        cursor.execute(ENDING_DUE, {"now": now, "default": DEFAULT_JSON, "limit": limit})
         for (rsv_id,) in cursor.fetchall():
             enqueue(RESERVATION, rsv_id)
             count += 1

@@ -118,8 +118,9 @@ class Reservation(models.Model):
                                blank=True, related_name="occurrences")
     idle_since = models.DateTimeField(null=True, blank=True,
                                       help_text="Flagged idle by its offering's idle reclaim.")
-    ending_noticed_at = models.DateTimeField(null=True, blank=True, help_text=(
-        "When `reservation.ending` was sent for its current end (cleared when it moves)."))
+    ending_notice_sent = models.FloatField(null=True, blank=True, help_text=(
+        "The last `reservation.ending` notice sent for its current end, in seconds before "
+        "it (cleared when the end moves)."))
     created_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

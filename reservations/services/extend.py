@@ -67,8 +67,8 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
             _recount_host_share(rsv, allocation, new_end)
         rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
     rsv.duration_ms = new_duration
-    rsv.ending_noticed_at = None  # a new end: its notice is due again
-    rsv.save(update_fields=["during", "duration_ms", "ending_noticed_at"])
+    rsv.ending_notice_sent = None  # a new end: its notices are due again
+    rsv.save(update_fields=["during", "duration_ms", "ending_notice_sent"])
     if rsv.slurm_account and allocation is not None and rsv.state in HELD:
         # The node's Slurm reservation ends with the hold: tell the node the new end.
         node_spec_change_locked(Node.objects.get(pk=allocation.node_id),

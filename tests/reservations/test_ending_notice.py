@@ -1,6 +1,7 @@
-"""`reservation.ending`: sent once, `endingNoticeSeconds` before a started reservation's end
-(again after an extension moves the end), never for a pool that asks for none, and delivered
-to a webhook like any event."""
+"""`reservation.ending`: sent at each of the pool's `endingNotices` before a started
+reservation's end, once each (again after an extension moves the end), only the nearest when
+several fall due at once, never for a pool that asks for none, and delivered to a webhook
+like any event."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def pool_with(root, **policy):
 
 def endings(rsv) -> list[dict]:
     return [e.payload for e in Event.objects.filter(subject=rsv["id"],
-                                                    type="reservation.ending")]
+                                                    type="reservation.ending").order_by("seq")]
 
 
 def timers_run() -> None:
@@ -30,37 +31,48 @@ def timers_run() -> None:
     run_due_work()
 
 
-def test_a_started_reservation_is_told_before_its_end_once_and_again_after_an_extension(
-        root, receiver):  # noqa: F811
-    hook = root("webhooks.create", url=receiver.url, types="reservation.ending")
-    pool = pool_with(root, endingNoticeSeconds=5400)  # 90 min: a 1 h booking is within it
-    make_node(pool["id"])
-    far = pool_with(root, endingNoticeSeconds=600)
-    make_node(far["id"])
-    rsv = reserve(root, pool, 2).result
-    later = reserve(root, far, 2).result  # ends in an hour: not within 10 min
+def started(root, pool, minutes: int) -> dict:
+    rsv = reserve(root, pool, 1, duration=minutes * 60_000).result
     timers_run()  # bound: binding, started
     assert Reservation.objects.get(pk=rsv["id"]).state == "binding"
+    return rsv
+
+
+def test_each_notice_is_sent_once_and_again_after_an_extension(root, receiver):  # noqa: F811
+    hook = root("webhooks.create", url=receiver.url, types="reservation.ending")
+    pool = pool_with(root, endingNotices=[5400, 3000])  # 90 and 50 minutes before the end
+    make_node(pool["id"])
+    rsv = started(root, pool, 60)  # ends in an hour: within the first notice only
     timers_run()
-    [notice] = endings(rsv)
-    assert notice["poolId"] == pool["id"]
-    assert 3590 <= notice["inSeconds"] <= 3600
-    assert endings(later) == []
     timers_run()
-    assert len(endings(rsv)) == 1  # once per end
+    assert [(n["notice"], n["poolId"]) for n in endings(rsv)] == [(5400, pool["id"])]
+    assert 3590 <= endings(rsv)[0]["inSeconds"] <= 3600
     root("reservations.extend", reservationId=rsv["id"], by=1_800_000)  # ends in 90 min
     timers_run()
-    assert [n["inSeconds"] for n in endings(rsv)][1] >= 5390
+    timers_run()
+    assert [n["notice"] for n in endings(rsv)] == [5400, 5400]
     deliver()
     assert [(m["type"], m["data"]["subject"]) for m in receiver.messages()] == [
         ("reservation.ending", rsv["id"])] * 2
     assert root("webhooks.get", webhookId=hook["id"])["types"] == ["reservation.ending"]
 
 
-def test_a_pool_that_asks_for_no_notice_gets_none(root):
-    pool = pool_with(root, endingNoticeSeconds=0)
+def test_the_defaults_are_15_and_1_minute_and_only_the_nearest_due_is_sent(root, pool):
     make_node(pool["id"])
-    rsv = reserve(root, pool, 1, duration=60_000).result
+    hour = started(root, pool, 60)
+    ten = started(root, pool, 10)
+    tiny = reserve(root, pool, 1, duration=30_000).result  # both notices due at once
     timers_run()
+    timers_run()
+    timers_run()
+    assert endings(hour) == []
+    assert [n["notice"] for n in endings(ten)] == [900]
+    assert [n["notice"] for n in endings(tiny)] == [60]
+
+
+def test_a_pool_that_asks_for_no_notice_gets_none(root):
+    pool = pool_with(root, endingNotices=[])
+    make_node(pool["id"])
+    rsv = started(root, pool, 1)
     timers_run()
     assert endings(rsv) == []
