@@ -14,6 +14,7 @@ from reservations.models import (
     ReservationSeries,
     Sandbox,
     StaleGaps,
+    UsageDelivery,
     UsageRecord,
 )
 from reservations.services.release import reservation_release
@@ -119,3 +120,11 @@ class FreeTimeAdmin(ReadOnlyAdmin):
 
 
 admin.site.register([GroupGap, StaleGaps], FreeTimeAdmin)
+
+
+@admin.register(UsageDelivery)
+class UsageDeliveryAdmin(LedgerReadOnly):
+    list_display = ("record", "sink", "delivered_at", "attempts", "next_attempt_at",
+                    "last_error")
+    list_filter = ("sink",)
+    search_fields = ("record__id", "sink")

@@ -104,8 +104,8 @@ def preemptions() -> Iterator[Metric]:
 
 def usage_metered() -> CounterMetricFamily:
     family = CounterMetricFamily(
-        "bc_usage_metered", "Usage written to the meter, per tenant and meter (such as "
-        "gpu.H100.hours), for windows that ended.", labels=["tenant", "meter"])
+        "bc_usage_metered", "Usage closed (every hour while it runs, and at its end), per "
+        "tenant and meter (such as gpu.H100.hours).", labels=["tenant", "meter"])
     rows = (UsageRecord.objects.values_list("tenant__slug", "meter")
             .annotate(total=Sum("quantity")).order_by())
     for tenant, meter, total in sorted(rows):

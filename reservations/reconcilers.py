@@ -19,7 +19,7 @@ from compute.platform.queue.work import enqueue, handler
 from fleet.models import Device, Health
 from fleet.work import DEVICE, TELEMETRY
 from reservations.gaps import gaps_mend, stale_nodes
-from reservations.models import Reservation, ReservationState
+from reservations.models import Reservation, ReservationState, UsageDelivery
 from reservations.selectors import expired_sandboxes
 from reservations.services.backfill import plan_starts, start_planned_earlier
 from reservations.services.binding import (
@@ -33,6 +33,7 @@ from reservations.services.device_failure import (
     reservation_replace_off_device,
 )
 from reservations.services.idle import reservation_idle_check, watched_on
+from reservations.services.metering import hour_floor
 from reservations.services.notices import (
     DEFAULT_JSON,
     ENDING_DUE,
@@ -44,8 +45,23 @@ from reservations.services.preemption import preempt_for_queue, reservation_pree
 from reservations.services.release import reservation_expire
 from reservations.services.sandboxes import sandbox_expire
 from reservations.services.series import series_due, series_extend
+from reservations.services.usage_close import (
+    reservations_to_close,
+    sandboxes_to_close,
+    usage_close,
+)
+from reservations.services.usage_sinks import usage_sink_pass
 from reservations.states import HOLDING
-from reservations.work import GAPS, POOL, RESERVATION, SANDBOX, SERIES, pool_replan
+from reservations.work import (
+    GAPS,
+    POOL,
+    RESERVATION,
+    SANDBOX,
+    SERIES,
+    USAGE_CLOSE,
+    USAGE_SINK,
+    pool_replan,
+)
 
 
 @handler(RESERVATION)
@@ -167,6 +183,17 @@ def sweep(limit: int = 500) -> int:
         for (rsv_id,) in cursor.fetchall():
             enqueue(RESERVATION, rsv_id)
             count += 1
+    now_hour = hour_floor(now)
+    closing = [*reservations_to_close(now_hour).values_list("id", flat=True)[:limit],
+               *sandboxes_to_close(now_hour).values_list("id", flat=True)[:limit]]
+    for subject_id in closing:
+        enqueue(USAGE_CLOSE, subject_id)
+        count += 1
+    for sink in (UsageDelivery.objects.filter(delivered_at__isnull=True,
+                                              next_attempt_at__lte=now)
+                 .values_list("sink", flat=True).distinct()):
+        enqueue(USAGE_SINK, sink)
+        count += 1
     for sandbox_id in expired_sandboxes(limit):
         enqueue(SANDBOX, sandbox_id)
         count += 1
@@ -177,3 +204,15 @@ def sweep(limit: int = 500) -> int:
 def reconcile_sandbox(sandbox_id: str) -> None:
     """Release a sandbox whose time limit passed."""
     sandbox_expire(sandbox_id=sandbox_id)
+
+
+@handler(USAGE_CLOSE)
+def reconcile_usage_close(subject_id: str) -> None:
+    """Meter a running reservation or sandbox up to the last full hour."""
+    usage_close(subject_id=subject_id)
+
+
+@handler(USAGE_SINK)
+def reconcile_usage_sink(sink: str) -> None:
+    """Deliver the closed usage records due to one metering sink."""
+    usage_sink_pass(sink)

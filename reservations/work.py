@@ -10,6 +10,8 @@ POOL = "pool"
 SERIES = "series"
 SANDBOX = "sandbox"  # a sandbox whose time limit passed
 GAPS = "gaps"  # a node whose whole groups' free time is stale (reservations.gaps)
+USAGE_CLOSE = "usage.close"  # a running reservation or sandbox with an hour to meter
+USAGE_SINK = "usage.sink"  # a metering sink with records to deliver (its key: the sink)
 
 
 def pool_replan(pool_id: str) -> None:

@@ -4,9 +4,11 @@ sandboxes, usage."""
 from __future__ import annotations
 
 import base64
+import csv
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -671,6 +673,36 @@ def usage() -> None:
 def usage_list(meter: str | None, subject: str | None) -> dict[str, Any]:
     """Usage records, one per ended window."""
     return {"meter": meter, "subject": subject}
+
+
+REPORT_GROUPS = ["tenant", "pool", "meter", "day", "priorityClass"]
+
+
+@usage.command("report")
+@click.option("--from", "start", required=True, metavar="WHEN",
+              help="From this moment: a date or an ISO time (UTC), e.g. 2026-12-01.")
+@click.option("--to", "end", default=None, metavar="WHEN",
+              help="Up to this moment, not included (default: now).")
+@click.option("--group-by", default="meter", show_default=True,
+              help=f"Comma-separated, from {', '.join(REPORT_GROUPS)} (day: UTC).")
+@click.option("--csv", "as_csv", is_flag=True, help="Write the rows as CSV.")
+@output_options
+def usage_report(start: str, end: str | None, group_by: str, as_csv: bool,
+                 output: str | None, query: str | None, tenant: str | None) -> None:
+    """Usage between two moments, summed per group (the root tenant's: every tenant's)."""
+    body = {"from": start, "to": end or datetime.now(UTC).isoformat(),
+            "groupBy": group_by}
+    result = make_client().call("usage.report", body, tenant=tenant)
+    columns = [g for g in REPORT_GROUPS if g in result["groupBy"]] + ["quantity"]
+    if as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows([row[c] or "" for c in columns] for row in result["rows"])
+        return
+    if output in (None, "table") and query is None:
+        show(result["rows"], output=output, query=None, columns=columns)
+        return
+    show(result, output=output, query=query)
 
 
 COMMANDS = [nodes, maintenance, capacity, reserve, reservations, series, release, extend,

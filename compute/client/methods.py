@@ -548,6 +548,15 @@ class Usage(Group):
         return self._call("usage.list", {"limit": limit, "after": after, "meter": meter,
             "subject": subject, "tenantId": tenant_id}, retry=True)
 
+    def report(self, *, from_: str, to: str, group_by: str | None = None,
+            tenant_id: str | None = None) -> Any:
+        """Usage between two moments, summed per group: closed records for the part of their
+        window inside it, and what runs since its last close. The root tenant's report
+        covers every tenant.
+        """
+        return self._call("usage.report", {"from": from_, "to": to, "groupBy": group_by,
+            "tenantId": tenant_id}, retry=True)
+
 
 class Webhooks(Group):
     """webhooks.* methods."""

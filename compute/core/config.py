@@ -102,6 +102,10 @@ VARIABLES = Declared(
              "a CIDR or the host's name allows them"),
     Variable("BETTER_COMPUTE_WEBHOOK_TIMEOUT_SECONDS", "float", 10.0,
              "how long one webhook attempt may take before it counts as failed"),
+    Variable("BETTER_COMPUTE_USAGE_SINK_URLS", "str", "",
+             "comma-separated URLs that receive each closed usage record as a CloudEvent "
+             "(com.better-compute.usage), besides the IAM backend; allowed as webhooks are "
+             "(BETTER_COMPUTE_WEBHOOK_ALLOW)"),
     Variable("BETTER_COMPUTE_KEK", "str", None,
              "the key-encryption key (base64 of 32 bytes) sealing the PKI and audit keys; "
              "default: a 0600 file made on first use, `<state>/secrets/kek`. Required with a "

@@ -25,6 +25,7 @@ from compute.platform.models import (
     ApiToken,
     Event,
     EventHead,
+    IamUsage,
     IdempotencyRecord,
     Principal,
     RefusalBudget,
@@ -169,3 +170,9 @@ def _read_only_everywhere(app_label: str) -> None:
 
 
 _read_only_everywhere("django_q")
+
+
+@admin.register(IamUsage)
+class IamUsageAdmin(ReadOnlyAdmin):
+    list_display = ("record_id", "tenant", "meter", "quantity", "window_start", "window_end")
+    search_fields = ("record_id", "tenant__slug", "meter")

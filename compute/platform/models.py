@@ -3,9 +3,11 @@
 from compute.platform.events.models import Event, EventHead
 from compute.platform.iam.refusals import RefusalBudget
 from compute.platform.iam.streams import StreamLease
+from compute.platform.iam.usage import IamUsage
 from compute.platform.idempotency import IdempotencyRecord
 from compute.platform.queue.models import ShardLease, WorkerPresence, WorkItem
 from compute.platform.tenancy.models import ApiToken, Principal, RoleBinding, Tenant
 
-__all__ = ["ApiToken", "Event", "EventHead", "IdempotencyRecord", "Principal", "RefusalBudget",
-           "RoleBinding", "ShardLease", "StreamLease", "Tenant", "WorkItem", "WorkerPresence"]
+__all__ = ["ApiToken", "Event", "EventHead", "IamUsage", "IdempotencyRecord", "Principal",
+           "RefusalBudget", "RoleBinding", "ShardLease", "StreamLease", "Tenant", "WorkItem",
+           "WorkerPresence"]

@@ -184,6 +184,8 @@ BC_BMC_POLL_SECONDS = whole("BETTER_COMPUTE_BMC_POLL_SECONDS")
 # Where webhooks may be sent (compute.platform.webhooks.outbound), and how long one may take.
 BC_WEBHOOK_ALLOW = text("BETTER_COMPUTE_WEBHOOK_ALLOW")
 BC_WEBHOOK_TIMEOUT_SECONDS = number("BETTER_COMPUTE_WEBHOOK_TIMEOUT_SECONDS")
+# Where closed usage records go besides the IAM backend (compute.platform.iam.metering).
+BC_USAGE_SINK_URLS = text("BETTER_COMPUTE_USAGE_SINK_URLS")
 
 # The key-encryption key sealing the PKI and audit keys in Postgres (base64 of 32 bytes),
 # or a file holding it; neither set: a 0600 file made on first use under the state dir.

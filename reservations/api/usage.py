@@ -1,4 +1,4 @@
-"""API method usage.list."""
+"""API methods usage.list and usage.report."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from compute.core.api.inputs import ListInput
+from compute.core.api.inputs import Input, ListInput
 from compute.core.api.registry import CallContext, endpoint
-from compute.core.api.shapes import page_of
+from compute.core.api.shapes import STRING, TIME, array, nullable, obj, page_of
+from compute.core.db import database_now
 from compute.platform.paging import page
 from reservations import selectors
+from reservations import usage_report as report
 from reservations.presenters import USAGE, present_usage
 
 
@@ -26,3 +28,33 @@ def usage_list(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     queryset = selectors.usage_list(tenant=ctx.tenant, meter=data.pop("meter", None),
                                     subject=data.pop("subject", None))
     return page(queryset, present=present_usage, **data)
+
+
+class UsageReportIn(Input):
+    report_from = serializers.DateTimeField(help_text="From this moment.")
+    to = serializers.DateTimeField(help_text="Up to this moment (not included; at or before "
+                                             "`from`: an empty report).")
+    group_by = serializers.RegexField(
+        rf"^({'|'.join(report.GROUPS)})(,({'|'.join(report.GROUPS)}))*$", max_length=100,
+        default="meter",
+        error_messages={"invalid": f"a comma-separated list of {', '.join(report.GROUPS)}"},
+        help_text=f"Comma-separated, from {', '.join(report.GROUPS)} (day: UTC).")
+    aliases = {"from": "report_from"}
+
+
+REPORT_ROW = obj(tenant=nullable(STRING), pool=nullable(STRING), meter=nullable(STRING),
+                 day=nullable(STRING), priorityClass=nullable(STRING), quantity=STRING)
+
+
+@endpoint("usage", "report", returns=obj(**{"from": TIME}, to=TIME, groupBy=array(STRING),
+                                          rows=array(REPORT_ROW)),
+          input=UsageReportIn, mutating=False)
+def usage_report(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Usage between two moments, summed per group: closed records for the part of their
+    window inside it, and what runs since its last close. The root tenant's report covers
+    every tenant."""
+    group_by = tuple(dict.fromkeys(data["group_by"].split(",")))
+    rows = report.usage_report(tenant=ctx.tenant, start=data["report_from"], end=data["to"],
+                        now=database_now(), group_by=group_by)
+    return {"from": data["report_from"], "to": data["to"], "groupBy": list(group_by),
+            "rows": rows}

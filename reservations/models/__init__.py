@@ -12,8 +12,8 @@ from reservations.models.ledger import (
 )
 from reservations.models.offerings import Offering, Quota
 from reservations.models.sandboxes import Sandbox, SandboxState
-from reservations.models.usage import UsageRecord
+from reservations.models.usage import UsageDelivery, UsageRecord
 
 __all__ = ["Allocation", "Booking", "GroupGap", "MaintenanceWindow", "Offering", "Quota",
            "Reservation", "ReservationSeries", "ReservationState", "Sandbox", "SandboxState",
-           "StaleGaps", "Topology", "UsageRecord"]
+           "StaleGaps", "Topology", "UsageDelivery", "UsageRecord"]

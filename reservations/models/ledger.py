@@ -118,6 +118,8 @@ class Reservation(models.Model):
                                blank=True, related_name="occurrences")
     idle_since = models.DateTimeField(null=True, blank=True,
                                       help_text="Flagged idle by its offering's idle reclaim.")
+    metered_until = models.DateTimeField(null=True, blank=True, help_text=(
+        "Its usage is metered up to here (closed hourly while it runs; null: not yet)."))
     ending_notice_sent = models.FloatField(null=True, blank=True, help_text=(
         "The last `reservation.ending` notice sent for its current end, in seconds before "
         "it (cleared when the end moves)."))

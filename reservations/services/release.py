@@ -20,7 +20,7 @@ from reservations.models import Allocation, Booking, Reservation, ReservationSta
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
 from reservations.services.book import try_place
-from reservations.services.metering import gpu_meter, usage_record
+from reservations.services.metering import reservation_meter
 from reservations.states import HOLDING, TERMINAL, transition
 from reservations.work import pool_replan
 
@@ -70,10 +70,7 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
             node_spec_change_locked(node, remove=allocation.id)  # the node gives it back
         free_allocation(allocation, now, keep_history=started)
     if rsv.during is not None and started and to == ReservationState.RELEASED:
-        end = min(rsv.during.upper, now)
-        meter = gpu_meter(rsv.pool.gpu_model, rsv.device_class, rsv.profile)
-        usage_record(tenant_id=rsv.tenant_id, subject=rsv.id, meter=meter,
-                     count=rsv.count, start=rsv.during.lower, end=end)
+        reservation_meter(rsv, now)
     transition(rsv, to)
     rsv.ended_at = now
     rsv.failure_reason = reason[:300] or rsv.failure_reason

@@ -31,7 +31,7 @@ from reservations.models.sandboxes import LIVE, Sandbox, SandboxState
 from reservations.quotas import quota_consume, quota_refund
 from reservations.selectors import access_sandbox_by_id
 from reservations.services.maintenance import in_maintenance
-from reservations.services.metering import usage_record
+from reservations.services.metering import hourly, usage_record
 from reservations.services.sandbox_use import expires_at_for, paused_rate
 from reservations.work import pool_replan
 
@@ -248,13 +248,16 @@ def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
 
 def sandbox_meter(sandbox: Sandbox, now: datetime) -> None:
     """Meter the sandbox's time since it was last metered (from its boot report), at the
-    pool's paused rate while it is paused, and start its next window now."""
+    pool's paused rate while it is paused (in hour-long windows), and start its next window
+    now."""
     start = sandbox.metered_from or sandbox.started_at
     if start is not None:
         rate = paused_rate(sandbox) if sandbox.state == SandboxState.PAUSED else 1.0
-        for meter, count in (("vcpu.hours", sandbox.vcpus),
-                             ("memory.gib-hours", sandbox.memory_gib)):
-            usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
-                         count=count, start=start, end=now, rate=rate)
+        for window_start, window_end in hourly(start, now):
+            for meter, count in (("vcpu.hours", sandbox.vcpus),
+                                 ("memory.gib-hours", sandbox.memory_gib)):
+                usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
+                             count=count, start=window_start, end=window_end, rate=rate,
+                             pool_id=sandbox.pool_id)
     sandbox.metered_from = now
     sandbox.save(update_fields=["metered_from"])

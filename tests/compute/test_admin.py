@@ -5,7 +5,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth.models import User
 
-PROJECT_APPS = ("compute", "audit", "fleet", "reservations")
+PROJECT_APPS = ("compute", "audit", "fleet", "reservations", "webhooks")
 
 
 def test_every_project_model_is_in_the_admin():

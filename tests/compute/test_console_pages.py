@@ -154,22 +154,32 @@ def test_signing_out_ends_the_session_for_the_envelope_too(root, root_token, poo
 
 
 @pytest.mark.parametrize("meter", ["gpu.H100.hours"])
-def test_the_usage_chart_sums_gpu_hours_per_day(root, root_token, meter):
+def test_the_usage_page_charts_gpu_hours_per_day_and_downloads_the_report(root, root_token,
+                                                                         meter):
     from compute.platform.tenancy.models import Tenant
 
     tenant = Tenant.objects.get(slug="root")
-    day = timezone.now().replace(hour=1, minute=0, second=0, microsecond=0)
+    day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     for offset, quantity in [(0, "2.5"), (0, "1.5"), (1, "8")]:
         start = day - timedelta(days=offset)
         UsageRecord.objects.create(tenant=tenant, subject=f"rsv_{offset}{quantity}", meter=meter,
                                    quantity=Decimal(quantity), window_start=start,
                                    window_end=start + timedelta(hours=1))
-    page = text(signed_in(root_token), "/console/usage")
+    browser = signed_in(root_token)
+    page = text(browser, "/console/usage")
     assert page.count("<rect ") == 2
     assert f"{day.date().isoformat()}: 4.0 GPU-hours" in page
-    chart = gpu_hours_chart([{"meter": "cpu.vcpu.hours", "quantity": "9",
-                              "windowStart": day}])
+    assert "<td>root</td>" in page  # the root tenant's report: by tenant too
+    chart = gpu_hours_chart([{"meter": "vcpu.hours", "quantity": "9",
+                              "day": day.date().isoformat()}])
     assert chart["bars"] == []
+    answer = browser.get("/console/usage.csv", {"from": (day - timedelta(days=3)).date(),
+                                                "to": (day + timedelta(days=1)).date(),
+                                                "groupBy": ["meter", "day"]})
+    assert answer["Content-Type"] == "text/csv"
+    assert answer.content.decode().splitlines() == [
+        "meter,day,quantity", f"{meter},{(day - timedelta(days=1)).date()},8.000000",
+        f"{meter},{day.date()},4.000000"]
 
 
 def test_sandboxes_and_checkpoints_have_their_pages(root, root_token, pool):

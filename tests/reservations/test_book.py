@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.db import connection
@@ -216,8 +217,10 @@ def test_expired_windows_are_released(root, pool):
     with assert_wrote(audit="reservation.expire", events=["reservation.released"]):
         reconcile_reservation(rsv["id"])  # … whose handler releases it
     assert root("reservations.get", reservationId=rsv["id"])["state"] == "released"
-    usage = root("usage.list")["items"][0]
-    assert usage["quantity"] == "2.000000"
+    usage = root("usage.list")["items"]  # one record per hour the window touched
+    assert sum(Decimal(u["quantity"]) for u in usage) == Decimal("2.000000")
+    assert all(":00:00" in u["windowEnd"] for u in sorted(
+        usage, key=lambda u: u["windowStart"])[:-1])
 
 
 @pytest.mark.django_db(transaction=True)  # now() must move between create and release

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from collections import defaultdict
+from datetime import UTC, timedelta
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
@@ -217,21 +220,62 @@ def audit(request: HttpRequest, page: Page) -> HttpResponse:
         "can_checkpoint": page.can("audit.checkpoint")})
 
 
+REPORT_GROUPS = ("tenant", "pool", "meter", "day", "priorityClass")
+
+
+def report_query(request: HttpRequest, page: Page) -> dict[str, str]:
+    """The report's window and grouping from the page's query: by default the last 14 days
+    (UTC) by day and meter, and by tenant too for the root tenant."""
+    today = timezone.now().astimezone(UTC).date()
+    start = request.GET.get("from") or (today - timedelta(days=13)).isoformat()
+    end = request.GET.get("to") or (today + timedelta(days=1)).isoformat()
+    default = "tenant,day,meter" if page.is_root else "day,meter"
+    groups = [g for g in request.GET.getlist("groupBy") if g in REPORT_GROUPS]
+    return {"from": start, "to": end, "groupBy": ",".join(groups) or default}
+
+
 @console_page
 def usage(request: HttpRequest, page: Page) -> HttpResponse:
-    """Metered usage by meter and period, with GPU-hours per day drawn as an SVG chart."""
-    meter = request.GET.get("meter") or None
-    items = page.call("usage.list", limit=1000, **({"meter": meter} if meter else {}))["items"]
-    return page.render("console/usage.html", {"items": items, "meter": meter or "",
-                                              "chart": gpu_hours_chart(items)})
+    """Usage over a window (usage.report), grouped as asked, with GPU-hours per day drawn as
+    an SVG chart, a CSV of the same rows, and the latest records."""
+    query = report_query(request, page)
+    report = page.call("usage.report", **query)
+    per_day = report if {"day", "meter"} <= set(report["groupBy"]) else page.call(
+        "usage.report", **{**query, "groupBy": "day,meter"})
+    columns = [g for g in REPORT_GROUPS if g in report["groupBy"]]
+    return page.render("console/usage.html", {
+        "query": query, "columns": columns, "groups": REPORT_GROUPS,
+        "rows": [{"values": [row[c] or "" for c in columns], "quantity": row["quantity"]}
+                 for row in report["rows"]],
+        "csv": urlencode([("from", query["from"]), ("to", query["to"]),
+                          *(("groupBy", g) for g in report["groupBy"])]),
+        "items": page.call("usage.list", limit=100)["items"],
+        "chart": gpu_hours_chart(per_day["rows"])})
 
 
-def gpu_hours_chart(items: list[dict[str, Any]], *, days: int = 14) -> dict[str, Any]:
-    """Bars of GPU-hours per day (meters gpu.*.hours), scaled to the busiest day."""
+@console_page
+def usage_csv(request: HttpRequest, page: Page) -> HttpResponse:
+    """The usage report's rows as CSV, one column per group and the quantity."""
+    report = page.call("usage.report", **report_query(request, page))
+    columns = [g for g in REPORT_GROUPS if g in report["groupBy"]]
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = (f'attachment; filename="usage-{report["from"]:%Y%m%d}-'
+                                       f'{report["to"]:%Y%m%d}.csv"')
+    writer = csv.writer(response)
+    writer.writerow([*columns, "quantity"])
+    writer.writerows([*(row[c] or "" for c in columns), row["quantity"]]
+                     for row in report["rows"])
+    return response
+
+
+def gpu_hours_chart(rows: list[dict[str, Any]], *, days: int = 14) -> dict[str, Any]:
+    """Bars of GPU-hours per day (meters gpu.*.hours, from report rows with a day),
+    scaled to the busiest day."""
     per_day: dict[str, Decimal] = defaultdict(Decimal)
-    for item in items:
-        if item["meter"].startswith("gpu.") and item["meter"].endswith(".hours"):
-            per_day[item["windowStart"].date().isoformat()] += Decimal(item["quantity"])
+    for row in rows:
+        meter = row.get("meter") or ""
+        if meter.startswith("gpu.") and meter.endswith(".hours") and row.get("day"):
+            per_day[row["day"]] += Decimal(row["quantity"])
     ordered = sorted(per_day.items())[-days:]
     peak = max((v for _, v in ordered), default=Decimal(0)) or Decimal(1)
     bars = []

@@ -21,4 +21,5 @@ urlpatterns = [
     path("audit", pages.audit, name="console-audit"),
     path("audit/<str:event_id>/proof", pages.audit_proof, name="console-audit-proof"),
     path("usage", pages.usage, name="console-usage"),
+    path("usage.csv", pages.usage_csv, name="console-usage-csv"),
 ]

@@ -59,6 +59,7 @@ class Delivery(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "deliveries"
         ordering = ["position"]
         constraints = [models.UniqueConstraint(fields=["subscription", "event"],
                                                name="webhooks_delivery_once_per_event")]
