@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from zoneinfo import available_timezones
 
 from rest_framework import serializers
 
@@ -152,6 +153,10 @@ class PolicyIn(Input):
         help_text="A GPU turns unhealthy: keep its bookings (the default), or re-place the "
                   "reservations that have not started onto healthy GPUs (active ones are "
                   "flagged).")
+    time_zone = serializers.ChoiceField(
+        choices=sorted(available_timezones()), required=False,
+        help_text="The pool's time zone (IANA name, UTC by default): where budget periods "
+                  "start.")
     ending_notices = serializers.ListField(
         child=serializers.FloatField(min_value=1, max_value=7 * 86_400), required=False,
         max_length=8,

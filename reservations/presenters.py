@@ -28,7 +28,11 @@ from reservations.models import (
 LIMITS = {"type": "object", "properties": {
     "maxDurationHours": NUMBER, "maxStartAheadDays": NUMBER, "maxGpusAtOnce": INTEGER,
     "idleReclaim": obj(belowPercent=NUMBER, forMinutes=NUMBER, release=BOOLEAN,
-                       graceMinutes=NUMBER)},
+                       graceMinutes=NUMBER),
+    "budgets": array({"type": "object", "required": ["gpuHours", "period"],
+                      "properties": {"gpuHours": NUMBER, "period": STRING,
+                                     "priorityClass": STRING},
+                      "additionalProperties": False})},
     "additionalProperties": False}
 OFFERING = obj(id=STRING, poolId=STRING, tenantId=STRING, tenant=STRING,
                quota={"type": "object", "additionalProperties": obj(limit=INTEGER,

@@ -675,6 +675,14 @@ def usage_list(meter: str | None, subject: str | None) -> dict[str, Any]:
     return {"meter": meter, "subject": subject}
 
 
+@api_command(usage, "budgets", "usage.budgets",
+             columns=["poolId", "tenant", "gpuHours", "period", "priorityClass", "booked",
+                      "used", "periodEnd"])
+def usage_budgets() -> dict[str, Any]:
+    """GPU-hour budgets in their current period: budget, booked (future too) and used."""
+    return {}
+
+
 REPORT_GROUPS = ["tenant", "pool", "meter", "day", "priorityClass"]
 
 

@@ -219,6 +219,9 @@ def parse_quota(values: tuple[str, ...]) -> dict[str, int]:
               help="Idle reclaim: release a flagged reservation still idle after the grace.")
 @click.option("--idle-grace", type=click.FloatRange(0, 1440), default=None, metavar="MINUTES",
               help="Idle reclaim: minutes between the warning and the release (default 10).")
+@click.option("--budget", "budgets", multiple=True, metavar="gpu-hours=N/PERIOD[:CLASS]",
+              help="Limit: GPU-hours booked per day, week or month (in the pool's time "
+                   "zone), e.g. gpu-hours=1000/month or gpu-hours=200/week:high; repeatable.")
 @click.option("--share", type=click.IntRange(1, 10_000), default=None,
               help="The tenant's fair-share weight on the pool (1 when offered).")
 @click.option("--priority-classes", default=None, metavar="CLASSES",
@@ -227,7 +230,7 @@ def parse_quota(values: tuple[str, ...]) -> dict[str, int]:
 def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float | None,
                 max_ahead_days: float | None, max_gpus_at_once: int | None,
                 idle_below: float | None, idle_for: float | None, idle_release: bool,
-                idle_grace: float | None, share: int | None,
+                idle_grace: float | None, budgets: tuple[str, ...], share: int | None,
                 priority_classes: str | None) -> dict[str, Any]:
     """Offer a pool to a tenant with a quota and, optionally, limits against hoarding (any
     limit given replaces the offering's limits), a fair-share weight and priority classes."""
@@ -245,9 +248,27 @@ def pools_offer(pool_id: str, to: str, quota: tuple[str, ...], max_hours: float 
         rule = {"belowPercent": idle_below, "forMinutes": idle_for, "release": idle_release}
         limits["idleReclaim"] = {**rule, **({"graceMinutes": idle_grace}
                                             if idle_grace is not None else {})}
+    if budgets:
+        limits["budgets"] = [parse_budget(text) for text in budgets]
     if limits:
         body["limits"] = limits
     return body
+
+
+def parse_budget(text: str) -> dict[str, Any]:
+    """`gpu-hours=1000/month` or `gpu-hours=200/week:high` as a budget."""
+    resource, _, rest = text.partition("=")
+    amount, _, period = rest.partition("/")
+    period, _, priority_class = period.partition(":")
+    try:
+        hours = float(amount)
+    except ValueError:
+        hours = -1.0
+    if resource != "gpu-hours" or hours <= 0 or period not in ("day", "week", "month"):
+        raise click.BadParameter(f"{text!r}: expected gpu-hours=N/day|week|month[:CLASS]",
+                                 param_hint="--budget")
+    return {"gpuHours": hours, "period": period,
+            **({"priorityClass": priority_class} if priority_class else {})}
 
 
 @click.group()

@@ -542,6 +542,13 @@ class Tokens(Group):
 class Usage(Group):
     """usage.* methods."""
 
+    def budgets(self, *, tenant_id: str | None = None) -> Any:
+        """The GPU-hour budgets of the offerings the tenant received (or made), each in its
+        current period: the budget, what is booked in it (future bookings too) and what was
+        used so far.
+        """
+        return self._call("usage.budgets", {"tenantId": tenant_id}, retry=True)
+
     def list(self, *, limit: int | None = None, after: str | None = None, meter: str | None = None,
             subject: str | None = None, tenant_id: str | None = None) -> Any:
         """Metered usage of the tenant, such as gpu.H100.hours, per ended window."""

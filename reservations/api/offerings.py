@@ -14,6 +14,7 @@ from compute.platform.paging import page
 from compute.platform.tenancy.selectors import tenant_by_ref
 from fleet.api.pools import PoolIdIn, pool_subject
 from fleet.presenters import CLASS_NAME
+from reservations.budgets import PERIODS
 from reservations.events import ReservationEvent
 from reservations.presenters import OFFERING, present_offering
 from reservations.selectors import offering_list
@@ -39,6 +40,16 @@ class IdleReclaimIn(Input):
                                            max_value=1440)
 
 
+class BudgetIn(Input):
+    gpu_hours = serializers.FloatField(min_value=0.01, max_value=10**9,
+                                       help_text="GPU-hours booked in one period, at most.")
+    period = serializers.ChoiceField(choices=PERIODS, help_text=(
+        "day, week (from Monday) or month, in the pool's time zone (policy timeZone)."))
+    priority_class = serializers.RegexField(CLASS_NAME, max_length=32, required=False,
+                                            help_text="Only this class's bookings (absent: "
+                                                      "all of the tenant's).")
+
+
 class LimitsIn(Input):
     """Limits against hoarding; each absent one is no limit."""
 
@@ -49,6 +60,9 @@ class LimitsIn(Input):
     idle_reclaim = IdleReclaimIn(
         required=False, help_text="Flag (and optionally release) reservations whose GPUs "
                                   "report low utilization for a while.")
+    budgets = BudgetIn(many=True, required=False, max_length=16, help_text=(  # type: ignore[call-arg]
+        "GPU-hour budgets per period: what the tenant books (future bookings count) in a "
+        "period may not pass them."))
 
 
 class PoolOfferIn(PoolIdIn):

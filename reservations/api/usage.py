@@ -1,4 +1,4 @@
-"""API methods usage.list and usage.report."""
+"""API methods usage.list, usage.report and usage.budgets."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from rest_framework import serializers
 
 from compute.core.api.inputs import Input, ListInput
 from compute.core.api.registry import CallContext, endpoint
-from compute.core.api.shapes import STRING, TIME, array, nullable, obj, page_of
+from compute.core.api.shapes import NUMBER, STRING, TIME, array, nullable, obj, page_of
 from compute.core.db import database_now
 from compute.platform.paging import page
 from reservations import selectors
 from reservations import usage_report as report
+from reservations.budgets import budget_standing
 from reservations.presenters import USAGE, present_usage
+from reservations.selectors import offering_list
 
 
 class UsageListIn(ListInput):
@@ -58,3 +60,23 @@ def usage_report(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
                         now=database_now(), group_by=group_by)
     return {"from": data["report_from"], "to": data["to"], "groupBy": list(group_by),
             "rows": rows}
+
+
+BUDGET = obj(poolId=STRING, tenant=STRING, gpuHours=NUMBER, period=STRING,
+             priorityClass=nullable(STRING), periodStart=TIME, periodEnd=TIME, booked=STRING,
+             used=STRING)
+
+
+@endpoint("usage", "budgets", returns=obj(items=array(BUDGET)), input=Input, mutating=False)
+def usage_budgets(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The GPU-hour budgets of the offerings the tenant received (or made), each in its
+    current period: the budget, what is booked in it (future bookings too) and what was
+    used so far."""
+    now = database_now()
+    items = []
+    for offering in offering_list(tenant=ctx.tenant):
+        for standing in budget_standing(offering.limits, tenant_id=offering.tenant_id,
+                                        pool=offering.pool, now=now):
+            items.append({"poolId": offering.pool_id, "tenant": offering.tenant.slug,
+                          **standing})
+    return {"items": items}

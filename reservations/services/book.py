@@ -32,6 +32,7 @@ from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import DeviceClass, Pool, PoolClass
 from fleet.models.nodes import Node
 from fleet.selectors import access_pool_by_id, pool_list
+from reservations.budgets import check_budgets
 from reservations.candidates import (
     device_filter_q,
     end_by,
@@ -407,8 +408,11 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
                             "preemptible request borrows only what is free now: none fits",
                             resource=shape.device_class, borrowing=True)
     if shape.device_class == GPU:  # under the quota row's lock (taken above), over its window
+        during = rsv.during or window(rsv.requested_start or now, duration_ms)
         check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=shape.count, skip=rsv.id,
-                      during=rsv.during or window(rsv.requested_start or now, duration_ms))
+                      during=during)
+        check_budgets(limits, tenant_id=tenant.id, pool=pool, gpus=shape.count, skip=rsv.id,
+                      during=during, priority_class=priority.name)
     known_related(rsv, "allocations", [allocation] if allocation else [])  # a new one's all
     if allocation is None:
         pool_replan(pool.id)  # a worker sees whether it may preempt what it needs

@@ -14,6 +14,7 @@ from compute.platform.events.services import event_emit
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import Node
 from fleet.services.specs import node_spec_change_locked
+from reservations.budgets import check_budgets
 from reservations.candidates import window
 from reservations.constraints import (
     LEDGER_CONSTRAINTS,
@@ -73,9 +74,12 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
         # The node's Slurm reservation ends with the hold: tell the node the new end.
         node_spec_change_locked(Node.objects.get(pk=allocation.node_id),
                                 add=hold_of(allocation, rsv).wire())
+    during = rsv.during or window(rsv.requested_start or now, new_duration)
     check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.count,
-                  skip=rsv.id, during=rsv.during or window(rsv.requested_start or now,
-                                                           new_duration))
+                  skip=rsv.id, during=during)
+    if rsv.device_class == "gpu":
+        check_budgets(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.count,
+                      skip=rsv.id, during=during, priority_class=rsv.priority_class)
     if by_ms < 0:
         pool_replan(rsv.pool_id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",

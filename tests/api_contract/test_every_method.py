@@ -58,6 +58,7 @@ TENANT_LEVEL_BODIES: dict[str, dict[str, Any]] = {
     "reservations.queue": {},
     "webhooks.create": {"url": "https://1.1.1.1/hooks"},
     "usage.report": {"from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"},
+    "usage.budgets": {},
 }
 
 

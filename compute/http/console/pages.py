@@ -250,6 +250,7 @@ def usage(request: HttpRequest, page: Page) -> HttpResponse:
         "csv": urlencode([("from", query["from"]), ("to", query["to"]),
                           *(("groupBy", g) for g in report["groupBy"])]),
         "items": page.call("usage.list", limit=100)["items"],
+        "budgets": page.call("usage.budgets")["items"],
         "chart": gpu_hours_chart(per_day["rows"])})
 
 
