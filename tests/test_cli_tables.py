@@ -44,3 +44,4 @@ def test_a_table_that_fits_is_not_cut_and_wide_never_cuts(monkeypatch):
     assert "…" not in table(ROWS)
     monkeypatch.setenv("COLUMNS", "40")
     assert all(row["hostname"] in table(ROWS, wide=True) for row in ROWS)
+

@@ -93,3 +93,12 @@ def test_a_command_starts_without_the_database_driver_or_httpxs_command_line():
          "('psycopg', 'django', 'grpc', 'pygments', 'rich.console') if m in sys.modules))"],
         capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", loaded
+
+
+def test_a_simulated_agent_that_fails_to_join_says_how_it_ended():
+    from compute.cli.dev import exit_reason
+
+    assert exit_reason(1, b"", b"join refused: token spent\n") == (
+        "exit status 1: join refused: token spent")
+    assert exit_reason(2, b"usage: bcd join ...\n", b"") == "exit status 2: usage: bcd join ..."
+    assert exit_reason(-9, b"", b"") == "killed by SIGKILL, saying nothing"

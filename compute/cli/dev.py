@@ -319,9 +319,10 @@ def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str
                 if process.poll() is None:
                     continue
                 waiting.remove(process)
-                _out, err = process.communicate()
+                out, err = process.communicate()
                 if process.returncode != 0:
-                    raise CliError(f"a simulated agent could not join: {err.decode().strip()}")
+                    raise CliError("a simulated agent could not join: "
+                                   + exit_reason(process.returncode, out, err))
             if waiting and time.monotonic() > deadline:
                 raise CliError(f"a simulated agent did not join within {timeout:.0f}s")
             time.sleep(0.02)
@@ -329,6 +330,15 @@ def join_simulated(api: Client, roots: list[Path], *, variant: str, pool_id: str
         for process in waiting:  # the others, when one failed or time ran out
             process.kill()
             process.wait()
+
+
+def exit_reason(code: int, out: bytes, err: bytes) -> str:
+    """Why a process ended badly: its exit status or signal, and what it last said (its
+    error output, else its output)."""
+    said = (err.decode(errors="replace").strip() or out.decode(errors="replace").strip())
+    status = (f"killed by {signal.Signals(-code).name}" if code < 0
+              else f"exit status {code}")
+    return f"{status}: {said[-2000:]}" if said else f"{status}, saying nothing"
 
 
 def _gateway_password(state_dir: Path) -> Path:

@@ -26,8 +26,8 @@ from compute.core.db import database_now
 from compute.core.errors import InvalidArgument, InvalidState, NotFound
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
+from fleet.holders import refuse_while_held
 from fleet.models import CommandState, Image, JoinToken, Node, NodeCommand, ProvisionState
-from fleet.selectors import latest_spec
 from fleet.services.baremetal import (
     bare_metal_locked,
     deploy_token_revoke_locked,
@@ -114,11 +114,7 @@ def node_undeploy(*, tenant: Tenant, actor: Principal, node_id: str, reason: str
         raise InvalidState(f"node {node.id} is {node.provision_state}; it can be undeployed "
                            f"only when {' or '.join(UNDEPLOY_FROM)}",
                            provisionState=node.provision_state)
-    holds = (latest_spec(node_id=node.id) or {}).get("holds") or []
-    if holds or node.vcpus_allocated:
-        raise InvalidState(f"node {node.id} still holds {len(holds)} reservation(s) and "
-                           f"{node.vcpus_allocated} sandbox vCPUs; cordon it and let them end "
-                           "or move first", holds=len(holds), vcpus=node.vcpus_allocated)
+    refuse_while_held(node, "undeployed")  # the ledger's bookings, future ones too
     deploy_token_revoke_locked(node)
     node.key_pin, node.public_key = "", ""  # its certificate no longer opens a session
     node.session_epoch += 1

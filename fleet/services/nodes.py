@@ -9,7 +9,7 @@ from compute.platform.events.services import event_emit
 from compute.platform.events.types import EventType
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.events import FleetEvent
-from fleet.holders import node_held_by
+from fleet.holders import refuse_while_held
 from fleet.inventory import GpuReport, InventoryReport
 from fleet.models import (
     Device,
@@ -210,11 +210,7 @@ def node_retire(*, tenant: Tenant, actor: Principal, node_id: str, reason: str) 
     node = access_node_by_id(tenant=tenant, node_id=node_id, lock=True)
     if node.provision_state == ProvisionState.RETIRED:
         raise InvalidState(f"node {node.id} is already retired", provisionState="retired")
-    held = node_held_by(node)
-    if held or node.vcpus_allocated or node.memory_gib_allocated:
-        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
-        raise InvalidState(f"node {node.id} still holds {shown or 'host capacity'}: release "
-                           "or move it first", holds=held[:50])
+    refuse_while_held(node, "retired")
     was = node.provision_state
     node.provision_state = ProvisionState.RETIRED
     node.session_epoch += 1

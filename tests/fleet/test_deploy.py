@@ -194,7 +194,7 @@ def test_undeploy_is_refused_while_the_node_holds_work_then_takes_the_machine_ba
                                            key_pin="pin", public_key="pem")
     busy = root.call("nodes.undeploy", nodeId=machine, reason="retire the OS")
     assert busy.status == 409
-    assert "4 sandbox vCPUs" in busy.body["error"]["message"]
+    assert "still holds host capacity" in busy.body["error"]["message"]
     Node.objects.filter(pk=machine).update(vcpus_allocated=0, provision_state="adopted")
     taken = root("nodes.undeploy", nodeId=machine, reason="retire the OS")
     assert taken["provisionState"] == "undeploying"
