@@ -23,7 +23,7 @@ class UsageRecord(models.Model):
                              null=True)
     subject = models.CharField(max_length=32)
     meter = models.CharField(max_length=64)
-    priority_class = models.CharField(max_length=32, blank=True)
+    priority_class = models.CharField(max_length=32, blank=True, default="", db_default="")
     quantity = models.DecimalField(max_digits=18, decimal_places=6)
     window_start = models.DateTimeField()
     window_end = models.DateTimeField()
