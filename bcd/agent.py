@@ -288,7 +288,8 @@ class Agent:
             "sections": {"inventory": "reported" if state and state.connected else "pending",
                          "holds": f"{len(self.journal.held())} held"},
             "holds": [{"allocationId": allocation, "reservationId": hold.reservation_id,
-                       "gpus": list(hold.gpus), "preemptAt": hold.preempt_at or None}
+                       "gpus": list(hold.gpus), "preemptAt": hold.preempt_at or None,
+                       "endsAt": hold.ends_at or None}
                       for allocation, hold in sorted(self.held().items())],
             "cdi": self.cdi_source(),
             "simulated": self.config.sim,
@@ -549,6 +550,9 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"virtualization {status.get('virtualization', 'none')}")
     lines += [f"vm          {vm['sandboxId']} {vm['state']}, {vm['vcpus']} vCPUs, "
               f"{vm['memoryMiB']} MiB, pid {vm['pid']}" for vm in status.get("vms", [])]
+    lines += [f"hold        {hold['allocationId']} ({hold['reservationId']}), "
+              f"{len(hold['gpus'])} GPU(s), ends at {hold['endsAt']}"
+              for hold in status.get("holds", []) if hold.get("endsAt")]
     lines += [f"preempting  {hold['allocationId']} ({hold['reservationId']}) at "
               f"{hold['preemptAt']}: its GPUs are taken back then"
               for hold in status.get("holds", []) if hold.get("preemptAt")]

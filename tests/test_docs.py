@@ -18,7 +18,8 @@ PRODUCT = ("compute", "fleet", "reservations", "audit", "gateway", "bcd")
 # Names that are not read from the environment: what bcd writes into a hold's env file for the
 # workload, and the install script's own shell variable.
 NOT_READ = {"BCD_GPU", "BCD_GPU_SHARES", "BCD_RESERVATION_ID", "BCD_ALLOCATION_ID",
-            "BCD_CGROUP_PARENT", "BCD_CDI_DEVICES", "BCD_VERSION", "BCD_PREEMPT_NOTICE"}
+            "BCD_CGROUP_PARENT", "BCD_CDI_DEVICES", "BCD_VERSION", "BCD_PREEMPT_NOTICE",
+            "BCD_ENDS_AT"}
 
 
 @pytest.fixture(scope="module")

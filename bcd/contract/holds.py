@@ -80,6 +80,7 @@ class Hold:
     shares: tuple[str, ...] = ()  # time-sliced shares of the held GPUs
     preempt_at: str = ""  # ISO 8601: the hold is preempted then (a notice beside its env file)
     slurm: SlurmPublish | None = None
+    ends_at: str = ""  # ISO 8601: when the reservation ends (its workloads are told)
 
     @classmethod
     def from_wire(cls, entry: object) -> Hold:
@@ -108,10 +109,14 @@ class Hold:
         preempt_at = entry.get("preemptAt", "")
         if not isinstance(preempt_at, str) or (preempt_at and not _is_time(preempt_at)):
             raise BadHold(f"{allocation_id}: preemptAt must be an ISO 8601 time")
+        ends_at = entry.get("endsAt", "")
+        if not isinstance(ends_at, str) or (ends_at and not _is_time(ends_at)):
+            raise BadHold(f"{allocation_id}: endsAt must be an ISO 8601 time")
         slurm = entry.get("slurm")
         return cls(allocation_id, reservation_id, tuple(gpus), kubernetes, tuple(shares),
                    preempt_at,
-                   None if slurm is None else SlurmPublish.from_wire(allocation_id, slurm))
+                   None if slurm is None else SlurmPublish.from_wire(allocation_id, slurm),
+                   ends_at)
 
     def wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"allocationId": self.allocation_id,
@@ -123,6 +128,8 @@ class Hold:
             wire["preemptAt"] = self.preempt_at
         if self.slurm:
             wire["slurm"] = self.slurm.wire()
+        if self.ends_at:
+            wire["endsAt"] = self.ends_at
         return wire
 
     @property
@@ -157,6 +164,8 @@ class Hold:
     def env(self) -> dict[str, str]:
         """What a workload of the hold is told (the env file, and the CDI spec's edits)."""
         env = {"BCD_ALLOCATION_ID": self.allocation_id, "BCD_PREEMPT_NOTICE": self.notice_file}
+        if self.ends_at:
+            env["BCD_ENDS_AT"] = self.ends_at  # moved by an extension (the file is rewritten)
         return {**env, "BCD_GPU_SHARES": ",".join(self.shares)} if self.shares else env
 
     def binding(self) -> dict[str, Any]:

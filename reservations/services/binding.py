@@ -46,13 +46,15 @@ class BindingRefused(ReportRefused):
 def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
     """The hold as the node's spec carries it: ids and GPU or MIG UUIDs only (the node
     derives every path and unit name from the allocation id); a share is held as its GPU,
-    and named among the hold's shares. A preempted hold carries its deadline."""
+    and named among the hold's shares. It carries the reservation's end, and a preempted
+    hold its deadline."""
     booked = allocation.bookings.values_list("device__uuid", "device__device_class",
                                              "gpu__uuid")
     shares = sorted(uuid for uuid, kind, _ in booked if kind == DeviceClass.SHARE)
     gpus = sorted({gpu if kind == DeviceClass.SHARE else uuid for uuid, kind, gpu in booked})
     return Hold(allocation.id, rsv.id, tuple(gpus), rsv.kubernetes, tuple(shares),
-                rsv.preempt_at.isoformat() if rsv.preempt_at else "", slurm_of(rsv))
+                rsv.preempt_at.isoformat() if rsv.preempt_at else "", slurm_of(rsv),
+                rsv.ends_at.isoformat() if rsv.ends_at else "")
 
 
 def slurm_of(rsv: Reservation) -> SlurmPublish | None:

@@ -70,8 +70,9 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     rsv.duration_ms = new_duration
     rsv.ending_notice_sent = None  # a new end: its notices are due again
     rsv.save(update_fields=["during", "duration_ms", "ending_notice_sent"])
-    if rsv.slurm_account and allocation is not None and rsv.state in HELD:
-        # The node's Slurm reservation ends with the hold: tell the node the new end.
+    if allocation is not None and rsv.state in HELD:
+        # The node tells the hold's workloads its end (and ends its Slurm reservation then):
+        # the new end.
         node_spec_change_locked(Node.objects.get(pk=allocation.node_id),
                                 add=hold_of(allocation, rsv).wire())
     during = rsv.during or window(rsv.requested_start or now, new_duration)

@@ -304,3 +304,25 @@ def test_a_preempted_hold_gets_its_notice_beside_the_env_file_and_loses_it_when_
     assert not notice.exists()
     with pytest.raises(BadHold, match="preemptAt"):
         instance.apply_spec(6, {"allocations": [{**entry, "preemptAt": "soon"}]})
+
+
+def test_a_hold_tells_its_workloads_its_end_and_an_extension_moves_it(root):
+    from bcd.agent import status_text
+
+    instance = agent(root, [])
+    end, later = "2026-12-04T18:00:00+00:00", "2026-12-04T19:30:00+00:00"
+    entry = {**hold(A["a"], gpus_of(root, 2)), "endsAt": end}
+    env_file = root / "run/bcd/allocations" / f"{A['a']}.env"
+    assert [kind for kind, _, _ in instance.apply_spec(1, {"allocations": [entry]})] == [
+        "bound"]
+    assert f"BCD_ENDS_AT={end}" in env_file.read_text()
+    shown = instance.status()
+    assert [h["endsAt"] for h in shown["holds"]] == [end]
+    assert f"hold        {A['a']} ({entry['reservationId']}), 2 GPU(s), ends at {end}" in (
+        status_text(shown))
+    reports = instance.apply_spec(2, {"allocations": [{**entry, "endsAt": later}]})
+    assert [kind for kind, _, _ in reports] == ["bound"]  # still held, told its new end
+    assert f"BCD_ENDS_AT={later}" in env_file.read_text()
+    assert f"BCD_ENDS_AT={end}" not in env_file.read_text()
+    with pytest.raises(BadHold, match="endsAt"):
+        instance.apply_spec(3, {"allocations": [{**entry, "endsAt": "tonight"}]})

@@ -76,3 +76,26 @@ def test_a_pool_that_asks_for_no_notice_gets_none(root):
     rsv = started(root, pool, 1)
     timers_run()
     assert endings(rsv) == []
+
+
+def test_the_node_is_told_each_held_reservations_end_and_its_new_end(root, pool):
+    from datetime import datetime
+
+    from fleet.models import NodeSpec
+
+    node = make_node(pool["id"])
+    rsv = started(root, pool, 60)
+
+    def told_end() -> datetime:
+        spec = NodeSpec.objects.filter(node=node).latest("generation").spec
+        [held] = [a for a in spec["allocations"] if a["reservationId"] == rsv["id"]]
+        return datetime.fromisoformat(held["endsAt"])
+
+    def shown_end() -> datetime:  # (the API shows milliseconds)
+        return datetime.fromisoformat(root("reservations.get", reservationId=rsv["id"])["end"])
+
+    first = told_end()
+    assert abs((first - shown_end()).total_seconds()) < 0.001
+    root("reservations.extend", reservationId=rsv["id"], by=1_800_000)
+    assert abs((told_end() - shown_end()).total_seconds()) < 0.001
+    assert (told_end() - first).total_seconds() == 1800
