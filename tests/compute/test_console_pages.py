@@ -23,7 +23,7 @@ from tests.reservations.conftest import reserve
 from tests.support.writes import recorded
 
 PAGES = ["", "pools", "reservations", "sandboxes", "nodes", "join-tokens", "tenants", "audit",
-         "usage"]
+         "usage", "webhooks"]
 ACTIONS = ['data-action="reservations.create"', 'data-action="reservations.release"',
            'data-action="nodes.cordon"', 'data-action="joinTokens.create"']
 
@@ -286,3 +286,41 @@ def test_the_queue_shows_planned_starts(root, root_token):
     planned = row[row.index('<td class="planned">') + len('<td class="planned">'):]
     assert planned[:2] == "20", planned[:40]  # a time, in the planned-start column
     assert "planned to start at" in row
+
+
+def test_the_webhooks_page_subscribes_shows_deliveries_and_sends_a_dead_one_again(
+        root_token, settings):
+    from compute.platform.webhooks.reconcilers import sweep
+    from tests.support.receiver import receiving
+    from tests.support.work import run_due_work
+
+    settings.BC_WEBHOOK_ALLOW = "127.0.0.1/32"
+    browser = signed_in(root_token)
+    with receiving() as receiver:
+        made = envelope(browser, "webhooks.create", {"url": receiver.url, "types": "site.*",
+                                                     "maxAttempts": 1})
+        assert made.status_code == 200, made.content
+        hook = made.json()["result"]
+        receiver.status = 500
+        assert envelope(browser, "sites.create", {"kind": "shared", "region": "eu-7"}
+                        ).status_code == 200
+        sweep()
+        run_due_work()
+        page = text(browser, "/console/webhooks")
+        assert f'id="{hook["id"]}"' in page
+        assert receiver.url in page
+        assert 'class="dead"' in page
+        assert "answered 500" in page
+        assert 'data-action="webhooks.replay"' in page
+        assert hook["secret"] not in page  # shown once, in the answer to the form only
+        [dead] = envelope(browser, "webhooks.deliveries",
+                          {"webhookId": hook["id"]}).json()["result"]["items"]
+        assert dead["state"] == "dead"
+        receiver.status = 200
+        replayed = envelope(browser, "webhooks.replay", {"webhookId": hook["id"],
+                                                         "deliveryId": dead["id"]})
+        assert replayed.json()["result"] == {"replayed": 1}
+        sweep()
+        run_due_work()
+        assert [m["type"] for m in receiver.messages()] == ["site.created"]
+        assert 'class="delivered"' in text(browser, "/console/webhooks")

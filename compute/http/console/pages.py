@@ -165,6 +165,18 @@ def join_tokens(request: HttpRequest, page: Page) -> HttpResponse:
     return _newest_first_with_pools(page, "console/join_tokens.html", "joinTokens")
 
 
+@console_page
+def webhooks(request: HttpRequest, page: Page) -> HttpResponse:
+    """Webhooks: each subscription with its latest deliveries (a dead one can be sent
+    again), a form to subscribe (the secret shown once) and one to delete."""
+    subscriptions = page.call("webhooks.list", limit=100)["items"]
+    for subscription in subscriptions:
+        subscription["deliveries"] = page.call("webhooks.deliveries", limit=20,
+                                               webhookId=subscription["id"])["items"]
+    return page.render("console/webhooks.html", {
+        "items": subscriptions, "can_act": page.can("webhooks.create")})
+
+
 def _newest_first_with_pools(page: Page, template: str, group: str,
                              **extra: Any) -> HttpResponse:
     """A list page with a create form over the tenant's pools (shown only if allowed)."""

@@ -21,5 +21,6 @@ urlpatterns = [
     path("audit", pages.audit, name="console-audit"),
     path("audit/<str:event_id>/proof", pages.audit_proof, name="console-audit-proof"),
     path("usage", pages.usage, name="console-usage"),
+    path("webhooks", pages.webhooks, name="console-webhooks"),
     path("usage.csv", pages.usage_csv, name="console-usage-csv"),
 ]
