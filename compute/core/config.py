@@ -106,6 +106,19 @@ VARIABLES = Declared(
              "comma-separated URLs that receive each closed usage record as a CloudEvent "
              "(com.better-compute.usage), besides the IAM backend; allowed as webhooks are "
              "(BETTER_COMPUTE_WEBHOOK_ALLOW)"),
+    Variable("BETTER_COMPUTE_OIDC_ISSUER", "str", "",
+             "an OpenID Connect issuer whose JWTs the API takes as bearer tokens (its "
+             "discovery document and keys are read from it); empty: API tokens only"),
+    Variable("BETTER_COMPUTE_OIDC_AUDIENCE", "str", "",
+             "the audience an OIDC token must carry (the client id, for an ID token)"),
+    Variable("BETTER_COMPUTE_OIDC_ROLES", "str", "",
+             "OIDC groups to roles in tenants, comma-separated: "
+             "`gpu-ops=root:operator,ml-team=acme:member` (a token with none of them is "
+             "refused)"),
+    Variable("BETTER_COMPUTE_OIDC_GROUPS_CLAIM", "str", "groups",
+             "the claim of an OIDC token that lists its groups"),
+    Variable("BETTER_COMPUTE_OIDC_LEEWAY_SECONDS", "float", 30.0,
+             "how far an OIDC token's expiry and not-before may be off the API's clock"),
     Variable("BETTER_COMPUTE_KEK", "str", None,
              "the key-encryption key (base64 of 32 bytes) sealing the PKI and audit keys; "
              "default: a 0600 file made on first use, `<state>/secrets/kek`. Required with a "

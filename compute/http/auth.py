@@ -1,4 +1,5 @@
-"""Who is calling: a bearer API token, or a console session that sent the CSRF header.
+"""Who is calling: a bearer API token (or an OpenID Connect JWT where an issuer is
+configured), or a console session that sent the CSRF header.
 
 A console session stands for a principal in one of two ways: it keeps the *id* of the API
 token it was signed in with (never its secret), or it is a signed-in Django user with a
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 
 from compute.core.errors import CsrfHeaderMissing, PermissionDenied, Unauthenticated
 from compute.http.fair import learn
+from compute.platform.iam import oidc
 from compute.platform.iam.refusals import authentication_failed, authentication_throttled
 from compute.platform.tenancy.models import Principal
 from compute.platform.tenancy.selectors import (
@@ -21,6 +23,7 @@ from compute.platform.tenancy.selectors import (
     principal_for_token_id,
     principal_for_user,
 )
+from compute.platform.tenancy.services import oidc_principal
 
 CSRF_HEADER = "X-Better-Compute"
 CSRF_VALUE = "1"
@@ -42,6 +45,14 @@ def session_principal(session: MutableMapping[str, Any] | None, user: Any = None
     raise Unauthenticated("not signed in")
 
 
+def bearer_principal(credential: str) -> Principal:
+    """An API token's principal, or, where an OpenID Connect issuer is configured, a JWT's
+    (compute.platform.iam.oidc)."""
+    if oidc.configured() and oidc.looks_like_jwt(credential):
+        return oidc_principal(oidc.identity_of(credential))
+    return principal_for_token(credential)
+
+
 def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any] | None = None,
                  user: Any = None, address: str = "") -> Principal:
     """The caller named by `Authorization: Bearer biam_…`, else by a console session whose
@@ -55,7 +66,7 @@ def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any
             raise Unauthenticated("Authorization must be 'Bearer biam_…'")
         authentication_throttled(address)
         try:
-            principal = principal_for_token(credential.strip())
+            principal = bearer_principal(credential.strip())
         except Unauthenticated:
             authentication_failed(address)
             raise

@@ -27,6 +27,7 @@ from compute.platform.models import (
     EventHead,
     IamUsage,
     IdempotencyRecord,
+    OidcIdentity,
     Principal,
     RefusalBudget,
     RoleBinding,
@@ -176,3 +177,9 @@ _read_only_everywhere("django_q")
 class IamUsageAdmin(ReadOnlyAdmin):
     list_display = ("record_id", "tenant", "meter", "quantity", "window_start", "window_end")
     search_fields = ("record_id", "tenant__slug", "meter")
+
+
+@admin.register(OidcIdentity)
+class OidcIdentityAdmin(ReadOnlyAdmin):
+    list_display = ("subject", "issuer", "principal", "created_at")
+    search_fields = ("subject", "issuer", "principal__id")

@@ -187,6 +187,13 @@ BC_WEBHOOK_TIMEOUT_SECONDS = number("BETTER_COMPUTE_WEBHOOK_TIMEOUT_SECONDS")
 # Where closed usage records go besides the IAM backend (compute.platform.iam.metering).
 BC_USAGE_SINK_URLS = text("BETTER_COMPUTE_USAGE_SINK_URLS")
 
+# OpenID Connect bearer tokens (compute.platform.iam.oidc).
+BC_OIDC_ISSUER = text("BETTER_COMPUTE_OIDC_ISSUER")
+BC_OIDC_AUDIENCE = text("BETTER_COMPUTE_OIDC_AUDIENCE")
+BC_OIDC_ROLES = text("BETTER_COMPUTE_OIDC_ROLES")
+BC_OIDC_GROUPS_CLAIM = text("BETTER_COMPUTE_OIDC_GROUPS_CLAIM")
+BC_OIDC_LEEWAY_SECONDS = number("BETTER_COMPUTE_OIDC_LEEWAY_SECONDS")
+
 # The key-encryption key sealing the PKI and audit keys in Postgres (base64 of 32 bytes),
 # or a file holding it; neither set: a 0600 file made on first use under the state dir.
 BC_KEK = env("KEK")

@@ -82,6 +82,25 @@ class RoleBinding(models.Model):
         return f"{self.principal_id} {self.role} in {self.tenant_id}"
 
 
+class OidcIdentity(models.Model):
+    """The principal an OpenID Connect subject of an issuer acts as (compute.platform.iam.oidc):
+    made on its first call, its role bindings kept to what its groups map to."""
+
+    issuer = models.CharField(max_length=300)
+    subject = models.CharField(max_length=255)
+    principal = models.OneToOneField(Principal, on_delete=models.CASCADE,
+                                     related_name="oidc_identity")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "OIDC identities"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"],
+                                               name="compute_oidc_identity_once")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"
+
+
 class ApiToken(models.Model):
     """A bearer token `biam_<id>.<secret>`. Only the SHA-256 of the secret is kept."""
 

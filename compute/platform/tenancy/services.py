@@ -10,15 +10,23 @@ from django.utils import timezone
 
 from audit.services import audit_record, audited
 from compute.core import secrets
-from compute.core.db import constraint_errors
-from compute.core.errors import AlreadyExists, InvalidArgument, InvalidState, NotFound
+from compute.core.db import advisory_xact_lock, constraint_errors
+from compute.core.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    PermissionDenied,
+)
 from compute.platform.events.services import event_emit
+from compute.platform.iam.oidc import Identity
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
 from compute.platform.tenancy.events import TenancyEvent
 from compute.platform.tenancy.models import (
     ROOT_TENANT_SLUG,
     TOKEN_SCHEME,
     ApiToken,
+    OidcIdentity,
     Principal,
     Role,
     RoleBinding,
@@ -142,3 +150,54 @@ def user_create(*, tenant_slug: str, username: str, password: str, role: str,
     event_emit(tenant_id=tenant.id, type=TenancyEvent.USER_CREATED, subject=principal.id,
                payload={"username": username, "role": role})
     return principal
+
+
+def oidc_principal(identity: Identity) -> Principal:
+    """The principal of an OpenID Connect identity, with role bindings that are what its
+    groups map to now; written (and audited) only when that changed."""
+    if not identity.roles:
+        raise PermissionDenied(f"{identity.name}: no group of this identity maps to a role "
+                               "(BETTER_COMPUTE_OIDC_ROLES)")
+    known = (OidcIdentity.objects.select_related("principal__tenant")
+             .filter(issuer=identity.issuer, subject=identity.subject).first())
+    if known is not None and _roles_of(known.principal) == identity.roles \
+            and known.principal.disabled_at is None:
+        return known.principal
+    return oidc_principal_sync(identity)
+
+
+def _roles_of(principal: Principal) -> dict[str, str]:
+    return dict(RoleBinding.objects.filter(principal=principal)
+                .values_list("tenant__slug", "role"))
+
+
+@audited
+def oidc_principal_sync(identity: Identity) -> Principal:
+    """Make the identity's principal (homed in the root tenant if a group maps there, else
+    in the first tenant named) and set its role bindings to its groups' roles."""
+    advisory_xact_lock(f"oidc:{identity.issuer}:{identity.subject}")
+    tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=identity.roles)}
+    if not tenants:
+        raise PermissionDenied(f"{identity.name}: the tenants its groups map to do not exist")
+    known = (OidcIdentity.objects.select_related("principal")
+             .filter(issuer=identity.issuer, subject=identity.subject).first())
+    if known is None:
+        home = tenants.get(ROOT_TENANT_SLUG) or tenants[sorted(tenants)[0]]
+        principal = Principal.objects.create(tenant=home, name=identity.name,
+                                             kind=Principal.Kind.USER)
+        OidcIdentity.objects.create(issuer=identity.issuer, subject=identity.subject,
+                                    principal=principal)
+    else:
+        principal = known.principal
+    if principal.disabled_at is not None:
+        raise PermissionDenied(f"{identity.name}: this principal is disabled")
+    RoleBinding.objects.filter(principal=principal).exclude(
+        tenant__slug__in=list(tenants)).delete()
+    for slug, tenant in tenants.items():
+        RoleBinding.objects.update_or_create(principal=principal, tenant=tenant,
+                                             defaults={"role": identity.roles[slug]})
+    audit_record(tenant_id=principal.tenant_id, actor_id=principal.id,
+                 action="principal.oidc.sync", target=principal.id,
+                 data={"issuer": identity.issuer, "subject": identity.subject,
+                       "roles": {slug: identity.roles[slug] for slug in sorted(tenants)}})
+    return Principal.objects.select_related("tenant").get(pk=principal.pk)

@@ -1,0 +1,107 @@
+"""OpenID Connect on the API, against a real provider process: a JWT from the configured
+issuer is a bearer token, its groups mapped to roles in tenants; a token for another
+audience, an expired one, one from another issuer, a tampered one and one whose groups map to
+nothing are refused."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from audit.models import AuditEvent
+from compute.platform.tenancy.models import OidcIdentity, RoleBinding
+from tests.support.oidc import Provider, running_provider
+
+AUDIENCE = "better-compute"
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[Provider]:
+    with running_provider(token_max_age=4) as running:
+        yield running
+
+
+@pytest.fixture
+def oidc(settings, provider) -> Provider:
+    settings.BC_OIDC_ISSUER = provider.issuer
+    settings.BC_OIDC_AUDIENCE = AUDIENCE
+    settings.BC_OIDC_ROLES = "gpu-ops=root:operator,ml-team=acme:member,ml-leads=acme:admin"
+    settings.BC_OIDC_LEEWAY_SECONDS = 0
+    return provider
+
+
+def call(client, token: str, method: str, body: dict | None = None, tenant: str = ""):
+    group, name = method.split(".")
+    headers = {"Authorization": f"Bearer {token}"}
+    return client.post(f"/api/compute/{group}/{name}", json.dumps(
+        {**(body or {}), **({"tenantId": tenant} if tenant else {})}),
+        content_type="application/json", headers=headers)
+
+
+def test_a_token_of_the_issuer_is_a_caller_with_the_roles_its_groups_map_to(
+        client, acme, oidc):
+    oidc.set_user("alice", email="alice@example.com", groups=["ml-team"])
+    token = oidc.tokens("alice", client_id=AUDIENCE)["id_token"]
+    who = call(client, token, "system.whoami")
+    assert who.status_code == 200, who.content
+    principal = who.json()["result"]["principalId"]
+    assert who.json()["result"]["tenantId"] == acme.tenant_id
+    [identity] = OidcIdentity.objects.filter(subject="alice")
+    assert (identity.principal_id, identity.issuer) == (principal, oidc.issuer)
+    assert dict(RoleBinding.objects.filter(principal_id=principal).values_list(
+        "tenant__slug", "role")) == {"acme": "member"}
+    assert call(client, token, "reservations.list").status_code == 200  # a member's read
+    refused = call(client, token, "tokens.create", {"name": "x", "role": "viewer"})
+    assert refused.status_code == 403  # a member does not mint tokens
+    assert AuditEvent.objects.filter(action="principal.oidc.sync",
+                                     target=principal).count() == 1
+    call(client, token, "system.whoami")  # the same roles: nothing written again
+    assert AuditEvent.objects.filter(action="principal.oidc.sync",
+                                     target=principal).count() == 1
+
+    oidc.set_user("alice", email="alice@example.com", groups=["ml-team", "ml-leads"])
+    promoted = oidc.tokens("alice", client_id=AUDIENCE)["id_token"]
+    assert call(client, promoted, "tokens.create", {"name": "ci", "role": "viewer"}
+                ).status_code == 200  # an admin of acme now
+    assert dict(RoleBinding.objects.filter(principal_id=principal).values_list(
+        "tenant__slug", "role")) == {"acme": "admin"}
+
+
+def test_wrong_audience_expired_other_issuer_tampered_and_unmapped_tokens_are_refused(
+        client, acme, oidc, settings):
+    oidc.set_user("bob", email="bob@example.com", groups=["ml-team"])
+    other = oidc.tokens("bob", client_id="another-app")["id_token"]
+    answer = call(client, other, "system.whoami")
+    assert answer.status_code == 401
+    assert "another audience" in answer.json()["error"]["message"]
+
+    good = oidc.tokens("bob", client_id=AUDIENCE)["id_token"]
+    header, payload, signature = good.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=="))
+    forged = base64.urlsafe_b64encode(json.dumps(
+        {**claims, "groups": ["gpu-ops"]}).encode()).rstrip(b"=").decode()
+    answer = call(client, f"{header}.{forged}.{signature}", "system.whoami")
+    assert (answer.status_code, answer.json()["error"]["message"]) == (
+        401, "the token's signature does not verify")
+
+    settings.BC_OIDC_ISSUER = oidc.issuer + "/"  # (a trailing slash names the same one)
+    assert call(client, good, "system.whoami").status_code == 200
+    settings.BC_OIDC_ISSUER = "http://127.0.0.1:1"  # another issuer: its keys cannot be read
+    assert call(client, good, "system.whoami").status_code == 401
+    settings.BC_OIDC_ISSUER = oidc.issuer
+
+    oidc.set_user("carol", email="carol@example.com", groups=["marketing"])
+    unmapped = oidc.tokens("carol", client_id=AUDIENCE)["id_token"]
+    answer = call(client, unmapped, "system.whoami")
+    assert answer.status_code == 403
+    assert "no group of this identity maps to a role" in answer.json()["error"]["message"]
+    assert not OidcIdentity.objects.filter(subject="carol").exists()
+
+    time.sleep(4.5)  # the provider's tokens live 4 s: bob's is over
+    answer = call(client, good, "system.whoami")
+    assert (answer.status_code, answer.json()["error"]["message"]) == (
+        401, "the token has expired")
