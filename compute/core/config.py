@@ -111,6 +111,9 @@ VARIABLES = Declared(
              "discovery document and keys are read from it); empty: API tokens only"),
     Variable("BETTER_COMPUTE_OIDC_AUDIENCE", "str", "",
              "the audience an OIDC token must carry (the client id, for an ID token)"),
+    Variable("BETTER_COMPUTE_OIDC_CLIENT_SECRET", "str", "",
+             "the console's client secret at the OIDC issuer (its client id is the "
+             "audience; empty for a public client, which PKCE protects)", secret=True),
     Variable("BETTER_COMPUTE_OIDC_ROLES", "str", "",
              "OIDC groups to roles in tenants, comma-separated: "
              "`gpu-ops=root:operator,ml-team=acme:member` (a token with none of them is "

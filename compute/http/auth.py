@@ -9,6 +9,7 @@ principal, signs the browser out.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from compute.platform.iam import oidc
 from compute.platform.iam.refusals import authentication_failed, authentication_throttled
 from compute.platform.tenancy.models import Principal
 from compute.platform.tenancy.selectors import (
+    principal_by_id,
     principal_for_token,
     principal_for_token_id,
     principal_for_user,
@@ -28,11 +30,18 @@ from compute.platform.tenancy.services import oidc_principal
 CSRF_HEADER = "X-Better-Compute"
 CSRF_VALUE = "1"
 SESSION_TOKEN_KEY = "console_token_id"  # noqa: S105  (a session key name, no secret)
+SESSION_OIDC = "console_oidc"  # {"principal", "expires"}: a sign-in with OpenID Connect
 
 
 def session_principal(session: MutableMapping[str, Any] | None, user: Any = None) -> Principal:
     """The principal a console session stands for; a session whose token has been revoked
     or has expired forgets it."""
+    signed = session.get(SESSION_OIDC) if session is not None else None
+    if signed:  # it lasts as long as the ID token it was made from
+        if signed["expires"] <= time.time():
+            session.pop(SESSION_OIDC, None)  # type: ignore[union-attr]
+            raise Unauthenticated("the sign-in has expired: sign in again")
+        return principal_by_id(str(signed["principal"]))
     token_id = session.get(SESSION_TOKEN_KEY) if session is not None else None
     if token_id:
         try:
@@ -72,7 +81,8 @@ def authenticate(headers: Mapping[str, str], *, session: MutableMapping[str, Any
             raise
         learn(credential.strip(), principal.tenant_id)
         return principal
-    signed_in = bool(session and session.get(SESSION_TOKEN_KEY)) or bool(
+    signed_in = bool(session and (session.get(SESSION_TOKEN_KEY) or session.get(
+        SESSION_OIDC))) or bool(
         user is not None and user.is_authenticated)
     if signed_in:
         if lowered.get(CSRF_HEADER.lower()) != CSRF_VALUE:

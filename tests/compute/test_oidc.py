@@ -6,6 +6,7 @@ nothing are refused."""
 from __future__ import annotations
 
 import base64
+import re
 import json
 import time
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ def oidc(settings, provider) -> Provider:
     settings.BC_OIDC_AUDIENCE = AUDIENCE
     settings.BC_OIDC_ROLES = "gpu-ops=root:operator,ml-team=acme:member,ml-leads=acme:admin"
     settings.BC_OIDC_LEEWAY_SECONDS = 0
+    settings.BC_OIDC_CLIENT_SECRET = "the-console-s-secret"  # (the provider takes any)
     return provider
 
 
@@ -105,3 +107,38 @@ def test_wrong_audience_expired_other_issuer_tampered_and_unmapped_tokens_are_re
     answer = call(client, good, "system.whoami")
     assert (answer.status_code, answer.json()["error"]["message"]) == (
         401, "the token has expired")
+
+
+def test_the_console_signs_in_with_the_code_flow_and_pkce_until_the_id_token_expires(
+        client, acme, oidc):
+    from urllib.parse import parse_qs, urlsplit
+
+    import httpx
+
+    oidc.set_user("dana", email="dana@example.com", groups=["ml-team"])
+    assert 'id="sso"' in client.get("/console/sign-in").content.decode()
+    start = client.get("/console/sign-in/oidc")
+    assert start.status_code == 302
+    to_issuer = urlsplit(start["Location"])
+    query = parse_qs(to_issuer.query)
+    assert f"{to_issuer.scheme}://{to_issuer.netloc}" == oidc.issuer
+    assert (query["code_challenge_method"], query["client_id"]) == (["S256"], [AUDIENCE])
+    consent = httpx.post(start["Location"], data={"sub": "dana"}, timeout=10)
+    back = urlsplit(consent.headers["location"])
+    assert back.path == "/console/sign-in/oidc/callback"
+    replayed_elsewhere = client.get(back.path, {"state": "forged", "code": "x"})
+    assert replayed_elsewhere.status_code == 401  # (and the flow is spent)
+    start = client.get("/console/sign-in/oidc")  # again, for real
+    consent = httpx.post(start["Location"], data={"sub": "dana"}, timeout=10)
+    back = urlsplit(consent.headers["location"])
+    signed_in = client.get(f"{back.path}?{back.query}")
+    assert signed_in.status_code == 302, re.findall(r"role=\"alert\">([^<]*)", signed_in.content.decode())
+    assert signed_in["Location"] == "/console/"
+    board = client.get("/console/reservations")
+    assert board.status_code == 200
+    assert "dana@example.com" in board.content.decode()
+    answer = client.post("/api/compute/system/whoami", "{}", content_type="application/json",
+                         headers={"X-Better-Compute": "1"})
+    assert answer.json()["result"]["tenantId"] == acme.tenant_id
+    time.sleep(4.5)  # the ID token lived 4 s: so does the session
+    assert client.get("/console/reservations")["Location"] == "/console/sign-in"

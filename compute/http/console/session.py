@@ -20,6 +20,7 @@ from compute.http.auth import SESSION_TOKEN_KEY, session_principal
 from compute.http.edge import Caller, acting_as, decide_once, new_request_id
 from compute.http.envelope import call
 from compute.platform import iam
+from compute.platform.iam import oidc
 from compute.platform.tenancy.models import ROOT_TENANT_SLUG, TOKEN_SCHEME, Principal, Tenant
 from compute.platform.tenancy.selectors import principal_for_token, principal_for_user
 
@@ -38,7 +39,8 @@ def sign_in(request: HttpRequest) -> HttpResponse:
             error = refused.message
         else:
             return HttpResponseRedirect("/console/")
-    return render(request, "console/sign_in.html", {"error": error},
+    return render(request, "console/sign_in.html", {"error": error,
+                                                    "oidc": oidc.configured()},
                   status=401 if error else 200)
 
 

@@ -2,12 +2,14 @@
 
 from django.urls import path
 
-from compute.http.console import pages, session
+from compute.http.console import pages, session, sso
 
 urlpatterns = [
     path("", pages.board, name="console"),
     path("board", pages.board_tiles, name="console-board"),
     path("sign-in", session.sign_in, name="console-sign-in"),
+    path("sign-in/oidc", sso.oidc_start, name="console-sign-in-oidc"),
+    path("sign-in/oidc/callback", sso.oidc_callback, name="console-sign-in-oidc-callback"),
     path("sign-out", session.sign_out, name="console-sign-out"),
     path("pools", pages.pools, name="console-pools"),
     path("reservations", pages.reservations, name="console-reservations"),

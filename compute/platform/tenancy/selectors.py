@@ -83,6 +83,15 @@ def principal_for_user(user: object) -> Principal:
     return principal
 
 
+def principal_by_id(principal_id: str) -> Principal:
+    """A live principal by its id (a console session signed in with OpenID Connect keeps
+    only that)."""
+    principal = Principal.objects.select_related("tenant").filter(pk=principal_id).first()
+    if principal is None or principal.disabled_at is not None:
+        raise Unauthenticated("this session's principal is gone or disabled")
+    return principal
+
+
 class TenantOutOfReach(NotFound):
     """A tenant that exists but that the caller has no standing in: answered exactly as a
     tenant that does not exist, so existence never leaks."""
