@@ -71,15 +71,17 @@ class Config:
         if not token:
             raise CliError("BETTER_COMPUTE_TOKEN is not set: export a biam_… API token "
                            "(or BETTER_COMPUTE_TOKEN_FILE naming a file that holds one)")
-        if not TOKEN_SHAPE.match(token):
+        if not (TOKEN_SHAPE.match(token) or JWT_SHAPE.match(token)):
             raise CliError("BETTER_COMPUTE_TOKEN is malformed: an API token looks like "
                            "biam_tok_<id>.<secret> (the docs' biam_… is a placeholder; "
-                           "`better-compute dev` writes a real one to its env file)")
+                           "`better-compute dev` writes a real one to its env file), and "
+                           "`better-compute login` keeps a single sign-on token (a JWT)")
         return cls(url=check_url(url), token=token,
                    tenant=config.text("BETTER_COMPUTE_TENANT") or None)
 
 
 TOKEN_SHAPE = re.compile(r"^biam_[a-z]+_[0-9a-z]{26}\.[A-Za-z0-9_-]{20,200}$")
+JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 
 
 class Client:

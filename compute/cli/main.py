@@ -22,7 +22,8 @@ LEDGER = {name: f"compute.cli.ledger:{name}" for name in (
 LAZY = {**RESOURCES, **LEDGER, "images": "compute.cli.images:images",
         "audit": "compute.cli.audit:audit", "daemon": "compute.cli.install_script:daemon",
         "dev": "compute.cli.dev:dev", "serve": "compute.cli.serve:serve",
-        "sim": "compute.cli.sim.command:sim", "webhooks": "compute.cli.webhooks:webhooks"}
+        "sim": "compute.cli.sim.command:sim", "webhooks": "compute.cli.webhooks:webhooks",
+        "login": "compute.cli.login:login"}
 ALSO = {"nodes": ("compute.cli.baremetal",)}  # it adds its commands to `nodes`
 
 _process_value = click.Option.process_value

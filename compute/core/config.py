@@ -110,7 +110,8 @@ VARIABLES = Declared(
              "an OpenID Connect issuer whose JWTs the API takes as bearer tokens (its "
              "discovery document and keys are read from it); empty: API tokens only"),
     Variable("BETTER_COMPUTE_OIDC_AUDIENCE", "str", "",
-             "the audience an OIDC token must carry (the client id, for an ID token)"),
+             "the audiences an OIDC token may carry, comma-separated (client ids, for ID "
+             "tokens): the console's first, then others such as the CLI's"),
     Variable("BETTER_COMPUTE_OIDC_CLIENT_SECRET", "str", "",
              "the console's client secret at the OIDC issuer (its client id is the "
              "audience; empty for a public client, which PKCE protects)", secret=True),

@@ -6,8 +6,8 @@ nothing are refused."""
 from __future__ import annotations
 
 import base64
-import re
 import json
+import re
 import time
 from collections.abc import Iterator
 
@@ -132,7 +132,8 @@ def test_the_console_signs_in_with_the_code_flow_and_pkce_until_the_id_token_exp
     consent = httpx.post(start["Location"], data={"sub": "dana"}, timeout=10)
     back = urlsplit(consent.headers["location"])
     signed_in = client.get(f"{back.path}?{back.query}")
-    assert signed_in.status_code == 302, re.findall(r"role=\"alert\">([^<]*)", signed_in.content.decode())
+    alert = re.findall(r"role=\"alert\">([^<]*)", signed_in.content.decode())
+    assert signed_in.status_code == 302, alert
     assert signed_in["Location"] == "/console/"
     board = client.get("/console/reservations")
     assert board.status_code == 200

@@ -55,7 +55,7 @@ def oidc_start(request: HttpRequest) -> HttpResponse:
     request.session[SESSION_FLOW] = flow
     challenge = base64.urlsafe_b64encode(
         hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
-    query = {"response_type": "code", "client_id": settings.BC_OIDC_AUDIENCE,
+    query = {"response_type": "code", "client_id": oidc.accepted_audiences()[0],
              "redirect_uri": request.build_absolute_uri(CALLBACK),
              "scope": "openid email profile", "state": flow["state"],
              "nonce": flow["nonce"], "code_challenge": challenge,
@@ -78,7 +78,7 @@ def oidc_callback(request: HttpRequest) -> HttpResponse:
         token_endpoint = _discovery()["token_endpoint"]
         exchange = {"grant_type": "authorization_code", "code": request.GET["code"],
                     "redirect_uri": request.build_absolute_uri(CALLBACK),
-                    "client_id": settings.BC_OIDC_AUDIENCE, "code_verifier": flow["verifier"]}
+                    "client_id": oidc.accepted_audiences()[0], "code_verifier": flow["verifier"]}
         if settings.BC_OIDC_CLIENT_SECRET:  # a confidential client; a public one has none
             exchange["client_secret"] = settings.BC_OIDC_CLIENT_SECRET
         answer = httpx.post(token_endpoint, timeout=10, data=exchange)

@@ -48,6 +48,12 @@ def configured() -> bool:
     return bool(settings.BC_OIDC_ISSUER)
 
 
+def accepted_audiences() -> list[str]:
+    """The audiences a token may carry (the console's client id first, then others such as
+    the CLI's)."""
+    return [a.strip() for a in settings.BC_OIDC_AUDIENCE.split(",") if a.strip()]
+
+
 def looks_like_jwt(credential: str) -> bool:
     return credential.count(".") == 2 and not credential.startswith("biam_")
 
@@ -133,7 +139,7 @@ def verified_claims(token: str) -> dict[str, Any]:
         raise Unauthenticated("the token is from another issuer")
     audience = claims.get("aud")
     audiences = audience if isinstance(audience, list) else [audience]
-    if settings.BC_OIDC_AUDIENCE not in audiences:
+    if not set(audiences) & set(accepted_audiences()):
         raise Unauthenticated("the token is for another audience")
     now, leeway = time.time(), settings.BC_OIDC_LEEWAY_SECONDS
     if not isinstance(claims.get("exp"), int | float) or claims["exp"] + leeway <= now:
