@@ -93,6 +93,19 @@ def scrape_seconds(scrapes: int) -> tuple[list[float], int, int]:
     return seconds, size, samples
 
 
+def per_gpu_seconds(scrapes: int) -> float:
+    """The part of a scrape spent on the per-GPU telemetry series."""
+    from compute.core.db import database_now
+    from fleet.metrics import gpu_telemetry
+
+    seconds = []
+    for _ in range(scrapes):
+        began = time.perf_counter()
+        list(gpu_telemetry(database_now()))
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds)
+
+
 def baseline_seconds(pool_id: str, scrapes: int) -> float:
     from fleet.models import Device
 
@@ -132,10 +145,12 @@ def main() -> None:
                 cursor.execute("ANALYZE")
             seconds, size_bytes, samples = scrape_seconds(args.scrapes)
             base = baseline_seconds(pool_id, args.scrapes)
+            per_gpu = per_gpu_seconds(args.scrapes)
             p50 = statistics.median(seconds)
             rows.append({"nodes": f"{size:,}", "GPUs": f"{size * 8:,}",
                          "bookings added": f"{booked:,}", "scrape p50 ms": f"{p50 * 1000:.0f}",
                          "scrape max ms": f"{max(seconds) * 1000:.0f}",
+                         "per-GPU series ms": f"{per_gpu * 1000:.0f}",
                          "vs count(*)": f"{p50 / base:.0f}x",
                          "series": f"{samples:,}", "KiB": f"{size_bytes / 1024:.0f}"})
     print(table(rows))

@@ -26,7 +26,7 @@ QUEUE = (f"SELECT kind, count(*), EXTRACT(EPOCH FROM now() - min(due_at)) "  # n
 class DatabaseCollector(Collector):
     """Series read from Postgres when scraped: the work queue's, the ledger's
     (reservations.metrics), the fleet's (fleet.metrics) and webhooks' deliveries. A scrape
-    costs about a dozen queries, whatever the fleet's size."""
+    costs about a dozen queries, each linear in the fleet (bench.metrics)."""
 
     def describe(self) -> Iterator[Metric]:
         """Nothing: registering asks, maybe where no database may be touched (such as while
