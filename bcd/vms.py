@@ -63,10 +63,12 @@ def vm_states(journal: Journal) -> dict[str, dict[str, Any]]:
                                resumed=kind == "vm-resume")
         elif key in states and kind == "vm-stop":
             states[key]["state"] = "stopping" if phase == "begin" else "stopped"
+            if phase != "begin" and "at" in record:
+                states[key]["endedAt"] = record["at"]
         elif key in states and kind == "vm-end":
             states[key].update(state="ended", end=record.get("end", "failed"),
                                reason=record.get("reason", ""),
-                               exitStatus=record.get("exitStatus"))
+                               exitStatus=record.get("exitStatus"), endedAt=record.get("at"))
     return states
 
 
@@ -103,21 +105,26 @@ class VmKeeper:
                 said = "resumed"
             if said:
                 self.reports[sandbox] = self._report(sandbox, said, state.get("reason", ""),
-                                                     state.get("exitStatus"))
+                                                     state.get("exitStatus"),
+                                                     state.get("endedAt"))
 
     def _report(self, sandbox: str, phase: str, reason: str = "",
-                exit_status: int | None = None) -> Report:
+                exit_status: int | None = None, ended_at: float | None = None) -> Report:
+        """A signed VM report; one that says the VM ended says when (the node's clock), so
+        that a report that arrives late is metered to the end, not to its arrival."""
         payload: dict[str, Any] = {"sandboxId": sandbox, "phase": phase,
                                    "nodeId": self.node_id, "accelerator": self.accelerator}
         if reason:
             payload["reason"] = reason[:300]
         if exit_status is not None:
             payload["exitStatus"] = exit_status
+        if ended_at is not None:
+            payload["endedAt"] = round(float(ended_at), 3)
         return self.sign("vm", payload)
 
     def _say(self, sandbox: str, phase: str, reason: str = "",
-             exit_status: int | None = None) -> None:
-        report = self._report(sandbox, phase, reason, exit_status)
+             exit_status: int | None = None, ended_at: float | None = None) -> None:
+        report = self._report(sandbox, phase, reason, exit_status, ended_at)
         self.reports[sandbox] = report
         self.send([report])
 
@@ -275,16 +282,19 @@ class VmKeeper:
         await asyncio.to_thread(qemu.stop, files,
                                 grace=0 if paused else self.tuning.shutdown_grace)
         await asyncio.to_thread(qemu.remove, files)
-        self.journal.done("vm-stop", sandbox)
+        ended = time.time()
+        self.journal.done("vm-stop", sandbox, at=ended)
         logger.info("%s: stopped", sandbox)
-        self._say(sandbox, "stopped")
+        self._say(sandbox, "stopped", ended_at=ended)
 
     def _end(self, sandbox: str, files: qemu.VmFiles, end: str, reason: str,
              status: int | None = None) -> None:
         logger.warning("%s: %s: %s", sandbox, end, reason)
         qemu.remove(files)
-        self.journal.done("vm-end", sandbox, end=end, reason=reason[:300], exitStatus=status)
-        self._say(sandbox, end, reason, status)
+        ended = time.time()
+        self.journal.done("vm-end", sandbox, end=end, reason=reason[:300], exitStatus=status,
+                          at=ended)
+        self._say(sandbox, end, reason, status, ended)
 
     def status(self) -> list[dict[str, Any]]:
         return [{"sandboxId": sandbox, "state": state["state"],

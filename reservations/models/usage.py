@@ -14,8 +14,9 @@ class UsageRecord(models.Model):
     `pool` at `priority_class`. A running reservation or sandbox is closed every hour
     (windows end on the hour) and at its end.
 
-    One row per (subject, meter, window start): metering the same window twice writes
-    nothing."""
+    One row per (subject, meter, window start, correction): metering the same window twice
+    writes nothing. A correction takes back time metered past an end the node reported late
+    (closed hours it had not run)."""
 
     id = id_field("use")
     tenant = models.ForeignKey("compute.Tenant", on_delete=models.PROTECT, related_name="+")
@@ -27,12 +28,15 @@ class UsageRecord(models.Model):
     quantity = models.DecimalField(max_digits=18, decimal_places=6)
     window_start = models.DateTimeField()
     window_end = models.DateTimeField()
+    correction = models.BooleanField(default=False, db_default=False, help_text=(
+        "Takes back (a negative quantity) time metered past an end that was reported late."))
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["created_at", "id"]
-        constraints = [models.UniqueConstraint(fields=["subject", "meter", "window_start"],
-                                               name="reservations_usage_once_per_window")]
+        constraints = [models.UniqueConstraint(
+            fields=["subject", "meter", "window_start", "correction"],
+            name="reservations_usage_once_per_window")]
         indexes = [models.Index(fields=["window_start"], name="reservations_usage_start")]
 
     def __str__(self) -> str:

@@ -28,16 +28,17 @@ def hour_floor(moment: datetime) -> datetime:
 
 def usage_record(*, tenant_id: str, subject: str, meter: str, count: int, start: datetime,
                  end: datetime, rate: float = 1.0, pool_id: str | None = None,
-                 priority_class: str = "") -> None:
+                 priority_class: str = "", correction: bool = False) -> None:
     """`count` times the hours of [start, end) of `meter`, times `rate` (what the time
-    counts for: a paused sandbox's is lower); metering a window twice is a no-op."""
+    counts for: a paused sandbox's is lower), taken back for a correction; metering a
+    window twice is a no-op."""
     if end <= start or count <= 0:
         return
     quantity = (hours(start, end) * count * Decimal(str(rate))).quantize(Decimal("0.000001"))
     record, created = UsageRecord.objects.get_or_create(
-        subject=subject, meter=meter, window_start=start,
-        defaults={"tenant_id": tenant_id, "quantity": quantity, "window_end": end,
-                  "pool_id": pool_id, "priority_class": priority_class})
+        subject=subject, meter=meter, window_start=start, correction=correction,
+        defaults={"tenant_id": tenant_id, "quantity": -quantity if correction else quantity,
+                  "window_end": end, "pool_id": pool_id, "priority_class": priority_class})
     if created:  # its deliveries, and a worker woken to make them when this commits
         sinks = sink_names()
         due = database_now()  # the clock every attempt is timed by

@@ -4,6 +4,7 @@ it never booted or exited on its own. A repeated or stale report changes nothing
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from audit.services import audit_record, audited
@@ -29,6 +30,20 @@ MOVES: dict[str, tuple[tuple[str, ...], str, EventType, str]] = {
     "failed": ((*LIVE, S.STOPPING), S.FAILED, ReservationEvent.SANDBOX_FAILED, "sandbox.fail"),
     "exited": ((*LIVE, S.STOPPING), S.FAILED, ReservationEvent.SANDBOX_FAILED, "sandbox.fail"),
 }
+
+
+def reported_end(payload: dict[str, Any], sandbox: Sandbox) -> datetime | None:
+    """When the node says the VM ended (its clock), kept between the boot (or the creation)
+    and now: a report that arrives late is metered to the end, not to its arrival."""
+    said = payload.get("endedAt")
+    if not isinstance(said, int | float) or isinstance(said, bool):
+        return None
+    now = database_now()
+    try:
+        moment = datetime.fromtimestamp(float(said), tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return min(max(moment, sandbox.started_at or sandbox.created_at), now)
 
 
 def vm_report_record(*, node_id: str, body: str, signature: str) -> Sandbox | None:
@@ -78,7 +93,11 @@ def _apply(node_id: str, body: str, signature: str) -> Sandbox | None:
     else:
         node_spec_change_locked(Node.objects.select_for_update(no_key=True).get(pk=node_id),
                                 vm_remove=sandbox.id)  # the node is done with it
-        sandbox_free_locked(sandbox, to=target, reason=reason, exit_status=exit_status)
+        ended = reported_end(payload, sandbox)
+        if ended is not None:
+            data["endedAt"] = ended
+        sandbox_free_locked(sandbox, to=target, reason=reason, exit_status=exit_status,
+                            ended=ended)
     audit_record(tenant_id=sandbox.tenant_id, actor_id=node_id, action=action,
                  target=sandbox.id, data=data, reason=reason or "signed by node")
     event_emit(tenant_id=sandbox.tenant_id, type=event, subject=sandbox.id, payload=data)

@@ -228,9 +228,9 @@ def _stop_locked(sandbox: Sandbox, *, actor_id: str, action: str, event: EventTy
 
 
 def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
-                        exit_status: int | None = None) -> None:
+                        exit_status: int | None = None, ended: datetime | None = None) -> None:
     """End a locked sandbox: give back its counters and quota, and meter its running
-    window (from the node's boot report to now)."""
+    window (from the node's boot report to when the node says the VM ended, else now)."""
     now = database_now()
     pool = sandbox.pool
     quota_refund(tenant_id=sandbox.tenant_id, pool=pool, resource="vcpu", count=sandbox.vcpus)
@@ -239,7 +239,7 @@ def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
     Node.objects.filter(pk=sandbox.node_id).update(
         vcpus_allocated=F("vcpus_allocated") - sandbox.vcpus,
         memory_gib_allocated=F("memory_gib_allocated") - sandbox.memory_gib)
-    sandbox_meter(sandbox, now)
+    sandbox_meter(sandbox, ended or now)
     sandbox.state, sandbox.ended_at = to, now
     sandbox.failure_reason, sandbox.exit_status = reason[:300], exit_status
     sandbox.save(update_fields=["state", "ended_at", "failure_reason", "exit_status"])
@@ -249,15 +249,17 @@ def sandbox_free_locked(sandbox: Sandbox, *, to: str, reason: str = "",
 def sandbox_meter(sandbox: Sandbox, now: datetime) -> None:
     """Meter the sandbox's time since it was last metered (from its boot report), at the
     pool's paused rate while it is paused (in hour-long windows), and start its next window
-    now."""
+    now. An end before what was metered (a late report; hours were closed since) takes the
+    time after it back, in correction records."""
     start = sandbox.metered_from or sandbox.started_at
     if start is not None:
         rate = paused_rate(sandbox) if sandbox.state == SandboxState.PAUSED else 1.0
-        for window_start, window_end in hourly(start, now):
+        correction = now < start
+        for window_start, window_end in hourly(*sorted((start, now))):
             for meter, count in (("vcpu.hours", sandbox.vcpus),
                                  ("memory.gib-hours", sandbox.memory_gib)):
                 usage_record(tenant_id=sandbox.tenant_id, subject=sandbox.id, meter=meter,
                              count=count, start=window_start, end=window_end, rate=rate,
-                             pool_id=sandbox.pool_id)
+                             pool_id=sandbox.pool_id, correction=correction)
     sandbox.metered_from = now
     sandbox.save(update_fields=["metered_from"])

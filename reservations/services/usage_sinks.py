@@ -22,7 +22,7 @@ def meter_record(record: UsageRecord) -> MeterRecord:
                        pool_id=record.pool_id or "", subject=record.subject,
                        meter=record.meter, quantity=str(record.quantity),
                        window_start=record.window_start, window_end=record.window_end,
-                       priority_class=record.priority_class)
+                       priority_class=record.priority_class, correction=record.correction)
 
 
 @audited

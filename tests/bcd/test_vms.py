@@ -103,3 +103,23 @@ def test_a_vm_released_before_it_started_is_reported_stopped(root, tmp_path):
     restarted, again = keeper_of(root)  # a new agent says it again on its next session
     restarted.vms.resend()
     assert [r["phase"] for r in reports_of(root, again)] == ["stopped"]
+
+
+def test_a_vm_that_ended_says_when_and_says_it_again_after_a_restart(root, tmp_path):
+    import time
+
+    from bcd import qemu
+
+    agent, sent = keeper_of(root)
+    sandbox = ids.new("sbx")
+    agent.journal.begin("vm-start", sandbox, vm=vm_entry(tmp_path, sandboxId=sandbox),
+                        at=time.time())
+    before = time.time()
+    agent.vms._end(sandbox, qemu.VmFiles.of(agent.vms.paths, sandbox), "exited",
+                   "the guest halted", 0)
+    [report] = reports_of(root, sent)
+    assert report["phase"] == "exited"
+    assert before - 0.001 <= report["endedAt"] <= time.time()  # the node's clock, signed
+    restarted, again = keeper_of(root)
+    restarted.vms.resend()  # the journal still knows when
+    assert [r["endedAt"] for r in reports_of(root, again)] == [report["endedAt"]]

@@ -237,3 +237,63 @@ def test_only_the_nodes_report_pauses_a_sandbox_and_its_paused_time_is_metered_l
                                         window_start__gte=hour_ago)  # cut on the hour
     quantity = sum(r.quantity for r in paused)
     assert abs(quantity - Decimal("0.4")) < Decimal("0.001")  # 4 vCPUs x 1 h x 0.1
+
+
+def test_an_end_reported_late_takes_back_the_hours_closed_after_it(root, cpu_pool,
+                                                                    keyed_cpu_node):
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from compute.core.db import database_now
+    from reservations.models import Sandbox, UsageRecord
+    from reservations.reconcilers import sweep
+    from tests.support.work import run_due_work
+
+    key, node = keyed_cpu_node
+    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=4, memoryGiB=2)
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "started"))
+    booted = database_now() - timedelta(hours=3, minutes=30)
+    Sandbox.objects.filter(pk=sandbox["id"]).update(started_at=booted)
+    sweep()
+    run_due_work()  # closed on each hour since it booted
+    closed = UsageRecord.objects.filter(subject=sandbox["id"], meter="vcpu.hours")
+    assert closed.count() >= 3
+    root("sandboxes.release", sandboxId=sandbox["id"])
+    died = booted + timedelta(hours=1, minutes=15)  # the node says: long ago, reported now
+    vm_report_record(**vm_report(key, node.id, sandbox["id"], "stopped",
+                                 endedAt=died.timestamp()))
+
+    def total(meter: str) -> Decimal:
+        return sum((r.quantity for r in UsageRecord.objects.filter(subject=sandbox["id"],
+                                                                   meter=meter)), Decimal(0))
+
+    assert abs(total("vcpu.hours") - Decimal("5.0")) < Decimal("0.0001")  # 4 x 1.25 h
+    assert abs(total("memory.gib-hours") - Decimal("2.5")) < Decimal("0.0001")
+    corrections = UsageRecord.objects.filter(subject=sandbox["id"], correction=True)
+    assert corrections.exists()
+    assert all(r.quantity < 0 and r.window_start >= died for r in corrections)
+    report = root("usage.report", **{"from": (booted - timedelta(hours=1)).isoformat(),
+                                      "to": (database_now() + timedelta(hours=1)).isoformat(),
+                                      "groupBy": "meter"})
+    assert {r["meter"]: r["quantity"] for r in report["rows"]} == {
+        "vcpu.hours": "5.000000", "memory.gib-hours": "2.500000"}
+    audit = root("audit.list", action="sandbox.stop")["items"]
+    assert audit[-1]["data"]["endedAt"].startswith(died.date().isoformat())
+
+
+def test_an_end_the_node_dates_in_the_future_or_before_the_boot_is_kept_in_bounds(
+        root, cpu_pool, keyed_cpu_node):
+    from datetime import timedelta
+
+    from compute.core.db import database_now
+    from reservations.models import Sandbox
+    from reservations.services.sandbox_reports import reported_end
+
+    sandbox = root("sandboxes.create", poolId=cpu_pool["id"], vcpus=2, memoryGiB=1)
+    row = Sandbox.objects.get(pk=sandbox["id"])
+    now = database_now()
+    assert reported_end({"endedAt": (now + timedelta(days=3)).timestamp()}, row) == now
+    assert reported_end({"endedAt": 0}, row) == row.created_at
+    assert reported_end({"endedAt": "soon"}, row) is None
+    assert reported_end({"endedAt": True}, row) is None
+    assert reported_end({"endedAt": 1e300}, row) is None

@@ -36,6 +36,7 @@ class MeterRecord:
     window_start: datetime
     window_end: datetime
     priority_class: str
+    correction: bool = False  # a negative quantity: time metered past a late-reported end
 
 
 class SinkFailed(RuntimeError):
