@@ -1,6 +1,10 @@
-"""`better-compute login`: sign in with the OpenID Connect issuer the API trusts, as a native
-app does (RFC 8252): the authorization code flow with PKCE, the browser sent back to a
-loopback port this command listens on. The ID token is kept in a 0600 file that
+"""`better-compute login`: sign in with the OpenID Connect issuer the API trusts.
+
+By default as a native app does (RFC 8252): the authorization code flow with PKCE, the
+browser sent back to a loopback port this command listens on. With `--device`, on a machine
+without a browser, the device authorization grant (RFC 8628): it prints a code to type on
+any other device, and polls until it is approved. The token (the ID token, or a JWT access
+token where the grant gives no ID token) is kept in a 0600 file that
 BETTER_COMPUTE_TOKEN_FILE names; it lasts as long as the issuer made it last."""
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 import webbrowser
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -42,8 +47,14 @@ def default_token_file() -> Path:
 @click.option("--no-browser", is_flag=True, help="Print the URL only; open it yourself.")
 @click.option("--timeout", type=click.FloatRange(1, 3600), default=300.0, show_default=True,
               help="Seconds to wait for the sign-in.")
+@click.option("--device", is_flag=True,
+              help="Sign in from another device: print a code to type there (RFC 8628).")
+@click.option("--device-endpoint", default=None, metavar="URL",
+              help="The issuer's device authorization endpoint, where its discovery "
+                   "document does not name one.")
 def login(issuer: str, client_id: str, client_secret_file: str | None, port: int,
-          out: str | None, no_browser: bool, timeout: float) -> None:
+          out: str | None, no_browser: bool, timeout: float, device: bool,
+          device_endpoint: str | None) -> None:
     """Sign in with single sign-on; the token is kept for the CLI (BETTER_COMPUTE_TOKEN_FILE)."""
     import httpx
 
@@ -55,6 +66,14 @@ def login(issuer: str, client_id: str, client_secret_file: str | None, port: int
     except (httpx.HTTPError, ValueError, KeyError) as error:
         raise CliError(f"the issuer {issuer} does not answer as an OpenID provider: "
                        f"{error}") from None
+    secret = Path(client_secret_file).read_text().strip() if client_secret_file else None
+    if device:
+        endpoint = device_endpoint or discovery.get("device_authorization_endpoint")
+        if not endpoint:
+            raise CliError(f"the issuer {issuer} names no device authorization endpoint: "
+                           "give --device-endpoint")
+        keep(_device_grant(endpoint, token_endpoint, client_id, secret, timeout), out)
+        return
     redirect = f"http://127.0.0.1:{port}/callback"
     verifier, state = secrets.token_urlsafe(48), secrets.token_urlsafe(24)
     challenge = base64.urlsafe_b64encode(
@@ -70,8 +89,8 @@ def login(issuer: str, client_id: str, client_secret_file: str | None, port: int
         raise CliError(f"the issuer said no: {answer.get('error', ['?'])[0]}")
     exchange = {"grant_type": "authorization_code", "code": answer["code"][0],
                 "redirect_uri": redirect, "client_id": client_id, "code_verifier": verifier}
-    if client_secret_file:
-        exchange["client_secret"] = Path(client_secret_file).read_text().strip()
+    if secret:
+        exchange["client_secret"] = secret
     try:
         tokens = httpx.post(token_endpoint, timeout=10, data=exchange).json()
     except (httpx.HTTPError, ValueError) as error:
@@ -81,17 +100,61 @@ def login(issuer: str, client_id: str, client_secret_file: str | None, port: int
         said = tokens.get("error_description") or tokens.get("error") if isinstance(
             tokens, dict) else None
         raise CliError(f"the issuer gave no ID token: {said or 'no reason given'}")
+    keep(id_token, out)
+
+
+def keep(token: str, out: str | None) -> None:
+    """Write the token to its 0600 file and say how the CLI uses it."""
     path = Path(out) if out else default_token_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(id_token + "\n")
+        handle.write(token + "\n")
     os.chmod(path, 0o600)
-    claims = _claims(id_token)
+    claims = _claims(token)
     who = claims.get("email") or claims.get("sub")
     click.echo(f"signed in as {who}; the token is in {path} (0600). Use it with:",
                err=True)
     click.echo(f"export BETTER_COMPUTE_TOKEN_FILE={path}")
+
+
+GRANT_DEVICE = "urn:ietf:params:oauth:grant-type:device_code"
+
+
+def _device_grant(endpoint: str, token_endpoint: str, client_id: str, secret: str | None,
+                  timeout: float) -> str:
+    """RFC 8628: ask for a code, show it, poll until the user approved it elsewhere."""
+    import httpx
+
+    client = {"client_id": client_id, **({"client_secret": secret} if secret else {})}
+    try:
+        asked = httpx.post(endpoint, timeout=10,
+                           data={**client, "scope": "openid profile email"}).json()
+        device_code, user_code = asked["device_code"], asked["user_code"]
+    except (httpx.HTTPError, ValueError, KeyError) as error:
+        raise CliError(f"the issuer gave no device code: {error}") from None
+    where = asked.get("verification_uri_complete") or asked.get("verification_uri", "")
+    click.echo(f"To sign in, open {where} on any device and enter the code {user_code}",
+               err=True)
+    sys.stderr.flush()
+    interval = float(asked.get("interval", 5))
+    deadline = time.monotonic() + min(timeout, float(asked.get("expires_in", timeout)))
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        try:
+            answer = httpx.post(token_endpoint, timeout=10, data={
+                **client, "grant_type": GRANT_DEVICE, "device_code": device_code}).json()
+        except (httpx.HTTPError, ValueError) as failed:
+            raise CliError(f"the issuer's token endpoint does not answer: {failed}") from None
+        token = answer.get("id_token") or answer.get("access_token")
+        if token:
+            return str(token)
+        said = answer.get("error")
+        if said == "slow_down":
+            interval += 5
+        elif said != "authorization_pending":
+            raise CliError(f"the sign-in was not approved: {said or answer}")
+    raise CliError(f"no sign-in within {timeout:.0f} s")
 
 
 def _await_redirect(port: int, url: str, *, open_browser: bool, timeout: float

@@ -1,6 +1,7 @@
-"""Single sign-on from the CLI, against a real OpenID provider process and a dev stack that
-trusts it: `better-compute login` (the code flow with PKCE, back to a loopback port) keeps the
-ID token in a 0600 file, and the CLI calls the API with it as the role its groups map to."""
+"""Single sign-on from the CLI, against real OpenID provider processes and a dev stack that
+trusts them: `better-compute login` (the code flow with PKCE back to a loopback port, or
+`--device`: the device authorization grant, approved from "another device") keeps the token
+in a 0600 file, and the CLI calls the API with it as the role its groups map to."""
 
 from __future__ import annotations
 
@@ -57,5 +58,39 @@ def test_login_keeps_a_token_the_cli_calls_with_as_its_groups_role(tmp_path):
             refused = stack.cli("tenants", "create", "--slug", "intruder", env=sso)
             assert refused.returncode != 0  # an operator creates no tenants
             assert "not allowed" in refused.stderr
+        finally:
+            assert stop_stack(stack) == 0
+
+
+def test_login_with_the_device_grant_from_a_machine_without_a_browser(tmp_path):
+    from tests.support.oidc import running_device_provider
+
+    with running_device_provider(tmp_path, group="gpu-ops") as provider:
+        stack = start_stack(tmp_path, "--sim", "1", env_extra={
+            "BETTER_COMPUTE_OIDC_ISSUER": provider.issuer,
+            "BETTER_COMPUTE_OIDC_AUDIENCE": f"console,{provider.client_id}",
+            "BETTER_COMPUTE_OIDC_ROLES": "gpu-ops=root:operator"})
+        try:
+            token_file = tmp_path / "sso" / "token"
+            login = subprocess.Popen(
+                [sys.executable, "-m", "compute.cli.main", "login", "--device", "--issuer",
+                 provider.issuer, "--client-id", provider.client_id, "--device-endpoint",
+                 f"{provider.issuer}/device-authorization/", "--out", str(token_file),
+                 "--timeout", "60"],
+                env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert login.stderr is not None
+            said = login.stderr.readline()
+            assert said.startswith(f"To sign in, open {provider.url}/o/device/"), said
+            provider.approve(said.split()[-1])  # typed on a phone, say
+            out, err = login.communicate(timeout=30)
+            assert login.returncode == 0, err
+            assert out.strip() == f"export BETTER_COMPUTE_TOKEN_FILE={token_file}"
+            assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+            sso = {k: v for k, v in stack.env.items() if k != "BETTER_COMPUTE_TOKEN"}
+            sso["BETTER_COMPUTE_TOKEN_FILE"] = str(token_file)
+            who = stack.json("system", "whoami", env=sso)  # the JWT access token, verified
+            assert who["tenantId"] == stack.json("tenants", "get")["id"]
+            assert stack.cli("tenants", "create", "--slug", "intruder", env=sso
+                             ).returncode != 0
         finally:
             assert stop_stack(stack) == 0

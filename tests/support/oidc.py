@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import secrets
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -69,6 +71,76 @@ def running_provider(*, token_max_age: int = 60) -> Iterator[Provider]:
                 raise AssertionError("the OpenID provider did not start")
             time.sleep(0.1)
         yield Provider(issuer)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class DeviceProvider:
+    """The device-grant provider (tests/support/device_provider), its CLI client and user."""
+
+    url: str
+    client_id: str
+    username: str
+    password: str
+
+    @property
+    def issuer(self) -> str:
+        return f"{self.url}/o"
+
+    def approve(self, user_code: str) -> None:
+        """What the user does in a browser: sign in, type the code, accept."""
+        with httpx.Client(base_url=self.url, timeout=10, follow_redirects=True) as browser:
+            page = browser.get("/o/device/")  # → the sign-in form first
+            browser.post(str(page.url), data={
+                "username": self.username, "password": self.password,
+                "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
+            browser.get("/o/device/")
+            confirm = browser.post("/o/device/", data={
+                "user_code": user_code, "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
+            accepted = browser.post(str(confirm.url), data={
+                "action": "accept", "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
+            assert accepted.status_code == 200, accepted.text[:300]
+
+
+@contextmanager
+def running_device_provider(folder: Path, *, group: str) -> Iterator[DeviceProvider]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    key_file = folder / "provider-key.pem"
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    provider = DeviceProvider(url, "better-compute-cli", "frank", "a-long-passphrase-1")
+    env = {**os.environ, "DEVICE_PROVIDER_DB": str(folder / "provider.sqlite3"),
+           "DEVICE_PROVIDER_KEY": str(key_file), "DEVICE_PROVIDER_URL": url,
+           "DJANGO_SETTINGS_MODULE": "tests.support.device_provider.settings"}
+    env.pop("DATABASE_URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.device_provider.serve", str(port),
+         provider.client_id, provider.username, provider.password, group],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{provider.issuer}/.well-known/openid-configuration",
+                             timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise AssertionError("the device provider did not start: "
+                                     + (process.stderr.read().decode()[-2000:]
+                                        if process.poll() is not None and process.stderr
+                                        else ""))
+            time.sleep(0.1)
+        yield provider
     finally:
         process.terminate()
         process.wait(timeout=10)
