@@ -14,7 +14,7 @@ from django.db.models import Q
 
 from compute.core.sqltext import tables
 from compute.platform.tenancy.models import Tenant
-from reservations.models import Reservation, Sandbox, UsageRecord
+from reservations.models import Reservation, Sandbox, SandboxState, UsageRecord
 from reservations.services.metering import gpu_meter, hourly, hours
 from reservations.services.sandbox_use import paused_rate
 from reservations.services.usage_close import RUNNING
@@ -84,7 +84,7 @@ def unclosed(tenant_id: str | None, start: datetime, end: datetime
         since = sandbox.metered_from or sandbox.started_at
         if since is None:
             continue
-        rate = Decimal(str(paused_rate(sandbox) if sandbox.state == "paused" else 1.0))
+        rate = Decimal(str(paused_rate(sandbox) if sandbox.state == SandboxState.PAUSED else 1.0))
         for lower, upper in hourly(max(since, start), end):
             for meter, count in (("vcpu.hours", sandbox.vcpus),
                                  ("memory.gib-hours", sandbox.memory_gib)):

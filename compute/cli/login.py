@@ -10,7 +10,6 @@ BETTER_COMPUTE_TOKEN_FILE names; it lasts as long as the issuer made it last."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import secrets
@@ -26,6 +25,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import click
 
 from compute.cli.client import CliError
+from compute.core.pkce import pkce_pair
 
 
 def default_token_file() -> Path:
@@ -75,9 +75,7 @@ def login(issuer: str, client_id: str, client_secret_file: str | None, port: int
         keep(_device_grant(endpoint, token_endpoint, client_id, secret, timeout), out)
         return
     redirect = f"http://127.0.0.1:{port}/callback"
-    verifier, state = secrets.token_urlsafe(48), secrets.token_urlsafe(24)
-    challenge = base64.urlsafe_b64encode(
-        hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    (verifier, challenge), state = pkce_pair(), secrets.token_urlsafe(24)
     url = authorize + "?" + urlencode({
         "response_type": "code", "client_id": client_id, "redirect_uri": redirect,
         "scope": "openid email profile", "state": state, "code_challenge": challenge,

@@ -4,17 +4,15 @@ record's delivery row, written with it, is sent until the sink takes it, each re
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from audit.services import audit_exempt, audited
 from compute.core.db import database_now
 from compute.platform.iam.metering import MeterRecord, SinkFailed, deliver
 from compute.platform.queue.work import enqueue
+from compute.platform.webhooks.outbound import retry_wait
 from reservations.models import UsageDelivery, UsageRecord
 from reservations.work import USAGE_SINK
 
 BATCH = 200
-LONGEST_WAIT = timedelta(hours=1)
 
 
 def meter_record(record: UsageRecord) -> MeterRecord:
@@ -36,8 +34,8 @@ def usage_delivery_record(delivery_id: int, error: str | None) -> None:
         if error is None:
             delivery.delivered_at, delivery.last_error = now, ""
         else:
-            wait = min(timedelta(seconds=2 ** min(delivery.attempts - 1, 12)), LONGEST_WAIT)
-            delivery.next_attempt_at, delivery.last_error = now + wait, error[:300]
+            delivery.next_attempt_at = now + retry_wait(delivery.attempts)
+            delivery.last_error = error[:300]
         delivery.save(update_fields=["attempts", "delivered_at", "next_attempt_at",
                                      "last_error"])
     audit_exempt("a usage record handed to a metering sink, recorded in its delivery row")

@@ -143,3 +143,39 @@ def test_the_console_signs_in_with_the_code_flow_and_pkce_until_the_id_token_exp
     assert answer.json()["result"]["tenantId"] == acme.tenant_id
     time.sleep(4.5)  # the ID token lived 4 s: so does the session
     assert client.get("/console/reservations")["Location"] == "/console/sign-in"
+
+
+@pytest.mark.parametrize("token", ["WzFd.WzFd.WzFd", "bm90.anNvbg.eA", "e30.W10.eA"])
+def test_a_token_whose_parts_are_not_json_objects_is_refused_not_a_500(client, db, oidc,
+                                                                       token):
+    answer = call(client, token, "system.whoami")
+    assert answer.status_code == 401, answer.content
+    assert "not a JWT" in answer.json()["error"]["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_calls_of_one_identity_at_once_make_one_principal(acme, settings):
+    """Eight first calls of a new identity racing on real Postgres: one principal, one
+    binding, one audit row (the sync takes the identity's advisory lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from compute.platform.iam.oidc import Identity
+    from compute.platform.tenancy.services import oidc_principal
+
+    identity = Identity("https://idp.example", "racer", "racer@example.com",
+                        {"acme": "member"}, time.time() + 60)
+
+    def first_call(_: int) -> str:
+        try:
+            return oidc_principal(identity).id
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        principals = set(pool.map(first_call, range(8)))
+    assert len(principals) == 1
+    assert OidcIdentity.objects.filter(subject="racer").count() == 1
+    assert RoleBinding.objects.filter(principal_id=principals.pop()).count() == 1
+    assert AuditEvent.objects.filter(action="principal.oidc.sync").count() == 1

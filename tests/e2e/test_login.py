@@ -16,6 +16,32 @@ from tests.support.oidc import running_provider
 from tests.support.processes import free_port
 
 
+def trusting(tmp_path, issuer: str, client_id: str):
+    """A dev stack whose API trusts `issuer` for `client_id`, `gpu-ops` being root's
+    operators."""
+    return start_stack(tmp_path, "--sim", "1", env_extra={
+        "BETTER_COMPUTE_OIDC_ISSUER": issuer,
+        "BETTER_COMPUTE_OIDC_AUDIENCE": f"console,{client_id}",
+        "BETTER_COMPUTE_OIDC_ROLES": "gpu-ops=root:operator"})
+
+
+def signed_in_as_an_operator(stack, login: subprocess.Popen[str], token_file) -> dict:
+    """The finished `login` kept its token (0600); the CLI's environment that uses it, after
+    checking it acts as root's operator."""
+    out, err = login.communicate(timeout=30)
+    assert login.returncode == 0, err
+    assert out.strip() == f"export BETTER_COMPUTE_TOKEN_FILE={token_file}"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    sso = {k: v for k, v in stack.env.items() if k != "BETTER_COMPUTE_TOKEN"}
+    sso["BETTER_COMPUTE_TOKEN_FILE"] = str(token_file)
+    assert stack.json("system", "whoami", env=sso)["tenantId"] == stack.json(
+        "tenants", "get")["id"]  # root's
+    refused = stack.cli("tenants", "create", "--slug", "intruder", env=sso)
+    assert refused.returncode != 0  # an operator creates no tenants
+    assert "not allowed" in refused.stderr
+    return sso
+
+
 def test_login_keeps_a_token_the_cli_calls_with_as_its_groups_role(tmp_path):
     with running_provider() as provider:
         port = free_port()
@@ -25,10 +51,7 @@ def test_login_keeps_a_token_the_cli_calls_with_as_its_groups_role(tmp_path):
         secret_file = tmp_path / "client-secret"
         secret_file.write_text(client["client_secret"])
         provider.set_user("erin", email="erin@example.com", groups=["gpu-ops"])
-        stack = start_stack(tmp_path, "--sim", "1", env_extra={
-            "BETTER_COMPUTE_OIDC_ISSUER": provider.issuer,
-            "BETTER_COMPUTE_OIDC_AUDIENCE": f"console,{client['client_id']}",
-            "BETTER_COMPUTE_OIDC_ROLES": "gpu-ops=root:operator"})
+        stack = trusting(tmp_path, provider.issuer, client["client_id"])
         try:
             token_file = tmp_path / "sso" / "token"
             login = subprocess.Popen(
@@ -43,21 +66,10 @@ def test_login_keeps_a_token_the_cli_calls_with_as_its_groups_role(tmp_path):
             consent = httpx.post(url, data={"sub": "erin"}, timeout=10)  # the browser
             back = httpx.get(consent.headers["location"], timeout=10)  # … sent back
             assert back.status_code == 200
-            out, err = login.communicate(timeout=30)
-            assert login.returncode == 0, err
-            assert out.strip() == f"export BETTER_COMPUTE_TOKEN_FILE={token_file}"
-            assert "signed in as erin@example.com" in err
-            assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-            sso = {k: v for k, v in stack.env.items() if k != "BETTER_COMPUTE_TOKEN"}
-            sso["BETTER_COMPUTE_TOKEN_FILE"] = str(token_file)
-            who = stack.json("system", "whoami", env=sso)
-            assert who["tenantId"] == stack.json("tenants", "get")["id"]  # root's
+            sso = signed_in_as_an_operator(stack, login, token_file)
             nodes = stack.json("nodes", "list", env=sso)  # an operator reads the fleet
             assert [n["id"] for n in nodes["items"]] == [
                 n["id"] for n in stack.json("nodes", "list")["items"]]
-            refused = stack.cli("tenants", "create", "--slug", "intruder", env=sso)
-            assert refused.returncode != 0  # an operator creates no tenants
-            assert "not allowed" in refused.stderr
         finally:
             assert stop_stack(stack) == 0
 
@@ -66,10 +78,7 @@ def test_login_with_the_device_grant_from_a_machine_without_a_browser(tmp_path):
     from tests.support.oidc import running_device_provider
 
     with running_device_provider(tmp_path, group="gpu-ops") as provider:
-        stack = start_stack(tmp_path, "--sim", "1", env_extra={
-            "BETTER_COMPUTE_OIDC_ISSUER": provider.issuer,
-            "BETTER_COMPUTE_OIDC_AUDIENCE": f"console,{provider.client_id}",
-            "BETTER_COMPUTE_OIDC_ROLES": "gpu-ops=root:operator"})
+        stack = trusting(tmp_path, provider.issuer, provider.client_id)
         try:
             token_file = tmp_path / "sso" / "token"
             login = subprocess.Popen(
@@ -82,15 +91,6 @@ def test_login_with_the_device_grant_from_a_machine_without_a_browser(tmp_path):
             said = login.stderr.readline()
             assert said.startswith(f"To sign in, open {provider.url}/o/device/"), said
             provider.approve(said.split()[-1])  # typed on a phone, say
-            out, err = login.communicate(timeout=30)
-            assert login.returncode == 0, err
-            assert out.strip() == f"export BETTER_COMPUTE_TOKEN_FILE={token_file}"
-            assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-            sso = {k: v for k, v in stack.env.items() if k != "BETTER_COMPUTE_TOKEN"}
-            sso["BETTER_COMPUTE_TOKEN_FILE"] = str(token_file)
-            who = stack.json("system", "whoami", env=sso)  # the JWT access token, verified
-            assert who["tenantId"] == stack.json("tenants", "get")["id"]
-            assert stack.cli("tenants", "create", "--slug", "intruder", env=sso
-                             ).returncode != 0
+            signed_in_as_an_operator(stack, login, token_file)  # the JWT access token
         finally:
             assert stop_stack(stack) == 0

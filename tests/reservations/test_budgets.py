@@ -102,3 +102,59 @@ def test_usage_budgets_shows_budget_booked_and_used(acme, budgeted):
     booked_today = min(1.0, (today[1] - database_now()).total_seconds() / 3600)
     assert abs(float(items[0]["booked"]) - booked_today) <= 0.01
     assert items[1]["booked"] == "0.00"  # the high booking is tomorrow's
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bookers_racing_for_a_budget_never_book_past_it(root, acme, budgeted):
+    """Twelve bookings of 2 GPU-hours racing on real Postgres against 10 GPU-hours a day:
+    five succeed, the rest are refused, and the ledger holds exactly 10 (a booking takes
+    the tenant's quota row lock with its quota, before the budget is checked)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from fleet.models import Pool
+    from reservations.budgets import booked_hours
+
+    start = tomorrow(2)
+
+    def book_one(_: int) -> int:
+        try:
+            return book(acme, budgeted, 1, start, 2).status
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(book_one, range(12)))
+    assert sorted(statuses) == [200] * 5 + [409] * 7
+    day_start, day_end = period_of(start, "day", ZONE)
+    assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=budgeted["id"]),
+                        start=day_start, end=day_end, priority_class=None) == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_extensions_racing_for_a_budget_never_extend_past_it(root, acme, budgeted):
+    """Six 1-hour bookings (6 GPU-hours), then each extended by an hour at once, on real
+    Postgres: four extensions fit 10 GPU-hours, two are refused. An extension takes no
+    quota, so the budget check takes the tenant's quota row lock itself."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from fleet.models import Pool
+    from reservations.budgets import booked_hours
+
+    booked = [book(acme, budgeted, 1, tomorrow(1 + n * 0.01), 1).result for n in range(6)]
+
+    def extend(rsv: dict) -> int:
+        try:
+            return acme.call("reservations.extend", reservationId=rsv["id"], by=HOUR).status
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(extend, booked))
+    assert sorted(statuses) == [200] * 4 + [409] * 2
+    day_start, day_end = period_of(tomorrow(1), "day", ZONE)
+    assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=budgeted["id"]),
+                        start=day_start, end=day_end, priority_class=None) == 10

@@ -4,10 +4,7 @@ relying party runs it, the user's consent given by posting the provider's own fo
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -19,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from compute.core.pkce import pkce_pair
 from tests.support.processes import free_port
 
 REDIRECT = "http://127.0.0.1:1/callback"  # never fetched: the code is read off the redirect
@@ -33,9 +31,7 @@ class Provider:
 
     def tokens(self, sub: str, *, client_id: str) -> dict[str, str]:
         """Sign `sub` in for `client_id`: the code flow with PKCE; the token response."""
-        verifier = secrets.token_urlsafe(48)
-        challenge = base64.urlsafe_b64encode(
-            hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        verifier, challenge = pkce_pair()
         query = {"client_id": client_id, "redirect_uri": REDIRECT, "response_type": "code",
                  "scope": "openid email", "state": "s", "code_challenge": challenge,
                  "code_challenge_method": "S256"}
@@ -50,6 +46,23 @@ class Provider:
             return answer.json()
 
 
+def until_serving(issuer: str, process: subprocess.Popen[bytes], *, within: float) -> None:
+    """Until the provider answers its discovery document; its last words if it died."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if httpx.get(f"{issuer}/.well-known/openid-configuration",
+                         timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            said = process.stderr.read().decode()[-2000:] if (
+                process.poll() is not None and process.stderr) else ""
+            raise AssertionError(f"the OpenID provider at {issuer} did not start: {said}")
+        time.sleep(0.1)
+
+
 @contextmanager
 def running_provider(*, token_max_age: int = 60) -> Iterator[Provider]:
     port = free_port()
@@ -59,17 +72,7 @@ def running_provider(*, token_max_age: int = 60) -> Iterator[Provider]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     issuer = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{issuer}/.well-known/openid-configuration",
-                             timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError("the OpenID provider did not start")
-            time.sleep(0.1)
+        until_serving(issuer, process, within=30)
         yield Provider(issuer)
     finally:
         process.terminate()
@@ -126,20 +129,7 @@ def running_device_provider(folder: Path, *, group: str) -> Iterator[DeviceProvi
          provider.client_id, provider.username, provider.password, group],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{provider.issuer}/.well-known/openid-configuration",
-                             timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError("the device provider did not start: "
-                                     + (process.stderr.read().decode()[-2000:]
-                                        if process.poll() is not None and process.stderr
-                                        else ""))
-            time.sleep(0.1)
+        until_serving(provider.issuer, process, within=60)
         yield provider
     finally:
         process.terminate()

@@ -10,10 +10,7 @@ the ID token: it ends when the IdP's token does.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import secrets
-from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -22,6 +19,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from compute.core.errors import ComputeError, Unauthenticated
+from compute.core.pkce import pkce_pair
 from compute.http.auth import SESSION_OIDC
 from compute.platform.iam import oidc
 from compute.platform.tenancy.services import oidc_principal
@@ -30,31 +28,18 @@ SESSION_FLOW = "console_oidc_flow"  # the state, nonce and verifier of a sign-in
 CALLBACK = "/console/sign-in/oidc/callback"
 
 
-def _discovery() -> dict[str, Any]:
-    import httpx
-
-    issuer = settings.BC_OIDC_ISSUER.rstrip("/")
-    try:
-        return httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as error:
-        raise Unauthenticated(f"the sign-in service does not answer ({type(error).__name__})"
-                              ) from None
-
-
 @require_GET
 def oidc_start(request: HttpRequest) -> HttpResponse:
     if not oidc.configured():
         return HttpResponseRedirect("/console/sign-in")
     try:
-        authorize = _discovery()["authorization_endpoint"]
+        authorize = oidc.discovery()["authorization_endpoint"]
     except (ComputeError, KeyError) as error:
         return _refused(request, str(getattr(error, "message", error)))
-    verifier = secrets.token_urlsafe(48)
+    verifier, challenge = pkce_pair()
     flow = {"state": secrets.token_urlsafe(24), "nonce": secrets.token_urlsafe(24),
             "verifier": verifier}
     request.session[SESSION_FLOW] = flow
-    challenge = base64.urlsafe_b64encode(
-        hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     query = {"response_type": "code", "client_id": oidc.accepted_audiences()[0],
              "redirect_uri": request.build_absolute_uri(CALLBACK),
              "scope": "openid email profile", "state": flow["state"],
@@ -75,7 +60,7 @@ def oidc_callback(request: HttpRequest) -> HttpResponse:
         return _refused(request, f"the sign-in service said no: "
                                  f"{request.GET.get('error', 'no code')[:100]}")
     try:
-        token_endpoint = _discovery()["token_endpoint"]
+        token_endpoint = oidc.discovery()["token_endpoint"]
         exchange = {"grant_type": "authorization_code", "code": request.GET["code"],
                     "redirect_uri": request.build_absolute_uri(CALLBACK),
                     "client_id": oidc.accepted_audiences()[0], "code_verifier": flow["verifier"]}

@@ -84,22 +84,10 @@ def cloud_event(record: MeterRecord) -> dict[str, object]:
 
 
 def _post_cloud_event(url: str, record: MeterRecord) -> None:
-    import httpx
+    from compute.platform.webhooks.outbound import post
 
-    from compute.platform.webhooks.outbound import Refused, check_url
-
-    try:
-        check_url(url)
-    except Refused as refused:
-        raise SinkFailed(f"refused: {refused}") from None
     body = json.dumps(cloud_event(record), cls=DjangoJSONEncoder).encode()
-    try:
-        with httpx.Client(timeout=settings.BC_WEBHOOK_TIMEOUT_SECONDS,
-                          follow_redirects=False) as client:
-            answer = client.post(url, content=body, headers={
-                "content-type": "application/cloudevents+json",
-                "idempotency-key": record.id})
-    except httpx.HTTPError as error:
-        raise SinkFailed(f"{type(error).__name__}: {error}"[:300]) from None
-    if not 200 <= answer.status_code < 300:
-        raise SinkFailed(f"answered {answer.status_code}")
+    outcome = post(url, body, {"content-type": "application/cloudevents+json",
+                               "idempotency-key": record.id})
+    if not outcome.ok:
+        raise SinkFailed(outcome.error)

@@ -94,16 +94,28 @@ class KeySet:
     def _read() -> dict[str, Any]:
         import httpx
 
-        issuer = settings.BC_OIDC_ISSUER.rstrip("/")
         try:
-            with httpx.Client(timeout=10, follow_redirects=False) as client:
-                discovery = client.get(f"{issuer}/.well-known/openid-configuration").json()
-                keys = client.get(discovery["jwks_uri"]).json()["keys"]
-        except (httpx.HTTPError, ValueError, KeyError) as error:
-            logger.warning("the OIDC issuer's keys cannot be read from %s: %s", issuer, error)
+            keys = httpx.get(discovery()["jwks_uri"], timeout=10).json()["keys"]
+            return {str(jwk.get("kid", "")): public_key(jwk) for jwk in keys
+                    if jwk.get("use", "sig") == "sig"}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as error:
+            logger.warning("the OIDC issuer's keys cannot be read: %s", error)
             raise Unauthenticated("the issuer's keys cannot be read") from None
-        return {jwk.get("kid", ""): public_key(jwk) for jwk in keys
-                if jwk.get("use", "sig") == "sig"}
+
+
+def discovery() -> dict[str, Any]:
+    """The issuer's discovery document (endpoints and the key set's address)."""
+    import httpx
+
+    issuer = settings.BC_OIDC_ISSUER.rstrip("/")
+    try:
+        found = httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as error:
+        logger.warning("the OIDC issuer %s does not answer: %s", issuer, error)
+        raise Unauthenticated("the sign-in service does not answer") from None
+    if not isinstance(found, dict):
+        raise Unauthenticated("the sign-in service's discovery document is not an object")
+    return found
 
 
 def public_key(jwk: dict[str, Any]) -> Any:
@@ -128,6 +140,8 @@ def verified_claims(token: str) -> dict[str, Any]:
         signature = _b64(signature_part)
     except ValueError:
         raise Unauthenticated("the bearer token is not a JWT") from None
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        raise Unauthenticated("the bearer token is not a JWT: its parts are not objects")
     alg = header.get("alg")
     if alg not in ("RS256", "ES256"):
         raise Unauthenticated(f"the token's algorithm {alg!r} is not accepted (RS256, ES256)")

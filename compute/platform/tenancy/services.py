@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from audit.services import audit_record, audited
+from audit.services import audit_exempt, audit_record, audited
 from compute.core import secrets
 from compute.core.db import advisory_xact_lock, constraint_errors
 from compute.core.errors import (
@@ -181,6 +181,10 @@ def oidc_principal_sync(identity: Identity) -> Principal:
         raise PermissionDenied(f"{identity.name}: the tenants its groups map to do not exist")
     known = (OidcIdentity.objects.select_related("principal")
              .filter(issuer=identity.issuer, subject=identity.subject).first())
+    if known is not None and known.principal.disabled_at is None and _roles_of(
+            known.principal) == identity.roles:  # another call made it so meanwhile
+        audit_exempt("the identity's bindings are already what its groups map to")
+        return Principal.objects.select_related("tenant").get(pk=known.principal_id)
     if known is None:
         home = tenants.get(ROOT_TENANT_SLUG) or tenants[sorted(tenants)[0]]
         principal = Principal.objects.create(tenant=home, name=identity.name,

@@ -18,6 +18,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from fnmatch import fnmatch
 from urllib.parse import urlsplit
 
@@ -94,17 +95,23 @@ class Outcome:
 
 
 def send(url: str, secret: str, message_id: str, body: bytes) -> Outcome:
-    """POST one message; ok only on a 2xx within the timeout."""
+    """POST one webhook message, signed; ok only on a 2xx within the timeout."""
+    timestamp = int(time.time())
+    return post(url, body, {
+        "content-type": "application/json", "user-agent": "better-compute-webhooks",
+        "webhook-id": message_id, "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature(secret, message_id, timestamp, body)})
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
+    """POST `body` to an allowed URL (checked again now), without following a redirect;
+    ok only on a 2xx within BETTER_COMPUTE_WEBHOOK_TIMEOUT_SECONDS."""
     import httpx
 
     try:
         check_url(url)
     except Refused as refused:
         return Outcome(False, None, f"refused: {refused}")
-    timestamp = int(time.time())
-    headers = {"content-type": "application/json", "user-agent": "better-compute-webhooks",
-               "webhook-id": message_id, "webhook-timestamp": str(timestamp),
-               "webhook-signature": signature(secret, message_id, timestamp, body)}
     try:
         with httpx.Client(timeout=settings.BC_WEBHOOK_TIMEOUT_SECONDS,
                           follow_redirects=False) as client:
@@ -114,3 +121,9 @@ def send(url: str, secret: str, message_id: str, body: bytes) -> Outcome:
     if 200 <= answer.status_code < 300:
         return Outcome(True, answer.status_code, "")
     return Outcome(False, answer.status_code, f"answered {answer.status_code}")
+
+
+def retry_wait(attempts: int, longest: timedelta = timedelta(hours=1)) -> timedelta:
+    """How long after its `attempts`-th failed attempt a delivery is tried again: 1, 2, 4 …
+    seconds, at most `longest`."""
+    return min(timedelta(seconds=2 ** min(max(attempts - 1, 0), 20)), longest)

@@ -12,7 +12,6 @@ next one goes on.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 from django.core.serializers.json import DjangoJSONEncoder
 
@@ -29,12 +28,18 @@ from compute.platform.queue.work import enqueue
 from compute.platform.tenancy.models import Principal, Tenant
 from compute.platform.webhooks.events import WebhookEvent
 from compute.platform.webhooks.models import Delivery, DeliveryState, Subscription
-from compute.platform.webhooks.outbound import Outcome, Refused, check_url, new_secret, send
+from compute.platform.webhooks.outbound import (
+    Outcome,
+    Refused,
+    check_url,
+    new_secret,
+    retry_wait,
+    send,
+)
 
 WEBHOOK = "webhook"  # the work item of one subscription (its key: the subscription's id)
 SCAN_BATCH = 500
 SEND_BATCH = 100
-LONGEST_WAIT = timedelta(hours=1)
 
 
 def secret_name(subscription_id: str) -> str:
@@ -155,8 +160,7 @@ def webhook_attempt_record(delivery_id: str, outcome: Outcome) -> Delivery | Non
                    subject=subscription.id,
                    payload={"deliveryId": delivery.id, "attempts": delivery.attempts})
     else:
-        delivery.next_attempt_at = now + min(timedelta(seconds=2 ** (delivery.attempts - 1)),
-                                             LONGEST_WAIT)
+        delivery.next_attempt_at = now + retry_wait(delivery.attempts)
         audit_exempt("a failed attempt, recorded in its delivery's log")
     delivery.save(update_fields=["attempts", "last_status", "last_error", "state",
                                  "delivered_at", "next_attempt_at"])
