@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import csv
+import shutil
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ from compute.cli.common import api_command, call_and_show, output_options, show
 from compute.cli.common import client as make_client
 from compute.cli.durations import Duration
 from compute.cli.output import table
+from compute.cli.timeline_text import timeline_text
 
 RESERVATION_COLUMNS = ["id", "state", "poolId", "nodeId", "start", "end"]
 QUEUE_COLUMNS = ["position", "reservationId", "poolId", "count", "priorityClass", "fairShare",
@@ -176,6 +178,13 @@ def atom_options(func: Any) -> Any:
               help="Ask when a request fits first, on which node and GPUs.")
 @click.option("--shares", is_flag=True,
               help="Each tenant's fair share: its weight, decayed usage and factor.")
+@click.option("--timeline", is_flag=True,
+              help="Who holds which GPU when, what waits, and booked against bookable GPUs "
+                   "over time (from --from, for --for, default the next day).")
+@click.option("--from", "start_from", default=None,
+              help="With --timeline: where it starts, -2h (before now) or an ISO 8601 time.")
+@click.option("--resolution", type=Duration(minimum="1m"), default=None,
+              help="With --timeline: the utilisation step, 1h (default: 96 steps).")
 @click.option("--gpus", type=click.IntRange(1, 64), default=None)
 @click.option("--for", "duration", type=Duration(), default=None)
 @click.option("--nvlink", is_flag=True)
@@ -190,15 +199,26 @@ def atom_options(func: Any) -> Any:
               help="With --earliest: end by then, +3d (from now) or an ISO 8601 time.")
 @atom_options
 @output_options
-def capacity(pool: str, preview: bool, earliest: bool, shares: bool, gpus: int | None,
+def capacity(pool: str, preview: bool, earliest: bool, shares: bool, timeline: bool,
+             start_from: str | None, resolution: int | None, gpus: int | None,
              duration: int | None, nvlink: bool, model: str | None, product: str | None,
              selector: str | None, start: str | None, after: str | None, before: str | None,
              mig: str | None, share: bool, output: str | None, query: str | None,
              tenant: str | None) -> None:
     """A pool's capacity; with --preview --gpus N --for 2h [--start +2h], whether a request
     would fit, and if not why; with --earliest --gpus N --for 4h [--after T] [--before T],
-    the earliest window where it fits; with --shares, each tenant's fair share."""
+    the earliest window where it fits; with --shares, each tenant's fair share; with
+    --timeline [--from -2h] [--for 3d], the pool's calendar in text."""
     api = make_client()
+    if timeline:
+        result = api.call("capacity.timeline", timeline_body(pool, start_from, duration,
+                                                             resolution), tenant=tenant)
+        if (output or ("table" if sys.stdout.isatty() else "json")) in ("table", "wide") \
+                and not query:
+            click.echo(timeline_text(result, shutil.get_terminal_size().columns))
+        else:
+            show(result, output=output, query=query)
+        return
     if shares:
         result = api.call("capacity.shares", {"poolId": pool}, tenant=tenant)
         as_table = (output or ("table" if sys.stdout.isatty() else "json")) in ("table", "wide")
@@ -228,6 +248,21 @@ def capacity(pool: str, preview: bool, earliest: bool, shares: bool, gpus: int |
         return
     body.update({**time_fields("after", after), **time_fields("before", before)})
     show(api.call("capacity.earliest", body, tenant=tenant), output=output, query=query)
+
+
+def timeline_body(pool: str, start_from: str | None, duration: int | None,
+                  resolution: int | None) -> dict[str, Any]:
+    """`--from` (-2h before now, +1h after, or an ISO 8601 time) and `--for` as the API's
+    window; by default from an hour ago, for a day."""
+    text = start_from or "-1h"
+    if text[0] in "+-":
+        offset = Duration().convert(text[1:], None, None) * (-1 if text[0] == "-" else 1)
+        start = datetime.now(UTC) + timedelta(milliseconds=offset)
+    else:
+        start = datetime.fromisoformat(text)
+    body = {"poolId": pool, "from": start.isoformat(),
+            "to": (start + timedelta(milliseconds=duration or 86_400_000)).isoformat()}
+    return {**body, **({"resolution": resolution} if resolution else {})}
 
 
 CAPACITY_COLUMNS = ["resource", "total", "allocatable", "allocated", "reserved", "available"]

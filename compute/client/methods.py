@@ -79,6 +79,16 @@ class Capacity(Group):
         """
         return self._call("capacity.shares", {"poolId": pool_id, "tenantId": tenant_id}, retry=True)
 
+    def timeline(self, *, pool_id: str, from_: str | None = None, to: str | None = None,
+            resolution: int | None = None, tenant_id: str | None = None) -> Any:
+        """The pool's ledger over a window, as its calendar draws it: a row per device, each
+        booking as a bar (another tenant's only as `busy`, unless the pool is yours), what
+        waits at its planned or earliest start, and per step the GPU-hours there are,
+        bookable and booked, with the utilisation the agents measured on booked GPUs.
+        """
+        return self._call("capacity.timeline", {"poolId": pool_id, "from": from_, "to": to,
+            "resolution": resolution, "tenantId": tenant_id}, retry=True)
+
 
 class Events(Group):
     """events.* methods."""

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from rest_framework import serializers
 
 from compute.core.api.inputs import Input, PublicIdField
 from compute.core.api.registry import CallContext, endpoint
-from compute.core.api.shapes import BOOLEAN, INTEGER, STRING, TIME, array, nullable, obj, one_of
+from compute.core.api.shapes import (
+    BOOLEAN,
+    INTEGER,
+    NUMBER,
+    STRING,
+    TIME,
+    array,
+    nullable,
+    obj,
+    one_of,
+)
+from compute.core.db import database_now
 from fleet.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_of
 from reservations.capacity import capacity_earliest as earliest
@@ -17,6 +29,7 @@ from reservations.capacity import capacity_rollup
 from reservations.device_filter import parse_selector
 from reservations.services.book import check_atoms
 from reservations.shape import Ask
+from reservations.timeline import MAX_STEPS, Span, pool_timeline
 
 
 class CapacityGetIn(Input):
@@ -95,3 +108,46 @@ def asked(ctx: CallContext, data: dict[str, Any]) -> Ask:
     check_atoms(ctx.subject, shape)
     parse_selector(shape.selector)
     return Ask(ctx.tenant.id, ctx.subject, shape, data.pop("duration"))
+
+
+class CapacityTimelineIn(Input):
+    pool_id = PublicIdField("pool")
+    report_from = serializers.DateTimeField(required=False, help_text="Absent: an hour ago.")
+    to = serializers.DateTimeField(required=False, help_text="Absent: a day after `from`.")
+    resolution = serializers.IntegerField(
+        required=False, min_value=60_000, max_value=MAX_DURATION_MS,
+        help_text="The utilisation step in ms (absent: the window in 96 steps); at most "
+                  f"{MAX_STEPS} steps.")
+    aliases = {"from": "report_from"}
+
+
+ROW = obj(id=STRING, uuid=STRING, **{"class": STRING}, index=INTEGER,
+          profile=nullable(STRING), parentId=nullable(STRING), nodeId=STRING, node=STRING,
+          nvlinkDomain=nullable(STRING), simulated=BOOLEAN, state=STRING, why=nullable(STRING))
+BAR = one_of(
+    obj(deviceId=STRING, start=TIME, end=TIME, kind=STRING),
+    obj(deviceId=STRING, start=TIME, end=TIME, kind=STRING, maintenanceId=STRING,
+        reason=STRING),
+    obj(deviceId=STRING, start=TIME, end=TIME, kind=STRING, reservationId=STRING,
+        tenantId=STRING, tenant=STRING, state=STRING, planned=BOOLEAN, priorityClass=STRING))
+WAITING = obj(reservationId=STRING, tenantId=STRING, position=INTEGER, count=INTEGER,
+              **{"class": STRING}, why=STRING, start=nullable(TIME), end=nullable(TIME),
+              startFrom=STRING, deviceIds=array(STRING))
+STEP = obj(start=TIME, end=TIME, gpuHours=NUMBER, allocatableGpuHours=NUMBER,
+           allocatedGpuHours=NUMBER, measuredUtilisation=nullable(NUMBER), samples=INTEGER)
+TIMELINE = obj(poolId=STRING, **{"from": TIME}, to=TIME, resolution=INTEGER, now=TIME,
+               rows=array(ROW), truncated=BOOLEAN, bars=array(BAR), pending=array(WAITING),
+               utilisation=array(STEP))
+
+
+@endpoint("capacity", "timeline", returns=TIMELINE, input=CapacityTimelineIn, mutating=False,
+          subject=pool_subject())
+def capacity_timeline(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The pool's ledger over a window, as its calendar draws it: a row per device, each
+    booking as a bar (another tenant's only as `busy`, unless the pool is yours), what
+    waits at its planned or earliest start, and per step the GPU-hours there are, bookable
+    and booked, with the utilisation the agents measured on booked GPUs."""
+    now = database_now()
+    start = data.get("report_from") or now - timedelta(hours=1)
+    span = Span.of(start, data.get("to") or start + timedelta(days=1), data.get("resolution"))
+    return pool_timeline(ctx.subject, viewer=ctx.tenant, span=span, now=now)

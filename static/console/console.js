@@ -153,6 +153,79 @@ document.addEventListener("click", (event) => {
   }
 });
 
+// The pool calendar's "what if": pointing at a time asks capacity.preview where the form's
+// request would go from then, and draws it dashed on the rows of its devices. One question
+// at a time; the latest pointer position wins.
+class WhatIf {
+  constructor(form) {
+    this.form = form;
+    this.asking = false;
+    this.wanted = null;
+    document.addEventListener("mousemove", (event) => this.point(event));
+  }
+
+  point(event) {
+    const svg = document.getElementById("calendar-svg");
+    if (!svg || !svg.contains(event.target)) return;
+    const at = svg.createSVGPoint();
+    at.x = event.clientX; at.y = event.clientY;
+    const x = at.matrixTransform(svg.getScreenCTM().inverse()).x;
+    const label = Number(svg.dataset.label), width = Number(svg.dataset.width);
+    if (x < label) return;
+    const from = Date.parse(svg.dataset.from), to = Date.parse(svg.dataset.to);
+    this.wanted = new Date(from + (x - label) / (width - label) * (to - from));
+    this.ask();
+  }
+
+  async ask() {
+    if (this.asking || !this.wanted) return;
+    this.asking = true;
+    const start = this.wanted;
+    this.wanted = null;
+    try {
+      const count = Number(this.form.elements.count.value || 1);
+      const hours = Number(this.form.elements.hours.value || 1);
+      const envelope = await api("capacity.preview", {
+        poolId: this.form.dataset.pool, duration: Math.round(hours * 3600000),
+        devices: [{class: "gpu", count}],
+        ...(start > Date.now() ? {start: start.toISOString()} : {})});
+      this.draw(envelope, count);
+    } finally {
+      this.asking = false;
+      if (this.wanted) this.ask();
+    }
+  }
+
+  draw(envelope, count) {
+    const svg = document.getElementById("calendar-svg");
+    const ghost = document.getElementById("ghost");
+    const answer = document.getElementById("whatif-answer");
+    if (!svg || !ghost) return;
+    ghost.replaceChildren();
+    if (!envelope.ok) { answer.textContent = envelope.error.message; return; }
+    const result = envelope.result;
+    if (!result.fits) { answer.textContent = `${count} GPU(s) would not fit: ${result.reason}`; return; }
+    const label = Number(svg.dataset.label), width = Number(svg.dataset.width);
+    const from = Date.parse(svg.dataset.from), to = Date.parse(svg.dataset.to);
+    let node = result.nodeId;
+    const x = (t) => label + (Math.min(Math.max(Date.parse(t), from), to) - from) / (to - from) * (width - label);
+    for (const uuid of result.devices) {
+      const row = svg.querySelector(`g.row[data-uuid="${CSS.escape(uuid)}"]`);
+      if (!row) continue;
+      node = row.dataset.node;
+      const rect = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+      rect.setAttribute("class", "whatif");
+      rect.setAttribute("x", x(result.window.start));
+      rect.setAttribute("width", Math.max(x(result.window.end) - x(result.window.start), 1));
+      rect.setAttribute("y", Number(row.dataset.y) + 1);
+      rect.setAttribute("height", Number(row.dataset.height) - 2);
+      ghost.append(rect);
+    }
+    answer.textContent = `${count} GPU(s) would go on ${node} from ` +
+      `${new Date(result.window.start).toLocaleString()} to ${new Date(result.window.end).toLocaleString()}`;
+  }
+}
+
 // The live board: follow the events watch stream from the last event shown, add each new
 // event to the feed once (by sequence number), and fetch the tiles again. A cut stream is
 // resumed from the last sequence seen, so nothing is lost or shown twice.
@@ -161,7 +234,7 @@ class Feed {
     this.list = list;
     this.since = Number(list.dataset.since || 0);
     this.seen = new Set([...list.querySelectorAll("li[data-seq]")].map((li) => Number(li.dataset.seq)));
-    this.board = document.getElementById("board");
+    this.board = document.querySelector("[data-refresh]");
     this.state = document.getElementById("feed-state");
     this.refresh = null;
     this.controller = null;
@@ -222,7 +295,7 @@ class Feed {
     if (this.refresh || !this.board) return;
     this.refresh = setTimeout(async () => {
       this.refresh = null;
-      const response = await fetch(this.board.dataset.tiles, {credentials: "same-origin"});
+      const response = await fetch(this.board.dataset.refresh, {credentials: "same-origin"});
       if (response.ok) {
         const open = [...this.board.querySelectorAll("details[open]")].map((d) => d.closest("li").id);
         this.board.innerHTML = await response.text();
@@ -243,6 +316,8 @@ class Feed {
 
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("select[name=deviceClass]").forEach(showProfileFor);
+  const whatIf = document.getElementById("whatif");
+  if (whatIf) window.consoleWhatIf = new WhatIf(whatIf);
   const list = document.getElementById("feed");
   if (list) {
     window.consoleFeed = new Feed(list);

@@ -14,8 +14,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
@@ -554,3 +556,134 @@ def test_a_clone_shows_why_it_is_refused_and_is_retired_from_the_console(
     finally:
         agent.terminate()
         agent.wait(timeout=30)
+
+
+def ledger_bookings(stack: Stack, *reservation_ids: str) -> dict[str, list[tuple]]:
+    """Each reservation's bookings in the ledger: (device id, start, end)."""
+    found: dict[str, list[tuple]] = {rsv: [] for rsv in reservation_ids}
+    with psycopg.connect(stack.env["DATABASE_URL"]) as conn:
+        for rsv, device, lower, upper in conn.execute("""
+                SELECT a.reservation_id, b.device_id, lower(b.during), upper(b.during)
+                FROM reservations_booking b JOIN reservations_allocation a
+                  ON a.id = b.allocation_id
+                WHERE a.reservation_id = ANY(%s) AND a.ended_at IS NULL""",
+                                                      [list(reservation_ids)]):
+            found[rsv].append((device, lower, upper))
+    return found
+
+
+def drawn_at(page: Page, selector: str) -> list[dict]:
+    """Each bar a selector finds: its device, times, and where it is drawn."""
+    return page.eval_on_selector_all(selector, """rects => rects.map(r => ({
+        device: r.dataset.device, start: r.dataset.start, end: r.dataset.end,
+        x: Number(r.getAttribute('x')), y: Number(r.getAttribute('y'))}))""")
+
+
+def check_drawn_as_booked(page: Page, selector: str, booked: list[tuple], *,
+                          among: bool = False) -> None:
+    """The bars are the ledger's bookings (`among`: are among the bars, which hold others
+    too): same devices and times, on their device's row, at the x their times give on the
+    calendar's axis."""
+    svg = page.locator("#calendar-svg")
+    start, end = (datetime.fromisoformat(svg.get_attribute(a)) for a in ("data-from",
+                                                                        "data-to"))
+    label, width = (float(svg.get_attribute(a)) for a in ("data-label", "data-width"))
+    bars = sorted(drawn_at(page, selector), key=lambda b: b["device"])
+    if among:
+        starts = {(d, lower) for d, lower, _ in booked}
+        bars = [b for b in bars if any(
+            d == b["device"] and abs(datetime.fromisoformat(b["start"]) - lower)
+            < timedelta(milliseconds=1) for d, lower in starts)]
+    assert [b["device"] for b in bars] == sorted(d for d, _, _ in booked)
+    for bar, (device, lower, upper) in zip(bars, sorted(booked), strict=True):
+        assert abs(datetime.fromisoformat(bar["start"]) - lower) < timedelta(milliseconds=1)
+        assert abs(datetime.fromisoformat(bar["end"]) - upper) < timedelta(milliseconds=1)
+        row_y = float(page.locator(f"g.row[data-device='{device}']").get_attribute("data-y"))
+        assert bar["y"] == row_y + 1
+        at = (max(lower, start) - start) / (end - start)
+        assert abs(bar["x"] - (label + at * (width - label))) < 0.5
+
+
+def test_the_pool_calendar_draws_each_booking_at_its_gpus_and_times_and_follows_live(
+        stack, browser, shots):
+    pool, base = stack.env["POOL"], base_url(stack)
+    now_rsv = stack.json("reserve", "--pool", pool, "--gpus", "2", "--for", "2h")
+    later = stack.json("reserve", "--pool", pool, "--gpus", "1", "--for", "1h",
+                       "--start", "+3h")
+    page = sign_in(browser, stack, stack.env["BETTER_COMPUTE_TOKEN"])
+    page.goto(f"{base}/console/pools/{pool}?span=6h")
+    expect(page.locator("#feed-state")).to_have_text("live", timeout=5000)
+    booked = ledger_bookings(stack, now_rsv["id"], later["id"])
+    assert [len(booked[now_rsv["id"]]), len(booked[later["id"]])] == [2, 1]
+    for rsv in (now_rsv, later):
+        check_drawn_as_booked(page, f"rect.bar[data-rsv='{rsv['id']}']", booked[rsv["id"]])
+    expect(page.locator("#now")).to_have_count(1)
+    page.screenshot(path=shots / "calendar-6h.png", full_page=True)
+
+    live = stack.json("reserve", "--pool", pool, "--gpus", "1", "--for", "1h")
+    assert live["state"] == "active", live
+    expect(page.locator(f"rect.bar[data-rsv='{live['id']}']")).to_have_count(
+        1, timeout=LIVE_WITHIN_MS + 3000)
+    check_drawn_as_booked(page, f"rect.bar[data-rsv='{live['id']}']",
+                          ledger_bookings(stack, live["id"])[live["id"]])
+
+    # What if: pointing at a free time draws where one GPU would go, books nothing.
+    page.locator("#whatif input[name=count]").fill("1")
+    box = page.locator("#calendar-svg").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] / 2)
+    expect(page.locator("#ghost rect.whatif")).to_have_count(1, timeout=5000)
+    expect(page.locator("#whatif-answer")).to_contain_text("would go on")
+    page.screenshot(path=shots / "calendar-what-if.png", full_page=True)
+
+    page.locator("a[href*='span=1w']").first.click()
+    expect(page.locator(".calendar-nav [aria-current]")).to_have_text("1w")
+    for rsv in (now_rsv, later, live):
+        check_drawn_as_booked(page, f"rect.bar[data-rsv='{rsv['id']}']",
+                              ledger_bookings(stack, rsv["id"])[rsv["id"]])
+    page.screenshot(path=shots / "calendar-1w.png", full_page=True)
+    page.locator(f"rect.bar[data-rsv='{later['id']}']").click()
+    expect(page).to_have_url(re.compile(f"/console/reservations/{later['id']}$"))
+    for rsv in (now_rsv, later, live):
+        stack.ok("release", rsv["id"])
+    assert page.outside == []  # type: ignore[attr-defined]
+
+
+def test_on_the_calendar_another_tenants_booking_is_busy_and_what_waits_is_at_its_start(
+        stack, browser, shots):
+    pool, base = stack.env["POOL"], base_url(stack)
+    stack.ok("tenants", "create", "--slug", "calendar-co")
+    stack.ok("pools", "offer", pool, "--to", "calendar-co", "--quota", "gpu=8")
+    member = stack.ok("tokens", "create", "--name", "cal", "--role", "member",
+                      "--tenant", "calendar-co", "--query", "token")
+    as_member = {**stack.env, "BETTER_COMPUTE_TOKEN": member,
+                 "BETTER_COMPUTE_TENANT": "calendar-co"}
+    blockers = []  # whole machines, by the pool's owner, until none is left
+    for _ in range(8):
+        blocker = stack.json("reserve", "--pool", pool, "--gpus", "8", "--for", "2h",
+                             "--wait", "0")
+        if blocker["state"] == "pending":
+            stack.ok("release", blocker["id"])
+            break
+        blockers.append(blocker)
+    assert len(blockers) >= 4, blockers
+    waiting = stack.json("reserve", "--pool", pool, "--gpus", "4", "--for", "1h", "--wait", "0",
+                         env=as_member)
+    assert waiting["state"] == "pending"
+    page = sign_in(browser, stack, member)
+    page.goto(f"{base}/console/pools/{pool}?span=6h")
+    booked = ledger_bookings(stack, *(b["id"] for b in blockers))
+    busy = [row for rows in booked.values() for row in rows]
+    check_drawn_as_booked(page, "rect.bar.busy", busy, among=True)
+    content = page.content()
+    assert not any(b["id"] in content for b in blockers)
+    assert "root" not in page.locator("#calendar").inner_text()
+    pending = drawn_at(page, f"rect.pending[data-rsv='{waiting['id']}']")
+    assert len(pending) == 4
+    ends = {upper for rows in booked.values() for _, _, upper in rows}
+    [start] = {datetime.fromisoformat(p["start"]) for p in pending}
+    assert min(abs(start - end) for end in ends) < timedelta(milliseconds=1)
+    expect(page.locator(f"#waiting-{waiting['id']}")).to_contain_text("earliest")
+    page.screenshot(path=shots / "calendar-member-busy-and-waiting.png", full_page=True)
+    assert stack.cli("release", waiting["id"], env=as_member).returncode == 0
+    for blocker in blockers:
+        stack.ok("release", blocker["id"])

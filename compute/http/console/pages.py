@@ -16,9 +16,10 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from compute.core.errors import ComputeError
+from compute.http.console.calendar import SPANS, STEPS, View, layout
 from compute.http.console.session import Page, console_page
 from compute.platform.events.presenters import present_event
-from compute.platform.events.selectors import latest_events
+from compute.platform.events.selectors import event_head, latest_events
 from compute.platform.tenancy.selectors import principal_names
 from fleet.selectors import node_hostnames
 from reservations.board import (
@@ -297,3 +298,34 @@ def gpu_hours_chart(rows: list[dict[str, Any]], *, days: int = 14) -> dict[str, 
         bars.append({"day": day, "hours": round(float(value), 2), "x": 40 + i * 44,
                      "y": 180 - height, "height": height})
     return {"bars": bars, "peak": round(float(peak), 2), "width": 60 + 44 * max(len(bars), 1)}
+
+
+@console_page
+def pool(request: HttpRequest, page: Page, pool_id: str) -> HttpResponse:
+    """One pool's calendar: a row per GPU, bookings as bars, what waits at its start, and
+    booked against bookable GPUs over time; it follows the events stream."""
+    found = page.call("pools.get", poolId=pool_id)
+    return page.render("console/pool.html", {
+        "pool": found, **calendar_context(request, page, pool_id), "spans": list(SPANS),
+        "since": event_head(tenant=page.tenant), "can_preview": page.can("capacity.preview"),
+        "whatif_gpus": 8 if found["class"] == "metal-host" else 1})
+
+
+@console_page
+def pool_calendar(request: HttpRequest, page: Page, pool_id: str) -> HttpResponse:
+    """The calendar alone, which the pool page fetches again when events arrive."""
+    return page.render("console/_calendar.html", calendar_context(request, page, pool_id))
+
+
+def calendar_context(request: HttpRequest, page: Page, pool_id: str) -> dict[str, Any]:
+    view = View.of(request.GET.dict(), timezone.now())
+    timeline = page.call("capacity.timeline", poolId=pool_id, resolution=int(
+        STEPS[view.span].total_seconds() * 1000), **{"from": view.start, "to": view.end})
+    return {"view": view, "links": view.links(timezone.now()), "query": view.query(),
+            "calendar": layout(timeline, view), "truncated": timeline["truncated"],
+            "step": format_step(STEPS[view.span]), "pending_list": timeline["pending"]}
+
+
+def format_step(step: timedelta) -> str:
+    minutes = int(step.total_seconds() // 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h"
