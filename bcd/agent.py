@@ -33,12 +33,14 @@ from bcd.contract.profile import units_of
 from bcd.contract.vms import Vm
 from bcd.deploys import Deploys, serve_deploys
 from bcd.deviceplugin import GpuSource, run_device_plugin
+from bcd.fence import end_workloads
 from bcd.holds import (
     FALLBACK,
     SliceFailed,
     holds_on_disk,
     remove_hold,
     slice_stop_if_empty,
+    write_ending_notice,
     write_hold,
 )
 from bcd.inventory import inventory_for
@@ -75,6 +77,7 @@ class Agent:
         self.session: AgentSession | None = None
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
         self.busy_slices: dict[str, Hold] = {}  # released holds whose slice still runs
+        self.ending_notices: dict[str, float | None] = {}  # the notice each hold was given
         # The signed reports of the last spec applied, sent again on every new session: one
         # sent on a session that died before its gateway took it would be lost, and the
         # control plane treats a repeat as a no-op.
@@ -211,16 +214,19 @@ class Agent:
         units = units_of(spec)  # BadProfile refuses the whole spec
         self.journal.begin("spec", str(generation), generation=generation)
         reports = []
+        report = self.current_inventory()
+        gpu_index = {g["uuid"]: g["index"] for g in report.get("gpus", [])}
         for allocation, hold in self.held().items():
             if allocation not in wanted:
                 self.journal.begin("unhold", allocation)
+                # Before anything else may hold its devices: fenced, or named if left running.
+                workloads = end_workloads(hold, self.paths, gpu_index)
                 if not remove_hold(hold, self.paths):
                     self.busy_slices[allocation] = hold
-                self.journal.done("unhold", allocation)
+                self.journal.done("unhold", allocation, workloads=workloads)
                 reports.append(self._signed("released", {
                     "allocationId": allocation, "generation": generation,
-                    "nodeId": self.config.node_id}))
-        report = self.current_inventory()
+                    "nodeId": self.config.node_id, "workloads": workloads}))
         claims = Claims.of(report.get("gpus", []))
         for allocation, hold in list(wanted.items()):
             problem = claims.take(allocation, hold)
@@ -229,7 +235,6 @@ class Agent:
                 reports.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": problem}))
-        gpu_index = {g["uuid"]: g["index"] for g in report.get("gpus", [])}
         for allocation, hold in wanted.items():
             self.journal.begin("hold", allocation)
             try:
@@ -289,7 +294,8 @@ class Agent:
                          "holds": f"{len(self.journal.held())} held"},
             "holds": [{"allocationId": allocation, "reservationId": hold.reservation_id,
                        "gpus": list(hold.gpus), "preemptAt": hold.preempt_at or None,
-                       "endsAt": hold.ends_at or None}
+                       "endsAt": hold.ends_at or None, "onEnd": hold.on_end,
+                       "endingNotice": self.ending_notices.get(allocation)}
                       for allocation, hold in sorted(self.held().items())],
             "cdi": self.cdi_source(),
             "simulated": self.config.sim,
@@ -387,6 +393,19 @@ class Agent:
             if left < margin and self.session is not None and self.session.state.connected:
                 self.session.request_renewal(self.node_key())
 
+    async def keep_ending_notices(self, *, interval: float = 1.0) -> None:
+        """Each hold's ending file, written when one of its notices falls due (bcd.holds)."""
+        while True:
+            now = datetime.now(timezone.utc)
+            for hold in list(self.held().values()):
+                try:
+                    self.ending_notices[hold.allocation_id] = write_ending_notice(
+                        hold, self.paths, now)
+                except OSError as failure:  # the hold's folder went away: it is being removed
+                    logger.debug("ending notice of %s not written: %s", hold.allocation_id,
+                                 failure)
+            await asyncio.sleep(interval)
+
     async def stop_empty_slices(self, *, interval: float = 30.0) -> None:
         """A released hold's slice stops once its workload has gone."""
         while True:
@@ -469,8 +488,8 @@ class Agent:
                 "joinEncryptionPin": self.config.join_encryption_pin})
             serve_deploys(self.site.deploys, self.deploy_listen)
         works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
-                 self.stop_empty_slices(), self.watch_inventory(), self.device_plugin(),
-                 self.vms.run(), self.keep_profile()]
+                 self.stop_empty_slices(), self.keep_ending_notices(), self.watch_inventory(),
+                 self.device_plugin(), self.vms.run(), self.keep_profile()]
         interval = watchdog_seconds()
         if interval is not None:
             works.append(self.ping_watchdog(interval))
@@ -552,6 +571,9 @@ def status_text(status: dict[str, Any]) -> str:
               f"{vm['memoryMiB']} MiB, pid {vm['pid']}" for vm in status.get("vms", [])]
     lines += [f"hold        {hold['allocationId']} ({hold['reservationId']}), "
               f"{len(hold['gpus'])} GPU(s), ends at {hold['endsAt']}"
+              + (", its workloads stopped then" if hold.get("onEnd") == "fence" else "")
+              + (f" (notice: {hold['endingNotice']:g} s before)" if hold.get("endingNotice")
+                 else "")
               for hold in status.get("holds", []) if hold.get("endsAt")]
     lines += [f"preempting  {hold['allocationId']} ({hold['reservationId']}) at "
               f"{hold['preemptAt']}: its GPUs are taken back then"

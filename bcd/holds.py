@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,11 @@ def cdi_spec(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> tuple[dict[
 
 def _device_nodes(paths: Paths, *nodes: str) -> list[dict[str, str]]:
     """The device nodes among `nodes` that exist under the node's root, each with its host
-    path when the root is not `/` (a simulated machine's device files live under it)."""
+    path when the root is not `/`. Only character devices: a simulated machine's GPU files
+    are plain files (its workloads open them), which no container runtime could pass on."""
     found = [(node, paths.root / node.lstrip("/")) for node in nodes]
     return [{"path": node, **({} if str(paths.root) == "/" else {"hostPath": str(host)})}
-            for node, host in found if host.exists()]
+            for node, host in found if host.is_char_device()]
 
 
 def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
@@ -68,6 +70,23 @@ def files_of(hold: Hold, paths: Paths) -> tuple[Path, Path]:
 
 def notice_of(hold: Hold, paths: Paths) -> Path:
     return paths.root / hold.notice_file.lstrip("/")
+
+
+def ending_of(hold: Hold, paths: Paths) -> Path:
+    return paths.root / hold.ending_file.lstrip("/")
+
+
+def write_ending_notice(hold: Hold, paths: Paths, now: datetime) -> float | None:
+    """The ending file as the notice due now says it (removed when none is); returns it."""
+    due, file = hold.notice_due(now), ending_of(hold, paths)
+    if due is None:
+        file.unlink(missing_ok=True)
+        return None
+    text = json.dumps({"reservationId": hold.reservation_id, "endsAt": hold.ends_at,
+                       "noticeSeconds": due}) + "\n"
+    if not file.exists() or file.read_text() != text:
+        write_private(file, text)
+    return due
 
 
 def write_hold(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> dict[str, Any]:
@@ -108,7 +127,7 @@ def holds_on_disk(paths: Paths) -> dict[str, Hold]:
 def remove_hold(hold: Hold, paths: Paths) -> bool:
     """Remove the spec and env file, and stop the slice if nothing runs in it: a release
     never kills a running workload. False when the slice is still busy (retry later)."""
-    for path in (*files_of(hold, paths), notice_of(hold, paths)):
+    for path in (*files_of(hold, paths), notice_of(hold, paths), ending_of(hold, paths)):
         path.unlink(missing_ok=True)
     return slice_stop_if_empty(hold, paths) or not systemd_present(paths)
 

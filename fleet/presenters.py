@@ -7,7 +7,7 @@ from zoneinfo import available_timezones
 
 from rest_framework import serializers
 
-from bcd.contract.holds import SLURM_ACCOUNT
+from bcd.contract.holds import MAX_FENCE_GRACE, ON_END, SLURM_ACCOUNT
 from bcd.contract.profile import PROFILE_UNITS
 from compute.core.api.inputs import Input
 from compute.core.api.shapes import BOOLEAN, INTEGER, OBJECT, STRING, TIME, array, nullable, obj
@@ -162,6 +162,17 @@ class PolicyIn(Input):
         max_length=8,
         help_text="How long before a started reservation's end the event reservation.ending "
                   "is sent, in seconds, once each ([900, 60] by default; []: never).")
+    on_end = serializers.ChoiceField(
+        choices=list(ON_END), required=False,
+        help_text="When a hold ends (its end, a release, a preemption): notify (the default) "
+                  "leaves its workloads running and the node reports which they are; fence: "
+                  "the node stops every process that holds its devices or runs in its "
+                  "cgroup (SIGTERM, then SIGKILL after fenceGraceSeconds) before anything "
+                  "else may hold them, and reports which it stopped.")
+    fence_grace_seconds = serializers.FloatField(
+        min_value=0, max_value=MAX_FENCE_GRACE, required=False,
+        help_text="With onEnd fence: how long the hold's processes have to exit after "
+                  "SIGTERM (10 s by default).")
     sandboxes = SandboxPolicyIn(required=False)
     sharing = SharingIn(required=False)
     time_slicing = TimeSlicingIn(

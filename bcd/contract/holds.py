@@ -24,6 +24,8 @@ DEVICE_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9-]{0,94}$")
 # A Slurm account or partition name (what Slurm accepts, and nothing a shell would read).
 SLURM_ACCOUNT = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 SHARE = re.compile(r"^(GPU-[A-Za-z0-9][A-Za-z0-9-]{0,80}):share-([1-9][0-9]?)$")
+ON_END = ("notify", "fence")  # what the node does with a hold's workloads when it ends
+MAX_FENCE_GRACE = 30.0  # seconds: the agent waits this long at most before SIGKILL
 
 
 def share_uuid(gpu_uuid: str, slot: int) -> str:
@@ -81,6 +83,9 @@ class Hold:
     preempt_at: str = ""  # ISO 8601: the hold is preempted then (a notice beside its env file)
     slurm: SlurmPublish | None = None
     ends_at: str = ""  # ISO 8601: when the reservation ends (its workloads are told)
+    on_end: str = "notify"  # fence: the node stops the hold's workloads when it ends
+    fence_grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    notices: tuple[float, ...] = (900.0, 60.0)  # seconds before ends_at: the ending file
 
     @classmethod
     def from_wire(cls, entry: object) -> Hold:
@@ -112,11 +117,26 @@ class Hold:
         ends_at = entry.get("endsAt", "")
         if not isinstance(ends_at, str) or (ends_at and not _is_time(ends_at)):
             raise BadHold(f"{allocation_id}: endsAt must be an ISO 8601 time")
+        on_end = entry.get("onEnd", "notify")
+        if on_end not in ON_END:
+            raise BadHold(f"{allocation_id}: onEnd must be one of {', '.join(ON_END)}")
+        grace = entry.get("fenceGraceSeconds", 10.0)
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not (
+                0 <= grace <= MAX_FENCE_GRACE):
+            raise BadHold(f"{allocation_id}: fenceGraceSeconds must be a number from 0 to "
+                          f"{MAX_FENCE_GRACE:g}")
+        notices = entry.get("endingNotices", [900.0, 60.0])
+        if not isinstance(notices, list) or len(notices) > 8 or not all(
+                isinstance(n, int | float) and not isinstance(n, bool) and 0 < n <= 7 * 86_400
+                for n in notices):
+            raise BadHold(f"{allocation_id}: endingNotices must be at most 8 numbers of "
+                          "seconds, up to a week")
         slurm = entry.get("slurm")
         return cls(allocation_id, reservation_id, tuple(gpus), kubernetes, tuple(shares),
                    preempt_at,
                    None if slurm is None else SlurmPublish.from_wire(allocation_id, slurm),
-                   ends_at)
+                   ends_at, on_end, float(grace),
+                   tuple(sorted((float(n) for n in notices), reverse=True)))
 
     def wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"allocationId": self.allocation_id,
@@ -130,6 +150,10 @@ class Hold:
             wire["slurm"] = self.slurm.wire()
         if self.ends_at:
             wire["endsAt"] = self.ends_at
+        if self.on_end != "notify":  # left out otherwise: the previous agent reads none
+            wire["onEnd"], wire["fenceGraceSeconds"] = self.on_end, self.fence_grace
+        if self.notices != (900.0, 60.0):
+            wire["endingNotices"] = list(self.notices)
         return wire
 
     @property
@@ -151,6 +175,22 @@ class Hold:
         return f"{ENV_DIR}/{self.allocation_id}.preempt"
 
     @property
+    def ending_file(self) -> str:
+        """Written at each of the hold's notice times before its end: `{"reservationId",
+        "endsAt", "noticeSeconds"}` (the notice now due); gone when an extension moves the
+        end past every notice, and with the hold."""
+        return f"{ENV_DIR}/{self.allocation_id}.ending"
+
+    def notice_due(self, now: datetime) -> float | None:
+        """The nearest of the notices whose time has come (None before the first, or
+        without an end)."""
+        if not self.ends_at:
+            return None
+        left = (datetime.fromisoformat(self.ends_at) - now).total_seconds()
+        due = [n for n in self.notices if left <= n]
+        return min(due) if due and left > 0 else None
+
+    @property
     def slice_name(self) -> str:
         return f"bcd-alloc-{self.allocation_id}.slice"
 
@@ -163,7 +203,8 @@ class Hold:
     @property
     def env(self) -> dict[str, str]:
         """What a workload of the hold is told (the env file, and the CDI spec's edits)."""
-        env = {"BCD_ALLOCATION_ID": self.allocation_id, "BCD_PREEMPT_NOTICE": self.notice_file}
+        env = {"BCD_ALLOCATION_ID": self.allocation_id, "BCD_PREEMPT_NOTICE": self.notice_file,
+               "BCD_ENDING_NOTICE": self.ending_file}
         if self.ends_at:
             env["BCD_ENDS_AT"] = self.ends_at  # moved by an extension (the file is rewritten)
         return {**env, "BCD_GPU_SHARES": ",".join(self.shares)} if self.shares else env

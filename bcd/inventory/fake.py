@@ -45,6 +45,10 @@ class SimulatedInventory:
         root = Path(self.root) if self.root else None
         self.nvml = NvmlInventory(DescribedNvml(self.describe), host=self.host,
                                   cleared_file=cleared_file_of(root) if root else None)
+        if root is not None:  # its GPUs' device files, plain files a workload can hold open
+            (root / "dev").mkdir(parents=True, exist_ok=True)
+            for index in range(self.gpus):
+                (root / "dev" / f"nvidia{index}").touch(exist_ok=True)
 
     def _id(self, what: str) -> str:
         return hashlib.sha256(f"{self.name}/{what}".encode()).hexdigest()

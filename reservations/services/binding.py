@@ -29,6 +29,7 @@ from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
 from reservations.models import Allocation, Reservation, ReservationState
 from reservations.services.book import emit_placed, try_place
+from reservations.services.notices import NOTICES
 from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
 
@@ -52,9 +53,13 @@ def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
                                              "gpu__uuid")
     shares = sorted(uuid for uuid, kind, _ in booked if kind == DeviceClass.SHARE)
     gpus = sorted({gpu if kind == DeviceClass.SHARE else uuid for uuid, kind, gpu in booked})
+    policy = rsv.pool.policy
     return Hold(allocation.id, rsv.id, tuple(gpus), rsv.kubernetes, tuple(shares),
                 rsv.preempt_at.isoformat() if rsv.preempt_at else "", slurm_of(rsv),
-                rsv.ends_at.isoformat() if rsv.ends_at else "")
+                rsv.ends_at.isoformat() if rsv.ends_at else "",
+                policy.get("onEnd", "notify"), float(policy.get("fenceGraceSeconds", 10.0)),
+                tuple(sorted((float(n) for n in policy.get("endingNotices", NOTICES)),
+                             reverse=True)))
 
 
 def slurm_of(rsv: Reservation) -> SlurmPublish | None:
@@ -177,18 +182,48 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
 
 @audited
 def allocation_released_record(*, node_id: str, body: str, signature: str) -> str:
-    """The node gave an allocation's GPUs back (signed)."""
+    """The node gave an allocation's GPUs back (signed), and says what it did with the
+    workloads still on them: stopped (the pool fences) or left running (it notifies)."""
     node, payload = verified_report(node_id, body, signature)
     node = Node.objects.select_related("pool").get(pk=node.pk)
     allocation_id = str(payload.get("allocationId", ""))[:32]
-    known = Allocation.objects.filter(pk=allocation_id, node=node).exists()
+    allocation = (Allocation.objects.filter(pk=allocation_id, node=node)
+                  .select_related("reservation").first())
+    workloads = workloads_said(payload.get("workloads"))
     audit_record(tenant_id=node.pool.tenant_id, actor_id=node_id, action="allocation.release",
-                 target=allocation_id, reason="signed by node" if known else (
+                 target=allocation_id, data={"workloads": workloads} if workloads else None,
+                 reason="signed by node" if allocation else (
                      "signed by node; the ledger has no such allocation (booked after the "
                      "point it was restored to, or never): the node dropped its hold"))
+    said = {"nodeId": node_id, **({"workloads": workloads} if workloads else {})}
     event_emit(tenant_id=node.pool.tenant_id, type=ReservationEvent.ALLOCATION_RELEASED,
-               subject=allocation_id, payload={"nodeId": node_id})
+               subject=allocation_id, payload={
+                   **said, **({"reservationId": allocation.reservation_id} if allocation
+                              else {})})
+    if allocation and allocation.reservation.tenant_id != node.pool.tenant_id and workloads:
+        event_emit(tenant_id=allocation.reservation.tenant_id,
+                   type=ReservationEvent.ALLOCATION_RELEASED, subject=allocation_id,
+                   payload={**said, "reservationId": allocation.reservation_id})
     return allocation_id
+
+
+def workloads_said(said: object) -> dict[str, Any] | None:
+    """The released report's `workloads`, kept to what it may say: pids, commands (cut to
+    200 characters), why each was found and the signal that stopped it."""
+    if not isinstance(said, dict) or said.get("onEnd") not in ("notify", "fence"):
+        return None
+
+    def listed(key: str) -> list[dict[str, Any]]:
+        entries = said.get(key)
+        return [{"pid": int(e["pid"]), "command": str(e.get("command", ""))[:200],
+                 "why": str(e.get("why", ""))[:60],
+                 **({"signal": str(e["signal"])[:8]} if "signal" in e else {})}
+                for e in (entries if isinstance(entries, list) else [])[:64]
+                if isinstance(e, dict) and isinstance(e.get("pid"), int)]
+
+    kept = {"onEnd": said["onEnd"], **{key: listed(key) for key in (
+        ("stopped", "survived") if said["onEnd"] == "fence" else ("running",))}}
+    return kept if any(kept[k] for k in kept if k != "onEnd") else None
 
 
 MAX_PLACEMENTS = 3  # the first placement and at most two more after failed bindings

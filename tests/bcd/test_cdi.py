@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -74,19 +76,22 @@ def test_the_runtime_directory_overrides_etc_cdi(tmp_path):
 
 
 def test_without_a_vendor_spec_the_hold_falls_back_and_says_so(tmp_path):
-    for node in ("dev/nvidia2", "dev/nvidiactl", "dev/nvidia-uvm"):
+    for minor, node in enumerate(("dev/nvidia2", "dev/nvidiactl", "dev/nvidia-uvm")):
         (tmp_path / node).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / node).touch()
-    spec, source = cdi_spec(a_hold([VENDOR_UUIDS[2]]), Paths(tmp_path), INDEX)
+        os.mknod(tmp_path / node, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    (tmp_path / "dev/nvidia3").touch()  # a plain file (a simulated GPU's) is no device node
+    spec, source = cdi_spec(a_hold(VENDOR_UUIDS[2:4]), Paths(tmp_path), INDEX)
     check_spec(spec)
     assert source == FALLBACK
     # Under a root other than / (a simulated machine), the host path is the file under it.
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidia2", "hostPath": str(tmp_path / "dev/nvidia2")}]
+    assert spec["devices"][1]["containerEdits"] == {"env": [f"BCD_GPU={VENDOR_UUIDS[3]}"]}
     assert {n["path"] for n in spec["containerEdits"]["deviceNodes"]} == {
         "/dev/nvidiactl", "/dev/nvidia-uvm"}
     assert spec["cdiVersion"] == "0.5.0"  # hostPath came in 0.5.0; Podman 4.3 reads no newer
-    assert f"NVIDIA_VISIBLE_DEVICES={VENDOR_UUIDS[2]}" in spec["containerEdits"]["env"]
+    assert f"NVIDIA_VISIBLE_DEVICES={','.join(VENDOR_UUIDS[2:4])}" in spec["containerEdits"][
+        "env"]
 
 
 def test_a_vendor_spec_without_a_held_gpu_refuses_the_hold(tmp_path):

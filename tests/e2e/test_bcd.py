@@ -6,8 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from tests.support.waiting import wait_until
+from tests.support.workloads import holding
 
 
 def bcd(*args, env=None, stdin=None):
@@ -134,3 +138,74 @@ def test_doctor_passes_on_a_joined_simulated_agent_and_fails_on_loose_permission
         key.chmod(0o600)
     assert bad.returncode == 1
     assert "FAIL  permissions" in bad.stdout
+
+
+def held_device(stack, rsv) -> tuple[Path, Path]:
+    """The sim root of the reservation's node and the device file of its one GPU there."""
+    env_file = Path(rsv["binding"]["envFile"])
+    root = env_file.parents[3]  # <root>/run/bcd/allocations/<alloc>.env
+    [uuid] = [d.split("=", 1)[1] for d in rsv["binding"]["cdiDevices"]]
+    status = json.loads(bcd("--root", str(root), "status", "--json").stdout)
+    [index] = [g["index"] for g in status["gpus"] if g["uuid"] == uuid]
+    return root, root / f"dev/nvidia{index}"
+
+
+def released_event(stack, allocation_id: str) -> dict:
+    def found() -> dict | None:
+        items = json.loads(stack.ok("api", "events.list", "types=allocation.released",
+                                    "-o", "json"))["items"]
+        return next((e for e in items if e["subject"] == allocation_id), None)
+
+    assert wait_until(found, 60), "no allocation.released"
+    event = found()
+    assert event is not None
+    return event
+
+
+def test_at_its_end_a_fenced_hold_is_noticed_then_its_workload_stopped_and_named(
+        stack, tmp_path):
+    stack.add_to_policy(tmp_path, onEnd="fence", fenceGraceSeconds=2, endingNotices=[14, 5])
+    try:
+        rsv = json.loads(stack.ok("reserve", "--pool", stack.env["POOL"], "--gpus", "1",
+                                  "--for", "20s", "-o", "json"))
+        assert rsv["state"] == "active", rsv
+        root, device = held_device(stack, rsv)
+        workload = holding(device)
+        ending = root / f"run/bcd/allocations/{rsv['allocationId']}.ending"
+        seen = []
+
+        def noticed(seconds: float) -> bool:
+            if ending.exists():
+                notice = json.loads(ending.read_text())
+                seen.append(notice["noticeSeconds"])
+                return notice["noticeSeconds"] == seconds
+            return False
+
+        assert wait_until(lambda: noticed(14), 20)
+        status = json.loads(bcd("--root", str(root), "status", "--json").stdout)
+        [held] = [h for h in status["holds"] if h["allocationId"] == rsv["allocationId"]]
+        assert (held["onEnd"], held["endingNotice"]) == ("fence", 14)
+        assert wait_until(lambda: noticed(5), 20)
+        event = released_event(stack, rsv["allocationId"])  # at the end, by itself
+        assert workload.wait(timeout=10) is not None
+        [stopped] = event["payload"]["workloads"]["stopped"]
+        assert (stopped["pid"], stopped["signal"]) == (workload.pid, "SIGTERM")
+        assert stopped["why"] == f"device /dev/{device.name}"
+        assert not ending.exists()
+    finally:
+        stack.add_to_policy(tmp_path, onEnd="notify")
+
+
+def test_a_notify_pools_release_leaves_the_workload_running_and_says_so(stack):
+    rsv = json.loads(stack.ok("reserve", "--pool", stack.env["POOL"], "--gpus", "1",
+                              "--for", "1h", "-o", "json"))
+    _, device = held_device(stack, rsv)
+    workload = holding(device)
+    try:
+        stack.ok("release", rsv["id"])
+        event = released_event(stack, rsv["allocationId"])
+        assert [w["pid"] for w in event["payload"]["workloads"]["running"]] == [workload.pid]
+        assert workload.poll() is None
+    finally:
+        workload.kill()
+        workload.wait()

@@ -390,3 +390,36 @@ def test_i3_tells_what_is_on_its_way_from_what_diverged(root, bound):
     assert unconverged(held, database_now(), settle) == []  # the node is giving it back
     (kept,) = unconverged(held, database_now() + later, settle)
     assert kept.startswith(f"{node.id} holds {hold['allocationId']}")
+
+
+def test_a_fence_pools_hold_says_so_and_the_stopped_workloads_reach_the_audit_and_events(
+        root, acme, pool):
+    root("pools.update", poolId=pool["id"], policy={
+        **root("pools.get", poolId=pool["id"])["policy"], "onEnd": "fence",
+        "fenceGraceSeconds": 5, "endingNotices": [600]})
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8})
+    key = ec.generate_private_key(ec.SECP256R1())
+    node = make_node(pool["id"])
+    Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+    rsv = reserve(acme, pool, 2).result
+    reservation_bind(reservation_id=rsv["id"])
+    [wire] = NodeSpec.objects.filter(node=node).latest("generation").spec["allocations"]
+    hold = Hold.from_wire(wire)
+    assert (hold.on_end, hold.fence_grace, hold.notices) == ("fence", 5.0, (600.0,))
+    body = canonical({"allocationId": hold.allocation_id, "generation": 3, "nodeId": node.id,
+                      "workloads": {"onEnd": "fence", "graceSeconds": 5, "survived": [],
+                                    "stopped": [{"pid": 4242, "command": "python train.py",
+                                                 "why": "device /dev/nvidia0",
+                                                 "signal": "SIGKILL"}]}}).decode()
+    with assert_wrote(audit="allocation.release",
+                      events=["allocation.released", "allocation.released"]):
+        allocation_released_record(node_id=node.id, body=body,
+                                   signature=sign_bytes(key, body.encode()))
+    stopped = [{"pid": 4242, "command": "python train.py", "why": "device /dev/nvidia0",
+                "signal": "SIGKILL"}]
+    row = AuditEvent.objects.get(action="allocation.release", target=hold.allocation_id)
+    assert row.data["workloads"]["stopped"] == stopped
+    for client in (root, acme):  # the pool's owner and the reservation's tenant
+        [event] = client("events.list", types="allocation.released")["items"]
+        assert event["payload"]["workloads"]["stopped"] == stopped
+        assert event["payload"]["reservationId"] == rsv["id"]
