@@ -19,7 +19,7 @@ Pending requests are placed in order of priority, then fair-share factor, then a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -201,6 +201,14 @@ def planned_queue(pool: Pool, now: datetime) -> list[Queued]:
                    r.priority, shares[r.tenant_id].factor if r.tenant_id in shares else 0.0,
                    r.created_at, "", position, 0, 0, 0, planned_start=r.during.lower)
             for position, r in enumerate(rows, 1)]
+
+
+def waiting_queue(pool: Pool, now: datetime) -> list[Queued]:
+    """Everything that waits in the pool, in the order it is offered capacity: planned
+    starts first (their GPUs are booked from then), then the pending requests."""
+    planned = planned_queue(pool, now)
+    return planned + [replace(q, position=q.position + len(planned))
+                      for q in pending_queue(pool, now)]
 
 
 def accepting(pool: Pool, **state: Any) -> Q:

@@ -24,7 +24,7 @@ from fleet.presenters import unschedulable_because
 from reservations.earliest import search_for
 from reservations.models import Booking, Reservation, ReservationState
 from reservations.shape import Ask, Shape
-from reservations.sharing import Queued, pending_queue, planned_queue
+from reservations.sharing import waiting_queue
 
 MAX_SPAN = timedelta(days=92)
 MAX_STEPS = 500
@@ -67,12 +67,11 @@ def pool_timeline(pool: Pool, *, viewer: Tenant, span: Span, now: datetime) -> d
     """What the calendar draws for `pool` over `span`, as `viewer` may see it."""
     owner = pool.tenant_id == viewer.id
     rows = device_rows(pool)
-    uuids = {row["uuid"]: row["id"] for row in rows}
     return {"poolId": pool.id, "from": span.start, "to": span.end,
             "resolution": int(span.step.total_seconds() * 1000), "now": now,
             "rows": rows[:MAX_ROWS], "truncated": len(rows) > MAX_ROWS,
             "bars": bars(pool, span, viewer=viewer, owner=owner),
-            "pending": waiting(pool, now, viewer=viewer, owner=owner, uuids=uuids),
+            "pending": waiting(pool, now, viewer=viewer, owner=owner),
             "utilisation": utilisation(pool, span)}
 
 
@@ -152,15 +151,12 @@ def bars(pool: Pool, span: Span, *, viewer: Tenant, owner: bool) -> list[dict[st
     return drawn
 
 
-def waiting(pool: Pool, now: datetime, *, viewer: Tenant, owner: bool,
-            uuids: dict[str, str]) -> list[dict[str, Any]]:
+def waiting(pool: Pool, now: datetime, *, viewer: Tenant, owner: bool
+            ) -> list[dict[str, Any]]:
     """The pool's queue as the viewer may see it (the owner all of it, a tenant its own):
     planned starts where their GPUs are booked, and the first pending requests where the
     earliest-window search would put them now (nothing ahead of them taken into account)."""
-    planned = planned_queue(pool, now)
-    queue = planned + [Queued(**{**q.__dict__, "position": q.position + len(planned)})
-                       for q in pending_queue(pool, now)]
-    visible = [q for q in queue if owner or q.tenant_id == viewer.id]
+    visible = [q for q in waiting_queue(pool, now) if owner or q.tenant_id == viewer.id]
     rows = {r.id: r for r in Reservation.objects.filter(pk__in=[q.reservation_id
                                                                 for q in visible])}
     items = []
@@ -169,7 +165,8 @@ def waiting(pool: Pool, now: datetime, *, viewer: Tenant, owner: bool,
         start, end, devices, how = None, None, [], "none"
         if rsv.state == ReservationState.PLACED and rsv.during is not None:
             start, end, how = rsv.during.lower, rsv.during.upper, "planned"
-            devices = list(Booking.objects.filter(allocation__reservation=rsv)
+            devices = list(Booking.objects.filter(allocation__reservation=rsv,
+                                                  allocation__ended_at__isnull=True)
                            .values_list("device_id", flat=True))
         elif searched < SEARCHED:
             slot = search_for(Ask(rsv.tenant_id, pool, Shape.of(rsv), rsv.duration_ms),

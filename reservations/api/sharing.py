@@ -3,7 +3,6 @@ and capacity.shares (each tenant's fair share of a pool)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from compute.core.api.inputs import Input, PublicIdField
@@ -15,13 +14,7 @@ from fleet.api.pools import pool_subject
 from fleet.models import Pool
 from fleet.selectors import access_pool_by_id
 from reservations.models import Reservation, ReservationState
-from reservations.sharing import (
-    Queued,
-    fair_shares,
-    half_life_hours,
-    pending_queue,
-    planned_queue,
-)
+from reservations.sharing import Queued, fair_shares, half_life_hours, waiting_queue
 
 QUEUED = obj(reservationId=STRING, tenantId=STRING, poolId=STRING, position=INTEGER,
              count=INTEGER, priorityClass=STRING, priority=INTEGER, fairShare=NUMBER,
@@ -63,10 +56,7 @@ def reservations_queue(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]
     position and why it waits: all of an owned pool's, else the tenant's own."""
     now, items = database_now(), []
     for pool in queue_pools(ctx.tenant, data.get("pool_id")):
-        planned = planned_queue(pool, now)
-        waiting = planned + [replace(q, position=q.position + len(planned))
-                             for q in pending_queue(pool, now)]
-        items += [present_queued(q) for q in waiting
+        items += [present_queued(q) for q in waiting_queue(pool, now)
                   if pool.tenant_id == ctx.tenant.id or q.tenant_id == ctx.tenant.id]
     return {"items": items}
 

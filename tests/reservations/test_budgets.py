@@ -158,3 +158,44 @@ def test_extensions_racing_for_a_budget_never_extend_past_it(root, acme, budgete
     day_start, day_end = period_of(tomorrow(1), "day", ZONE)
     assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=budgeted["id"]),
                         start=day_start, end=day_end, priority_class=None) == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_extensions_on_different_nodes_racing_for_a_budget_never_extend_past_it(root, acme):
+    """As above, each booking on a node of its own (six one-GPU machines), so that no node
+    lock orders the extensions: only the budget check's own lock on the tenant's quota row
+    keeps them from all passing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from fleet.models import Pool
+    from reservations.budgets import booked_hours
+
+    site = root("sites.create", kind="shared", region="ap-2")
+    pool = root("pools.create", siteId=site["id"], gpuModel="H100",
+                policy={**POLICY, "timeZone": "Asia/Tokyo"}, **{"class": "metal-host"})
+    for _ in range(6):
+        make_node(pool["id"], gpus=1, domains=(1,))
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8},
+         limits={"budgets": [{"gpuHours": 10, "period": "day"}]})
+    booked = [book(acme, pool, 1, tomorrow(1), 1).result for _ in range(6)]
+    assert len({rsv["nodeId"] for rsv in booked}) == 6
+
+    def extend(rsv: dict) -> int:
+        try:
+            return acme.call("reservations.extend", reservationId=rsv["id"], by=HOUR).status
+        finally:
+            connection.close()
+
+    for _ in range(3):  # each round starts again from 6 GPU-hours
+        with ThreadPoolExecutor(6) as threads:
+            statuses = list(threads.map(extend, booked))
+        assert sorted(statuses) == [200] * 4 + [409] * 2
+        day_start, day_end = period_of(tomorrow(1), "day", ZONE)
+        assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=pool["id"]),
+                            start=day_start, end=day_end, priority_class=None) == 10
+        for rsv, status in zip(booked, statuses, strict=True):
+            if status == 200:
+                assert acme.call("reservations.extend", reservationId=rsv["id"],
+                                 by=-HOUR).ok

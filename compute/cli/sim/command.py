@@ -15,7 +15,7 @@ from compute.cli.sim.schedule import FAULTS
 if TYPE_CHECKING:
     from compute.cli.sim.run import Report
 
-WITHOUT = ("exclude", "journal")
+WITHOUT = ("exclude", "journal", "fence")
 
 
 @click.group("sim")
@@ -33,8 +33,8 @@ def sim() -> None:
               "shrink with it; at most 10, as heartbeats are whole seconds).")
 @click.option("--without", type=click.Choice(WITHOUT), multiple=True,
               help="Break a guarantee on purpose (drop the EXCLUDE constraints and the "
-              "services' recheck of them, or agents that ignore their journal) to show that "
-              "I1 or I2 then fails.")
+              "services' recheck of them, agents that ignore their journal, or a pool that "
+              "only notifies at a hold's end) to show that I1, I2 or I6 then fails.")
 @click.option("--faults", "only", type=click.Choice(FAULTS), multiple=True,
               help="Inject only these kinds of fault, in turn, at the seed's fault times "
               "(e.g. --faults postgres-restart --faults postgres-kill: Postgres again and "

@@ -38,6 +38,7 @@ from compute.cli.dev import (
     start_control_plane,
     start_throwaway,
 )
+from compute.cli.sim.fenced import fencing_policy
 from compute.cli.sim.observe import (
     FLEET_ORIGINS_EXCLUDE,
     commands_run_twice,
@@ -62,7 +63,7 @@ class Options:
     nodes: int = 4
     minutes: float = 10.0
     time_scale: float = 10.0
-    without: frozenset[str] = frozenset()  # "exclude" and/or "journal": the proofs
+    without: frozenset[str] = frozenset()  # "exclude", "journal", "fence": the proofs
     only: tuple[str, ...] = ()  # fault kinds: only these, all run long
     state_dir: Path | None = None
     converge_within: float = 90.0  # real seconds after the last fault for I3 to hold
@@ -133,6 +134,8 @@ class Run:
         default_image(self.plane.api, [self.plane.ids["poolId"]], self.plane.downloads,
                        self.plane.url.removesuffix("/api/compute"))
         self.network = Network()
+        if "fence" not in self.options.without:  # without: the pool only notifies
+            fencing_policy(self.plane.api, self.plane.ids["poolId"])
         self.workload = Workload(self.plane.api, self.plane.ids["poolId"], self.scale, self.env)
         self.join(self.options.nodes)
 
@@ -370,6 +373,9 @@ class Run:
         inv["I4"] = _result(found["I4"], "nothing released, cancelled or re-placed for "
                             "liveness alone")
         inv["I5"] = _result(found["I5"], f"all {len(joined)} machines kept, none retired")
+        fence_problems, fenced, running = self.workload.workloads.judge()
+        inv["I6"] = _result(fence_problems, f"{fenced} workload(s) stopped at their hold's end "
+                            f"and named by their node, {running} running on live holds")
         inv["IAM"] = _result([f"{n} IAM decision(s) by {origin}" for origin, n in fleet.items()],
                              f"0 IAM decisions on the fleet path "
                              f"({decisions.get('api', 0)} by the API for tenants)")

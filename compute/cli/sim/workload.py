@@ -1,5 +1,6 @@
-"""The simulator's tenants: reservations now and later, releases (a placed or pending one
-is cancelled), extends, sandboxes, commands and cordons, through the public API as any
+"""The simulator's tenants: reservations now and later (some with a workload on their GPU:
+compute.cli.sim.fenced), releases (a placed or pending one is cancelled), extends,
+sandboxes, commands and cordons, through the public API as any
 client sends them (with idempotency keys, retried when the API is down, so a create is
 never doubled by a retry)."""
 
@@ -15,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from compute.cli.client import ApiError, Client, CliError
+from compute.cli.sim.fenced import Workloads
 from compute.cli.sim.schedule import Operation
 
 RETRIES = 20  # an API or database restart takes a few seconds; a client waits it out
@@ -34,8 +36,10 @@ class Workload:
         self.marks = subprocess.Popen([sys.executable, "-m", "django", "bc_sim_mark"], env=env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.marks_lock = threading.Lock()
+        self.workloads = Workloads(api)
 
     def close(self) -> None:
+        self.workloads.close()
         if self.marks.stdin:
             self.marks.stdin.close()
         self.marks.wait(timeout=10)
@@ -103,6 +107,8 @@ class Workload:
             if made:
                 with self.lock:
                     self.live.append(made["id"])
+                if op.kind == "reserve" and op.pick % 2 == 0:  # half get a workload
+                    self.workloads.start(made, wait=30 / self.time_scale + 5)
         elif op.kind == "release" and (rsv := self._pick(self.live, op)):
             with self.lock:
                 if rsv in self.live:

@@ -52,7 +52,7 @@ class View:
         when = (start or self.start).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return f"from={when}&span={span or self.span}"
 
-    def links(self, now: datetime) -> dict[str, str]:
+    def links(self) -> dict[str, str]:
         """Earlier, later, now, and the zoom levels around this one (the centre kept)."""
         names = list(SPANS)
         at = names.index(self.span)

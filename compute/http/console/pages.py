@@ -318,10 +318,10 @@ def pool_calendar(request: HttpRequest, page: Page, pool_id: str) -> HttpRespons
 
 
 def calendar_context(request: HttpRequest, page: Page, pool_id: str) -> dict[str, Any]:
-    view = View.of(request.GET.dict(), timezone.now())
+    view = View.of(request.GET.dict(), timezone.now())  # the axis is drawn on this clock
     timeline = page.call("capacity.timeline", poolId=pool_id, resolution=int(
         STEPS[view.span].total_seconds() * 1000), **{"from": view.start, "to": view.end})
-    return {"view": view, "links": view.links(timezone.now()), "query": view.query(),
+    return {"view": view, "links": view.links(), "query": view.query(),
             "calendar": layout(timeline, view), "truncated": timeline["truncated"],
             "step": format_step(STEPS[view.span]), "pending_list": timeline["pending"]}
 
