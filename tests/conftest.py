@@ -126,12 +126,12 @@ def no_address_throttled_before() -> None:
     _THROTTLED.clear()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under `--dist loadgroup`, tests that share something costly run on one worker: a
     module's tests when they share a module- or class-scoped fixture (a `dev` stack, say),
     and every test of the agent's built artifacts (PyInstaller runs once). The rest are
-    shared out one by one. Tests marked slow are sent first."""
+    shared out one by one."""
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
         if fixtures is None:
@@ -142,17 +142,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
         elif any(d.scope in ("module", "class", "package") and d.baseid.startswith("tests")
                  for defs in used.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    yield  # the other plugins order the tests (pytest-django its transactional ones last)
-    # Then the slow ones first, longest first (a stable sort): the workers start on them
-    # while the quick ones fill the gaps, instead of one starting a four-minute test when
-    # the rest are done.
-    items.sort(key=lambda item: -minutes_of(item))
-
-
-def minutes_of(item: pytest.Item) -> float:
-    """About how long a slow test takes (`slow(minutes=N)`; 1 if unsaid), else 0."""
-    slow = item.get_closest_marker("slow")
-    return 0 if slow is None else float(slow.kwargs.get("minutes", 1))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -25,8 +25,6 @@ from compute.core import pg
 from tests.e2e.conftest import Stack, free_port, start_stack, stop_stack
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow(minutes=2)  # sent first: the suite's tail is short
-
 RESTORE_POINT = "before-the-last-booking"
 
 

@@ -31,8 +31,6 @@ from tests.support.metalos import BOOTED, build_os_image
 from tests.support.redfish import USERNAME, Emulator, served
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow(minutes=4)  # sent first: the suite's tail is short
-
 PASSWORD = f"vm-bmc-{uuid.uuid4().hex[:10]}"
 URI = "qemu:///system"
 SLIRP_HOST = "10.0.2.2"  # the host's loopback, as QEMU's user network shows it to a guest

@@ -25,8 +25,6 @@ from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.support.redfish import USERNAME, Emulator, served
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow(minutes=2)  # sent first: the suite's tail is short
-
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",

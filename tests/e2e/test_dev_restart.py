@@ -8,13 +8,9 @@ import json
 import socket
 import threading
 
-import pytest
-
 from bcd.config import Config, Paths
 from tests.e2e.conftest import Stack, free_port, start_stack, stop_stack
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.slow(minutes=3)  # sent first: the suite's tail is short
 
 
 def hang_up_on_everyone(listener: socket.socket) -> None:

@@ -10,8 +10,6 @@ import pytest
 
 from bench.failover import failover
 
-pytestmark = pytest.mark.slow(minutes=2)  # sent first: the suite's tail is short
-
 
 @pytest.mark.timeout(900)  # a Patroni cluster and a stack: ~150 s, more when loaded
 def test_a_patroni_failover_under_load_loses_nothing_acknowledged():

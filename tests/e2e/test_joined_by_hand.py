@@ -9,12 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.slow(minutes=1)  # sent first: the suite's tail is short
 
 
 def join_by_hand(stack: Stack, work: Path, name: str, *extra: str) -> str:

@@ -10,13 +10,10 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.support.oidc import running_provider
 from tests.support.processes import free_port
-
-pytestmark = pytest.mark.slow(minutes=2)  # sent first: the suite's tail is short
 
 
 def trusting(tmp_path, issuer: str, client_id: str):

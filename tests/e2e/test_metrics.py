@@ -11,7 +11,6 @@ import re
 import urllib.request
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
@@ -19,8 +18,6 @@ from tests.e2e.test_idle_reclaim import set_load
 from tests.e2e.test_tutorial_cli import booked_uuids
 from tests.support.receiver import Receiver, receiving
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.slow(minutes=1)  # sent first: the suite's tail is short
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "better-compute.json"
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]

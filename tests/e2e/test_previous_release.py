@@ -17,8 +17,6 @@ from compute.core import pg
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow(minutes=2)  # sent first: the suite's tail is short
-
 PREVIOUS_RELEASE = "4b1748b6df2b4d949c559e2af061ab828f7fd927"  # 0.1, before agent versions
 REPOSITORY = Path(__file__).resolve().parents[2]
 

@@ -8,12 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from compute.cli.dev import JOIN_ONE_MORE
 from tests.e2e.conftest import start_stack, stop_stack
-
-pytestmark = pytest.mark.slow(minutes=3)  # sent first: the suite's tail is short
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
 DEV_ENV = "/var/lib/better-compute/dev/env"  # dev's default; this test gives dev its own dir

@@ -33,8 +33,6 @@ from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.test_previous_release import REPOSITORY, previous_tree
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow(minutes=4)  # sent first: the suite's tail is short
-
 
 @pytest.mark.timeout(900)  # ~100 s alone; 300 s and more on a loaded 2-core machine
 def test_a_rolling_upgrade_keeps_the_fleet_connected_and_loses_no_booking(tmp_path,

@@ -28,8 +28,6 @@ from tests.e2e.conftest import Stack, free_port, start_stack, stop_stack
 from tests.support.waiting import wait_until
 from tests.test_mcp import over_stdio
 
-pytestmark = pytest.mark.slow(minutes=3)  # sent first: the suite's tail is short
-
 BOOT = 90  # seconds a TCG guest may take on a busy machine (it boots in about 12 here)
 
 

@@ -8,11 +8,7 @@ import os
 import signal
 import subprocess
 
-import pytest
-
 from compute.cli.sim.schedule import FAULTS, plan
-
-pytestmark = pytest.mark.slow(minutes=2)  # sent first: the suite's tail is short
 
 SMALL = ["--nodes", "2", "--minutes", "1.2", "--time-scale", "10"]
 
