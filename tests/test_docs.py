@@ -19,7 +19,7 @@ PRODUCT = ("compute", "fleet", "reservations", "audit", "gateway", "bcd")
 # workload, and the install script's own shell variable.
 NOT_READ = {"BCD_GPU", "BCD_GPU_SHARES", "BCD_RESERVATION_ID", "BCD_ALLOCATION_ID",
             "BCD_CGROUP_PARENT", "BCD_CDI_DEVICES", "BCD_VERSION", "BCD_PREEMPT_NOTICE",
-            "BCD_ENDS_AT"}
+            "BCD_ENDS_AT", "BCD_ENDING_NOTICE"}
 
 
 @pytest.fixture(scope="module")

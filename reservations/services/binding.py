@@ -150,7 +150,8 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         raise BindingRefused("no live allocation of this node has that id")
     if allocation.ended_at is not None:
         raise StaleReport(f"{allocation.id} has ended since its node held it")
-    rsv = Reservation.objects.select_for_update(no_key=True).get(pk=allocation.reservation_id)
+    rsv = (Reservation.objects.select_for_update(no_key=True, of=("self",))
+           .select_related("pool").get(pk=allocation.reservation_id))
     hold = hold_of(allocation, rsv)
     if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices \
             or sorted(payload.get("shares", [])) != list(hold.shares):
