@@ -52,16 +52,22 @@ def test_a_ci_seed_holds_every_invariant_under_its_faults():
     assert "executions logged" in report["invariants"]["I2"]["summary"]
     assert " 0 executions" not in report["invariants"]["I2"]["summary"]
     assert "(0 by the API" not in report["invariants"]["IAM"]["summary"]
+    assert report["outcomes"].get("workload started", 0) > 0  # I6 had workloads to judge
 
 
-def test_without_the_exclude_constraints_and_the_journal_i1_and_i2_fail():
+def test_without_the_exclude_constraints_the_journal_and_fencing_i1_i2_and_i6_fail():
     # Every fault a kill after a command ran and before it was reported: each is delivered
     # again, and an agent that ignores its journal runs it twice, however loaded the machine.
     code, report = report_of(simulate("--seed", "5", *SMALL, "--without", "exclude",
-                                      "--without", "journal", "--converge-within", "5",
+                                      "--without", "journal", "--without", "fence",
+                                      "--converge-within", "5",
                                       "--faults", "kill-agent-after-act"))
     assert code == 1
     assert not report["invariants"]["I1"]["ok"], report["invariants"]["I1"]
     assert "overlap on one device" in " ".join(report["invariants"]["I1"]["problems"])
     assert not report["invariants"]["I2"]["ok"], (report["invariants"]["I2"], report["faults"])
     assert "times" in " ".join(report["invariants"]["I2"]["problems"])
+    # A pool that only notifies: the workloads outlive their holds.
+    assert not report["invariants"]["I6"]["ok"], (report["invariants"]["I6"],
+                                                   report["outcomes"])
+    assert "still runs" in " ".join(report["invariants"]["I6"]["problems"])

@@ -3,7 +3,8 @@ a workload, a real process on their machine that holds their GPU's device file o
 training job would. I6 holds when every reservation that ended after its workload started
 has that workload stopped and, where its node's signed released report arrived
 (`allocation.released`; one made just before an agent was killed is lost with it), named
-there by pid; and when every reservation still running has its workload alive."""
+there by pid; and when every reservation still running has its workload alive, until it
+is released at the end of the run and its workload is stopped too."""
 
 from __future__ import annotations
 
@@ -45,66 +46,77 @@ class Workloads:
         self.lock = threading.Lock()
         self.held: list[Held] = []
 
-    def start(self, rsv: dict[str, Any], wait: float) -> bool:
+    def start(self, rsv: dict[str, Any], wait: float) -> str:
         """A process holding the reservation's GPU once it is active (waiting up to `wait`
-        s); False when it did not turn active (or the API was away), or enough run."""
-        try:
-            return self._start(rsv, wait)
-        except (ApiError, CliError):
-            return False
-
-    def _start(self, rsv: dict[str, Any], wait: float) -> bool:
+        s); the outcome, in words."""
         with self.lock:
             if sum(h.process.poll() is None for h in self.held) >= MAX_WORKLOADS:
-                return False
+                return "workload not started: enough run"
         deadline = time.monotonic() + wait
         while rsv.get("state") != "active" and time.monotonic() < deadline:
-            time.sleep(0.2)
-            rsv = self.api.call("reservations.get", {"reservationId": rsv["id"]})
+            time.sleep(1.0)
+            try:
+                rsv = self.api.call("reservations.get", {"reservationId": rsv["id"]})
+            except (ApiError, CliError):
+                continue  # away, or too many requests: asked again
         if rsv.get("state") != "active" or not rsv.get("binding"):
-            return False
+            return f"workload not started: {rsv.get('state')}"
         device = device_file(rsv)
         if device is None:
-            return False
+            return "workload not started: no device file"
         code = (f"f = open({str(device)!r}, 'rb')\nprint('open', flush=True)\n"
                 "import time\ntime.sleep(3600)\n")
         process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
         if process.stdout is None or process.stdout.readline() != b"open\n":
             process.kill()
-            return False
+            return "workload not started: the device file did not open"
         started = datetime.now(UTC)
         with self.lock:
             self.held.append(Held(rsv["id"], rsv["allocationId"], process, started))
-        return True
+        return "workload started"
 
-    def judge(self) -> tuple[list[str], int, int]:
-        """Problems, and how many workloads were fenced and still run rightly."""
-        released = self.api.call("events.list", {"types": "allocation.released",
-                                                 "limit": 1000})["items"]
-        stopped = {e["subject"]: {w["pid"] for w in e["payload"].get("workloads", {})
-                                  .get("stopped", [])} for e in released}
-        problems, fenced, running = [], 0, 0
+    def judge(self, settle: float) -> tuple[list[str], int, int]:
+        """Problems, how many workloads were stopped rightly, and how many ran rightly on
+        live holds. Those live holds are then released (the tenants go home), and their
+        workloads must be stopped within `settle` s too."""
+        problems, live, checked = [], [], 0
         for held in self.held:
             rsv = self.api.call("reservations.get", {"reservationId": held.reservation_id})
-            alive = held.process.poll() is None
-            if rsv["state"] not in ENDED:
-                running += alive
-                if not alive:
-                    problems.append(f"{rsv['id']} is {rsv['state']} but its workload "
-                                    f"{held.process.pid} was stopped")
-                continue
-            if rsv["endedAt"] and datetime.fromisoformat(rsv["endedAt"]) < held.started:
-                continue  # it ended before its workload held the device: not the node's to see
-            if alive:
-                problems.append(f"{rsv['id']} ended ({rsv['state']}) but its workload "
-                                f"{held.process.pid} still runs")
-            elif held.allocation_id in stopped and held.process.pid not in stopped[
-                    held.allocation_id]:  # (a report lost with a killed agent says nothing)
-                problems.append(f"{rsv['id']}'s workload {held.process.pid} stopped, but "
-                                "its node's released report does not name it")
+            if rsv["state"] in ENDED:
+                if rsv["endedAt"] and datetime.fromisoformat(rsv["endedAt"]) < held.started:
+                    continue  # it ended before its workload held the device: not seen
+                checked += 1
+                problems += self.stopped(held, rsv)
+            elif held.process.poll() is not None:
+                problems.append(f"{rsv['id']} is {rsv['state']} but its workload "
+                                f"{held.process.pid} was stopped")
             else:
-                fenced += 1
-        return problems, fenced, running
+                live.append(held)
+        for held in live:
+            self.api.call("reservations.release", {"reservationId": held.reservation_id})
+        deadline = time.monotonic() + settle
+        while any(h.process.poll() is None for h in live) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for held in live:
+            problems += self.stopped(held, self.api.call(
+                "reservations.get", {"reservationId": held.reservation_id}))
+        return problems, checked + len(live) - len(problems), len(live)
+
+    def stopped(self, held: Held, rsv: dict[str, Any]) -> list[str]:
+        """Whether the ended reservation's workload was stopped and, where its node's
+        released report arrived (one made just before its agent was killed is lost with
+        it), named there."""
+        if held.process.poll() is None:
+            return [f"{rsv['id']} ended ({rsv['state']}) but its workload "
+                    f"{held.process.pid} still runs"]
+        events = self.api.call("events.list", {"types": "allocation.released",
+                                               "subject": held.allocation_id})["items"]
+        named = [{w["pid"] for w in e["payload"].get("workloads", {}).get("stopped", [])}
+                 for e in events]
+        if named and held.process.pid not in set().union(*named):
+            return [f"{rsv['id']}'s workload {held.process.pid} stopped, but its node's "
+                    "released report does not name it"]
+        return []
 
     def close(self) -> None:
         for held in self.held:

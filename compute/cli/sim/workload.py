@@ -108,7 +108,7 @@ class Workload:
                 with self.lock:
                     self.live.append(made["id"])
                 if op.kind == "reserve" and op.pick % 2 == 0:  # half get a workload
-                    self.workloads.start(made, wait=30 / self.time_scale + 5)
+                    self.count(self.workloads.start(made, wait=60 / self.time_scale + 15))
         elif op.kind == "release" and (rsv := self._pick(self.live, op)):
             with self.lock:
                 if rsv in self.live:
