@@ -102,3 +102,11 @@ def test_a_simulated_agent_that_fails_to_join_says_how_it_ended():
         "exit status 1: join refused: token spent")
     assert exit_reason(2, b"usage: bcd join ...\n", b"") == "exit status 2: usage: bcd join ..."
     assert exit_reason(-9, b"", b"") == "killed by SIGKILL, saying nothing"
+
+
+@pytest.mark.parametrize("start", ["yesterday", "-xx"])
+def test_a_timeline_start_it_cannot_read_is_named(start):
+    result = run("better-compute", "capacity", "--timeline", "--pool", "pool_x", "--from", start)
+    assert result.returncode == 2
+    assert f"Invalid value for --from: {start!r} is neither -2h" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -255,11 +255,15 @@ def timeline_body(pool: str, start_from: str | None, duration: int | None,
     """`--from` (-2h before now, +1h after, or an ISO 8601 time) and `--for` as the API's
     window; by default from an hour ago, for a day."""
     text = start_from or "-1h"
-    if text[0] in "+-":
-        offset = Duration().convert(text[1:], None, None) * (-1 if text[0] == "-" else 1)
-        start = datetime.now(UTC) + timedelta(milliseconds=offset)
-    else:
-        start = datetime.fromisoformat(text)
+    try:
+        if text[0] in "+-":
+            offset = Duration().convert(text[1:], None, None) * (-1 if text[0] == "-" else 1)
+            start = datetime.now(UTC) + timedelta(milliseconds=offset)
+        else:
+            start = datetime.fromisoformat(text)
+    except (ValueError, click.BadParameter):
+        raise click.BadParameter(f"{text!r} is neither -2h (before now), +1h nor an ISO 8601 "
+                                 "time", param_hint="--from") from None
     body = {"poolId": pool, "from": start.isoformat(),
             "to": (start + timedelta(milliseconds=duration or 86_400_000)).isoformat()}
     return {**body, **({"resolution": resolution} if resolution else {})}

@@ -149,3 +149,26 @@ def test_the_ending_file_says_each_notice_when_it_falls_due(tmp_path):
             assert json.loads(file.read_text()) == {
                 "reservationId": entry.reservation_id, "endsAt": end.isoformat(),
                 "noticeSeconds": due}
+
+
+def test_a_gpu_handed_to_the_next_hold_in_one_spec_is_fenced_before_it_is_held(
+        root, processes):
+    """One spec ends hold A and gives its GPU to hold B: B's files are written only after
+    A's workload was stopped (the journal's order), and the reports say so in that order."""
+    node = agent(root, [])
+    [gpu] = gpus_of(root, 1)
+    first = {**hold(ids.new("alloc"), [gpu]), "onEnd": "fence", "fenceGraceSeconds": 1}
+    node.apply_spec(1, {"allocations": [first]})
+    stubborn = holding(root / "dev/nvidia0", ignore_term=True)
+    processes.append(stubborn)
+    second = hold(ids.new("alloc"), [gpu])
+    reports = node.apply_spec(2, {"allocations": [second]})
+    assert [kind for kind, _, _ in reports] == ["released", "bound"]
+    assert stubborn.poll() is not None  # stopped (and reaped) before apply_spec returned
+    steps = [(r.get("kind"), r.get("key"), r.get("phase")) for r in node.journal.records
+             if r.get("key") in (first["allocationId"], second["allocationId"])]
+    fenced = steps.index(("unhold", first["allocationId"], "done"))
+    assert fenced < steps.index(("hold", second["allocationId"], "begin"))
+    [unheld] = [r for r in node.journal.records if (r.get("kind"), r.get("key"), r.get(
+        "phase")) == ("unhold", first["allocationId"], "done")]
+    assert [w["pid"] for w in unheld["workloads"]["stopped"]] == [stubborn.pid]

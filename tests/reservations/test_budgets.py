@@ -113,9 +113,6 @@ def test_bookers_racing_for_a_budget_never_book_past_it(root, acme, budgeted):
 
     from django.db import connection
 
-    from fleet.models import Pool
-    from reservations.budgets import booked_hours
-
     start = tomorrow(2)
 
     def book_one(_: int) -> int:
@@ -127,9 +124,33 @@ def test_bookers_racing_for_a_budget_never_book_past_it(root, acme, budgeted):
     with ThreadPoolExecutor(12) as pool:
         statuses = list(pool.map(book_one, range(12)))
     assert sorted(statuses) == [200] * 5 + [409] * 7
-    day_start, day_end = period_of(start, "day", ZONE)
-    assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=budgeted["id"]),
-                        start=day_start, end=day_end, priority_class=None) == 10
+    assert booked_on_day_one(acme, budgeted) == 10
+
+
+def extend_all_at_once(client, booked: list[dict]) -> list[int]:
+    """Each booking extended by an hour, all at once (a thread and a connection each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def extend(rsv: dict) -> int:
+        try:
+            return client.call("reservations.extend", reservationId=rsv["id"], by=HOUR).status
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(len(booked)) as threads:
+        return list(threads.map(extend, booked))
+
+
+def booked_on_day_one(client, pool) -> float:
+    """GPU-hours the client's tenant has booked in the pool tomorrow (Tokyo's day)."""
+    from fleet.models import Pool
+    from reservations.budgets import booked_hours
+
+    day_start, day_end = period_of(tomorrow(1), "day", ZONE)
+    return booked_hours(tenant_id=client.tenant_id, pool=Pool.objects.get(pk=pool["id"]),
+                        start=day_start, end=day_end, priority_class=None)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -137,27 +158,9 @@ def test_extensions_racing_for_a_budget_never_extend_past_it(root, acme, budgete
     """Six 1-hour bookings (6 GPU-hours), then each extended by an hour at once, on real
     Postgres: four extensions fit 10 GPU-hours, two are refused. An extension takes no
     quota, so the budget check takes the tenant's quota row lock itself."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connection
-
-    from fleet.models import Pool
-    from reservations.budgets import booked_hours
-
     booked = [book(acme, budgeted, 1, tomorrow(1 + n * 0.01), 1).result for n in range(6)]
-
-    def extend(rsv: dict) -> int:
-        try:
-            return acme.call("reservations.extend", reservationId=rsv["id"], by=HOUR).status
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(6) as pool:
-        statuses = list(pool.map(extend, booked))
-    assert sorted(statuses) == [200] * 4 + [409] * 2
-    day_start, day_end = period_of(tomorrow(1), "day", ZONE)
-    assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=budgeted["id"]),
-                        start=day_start, end=day_end, priority_class=None) == 10
+    assert sorted(extend_all_at_once(acme, booked)) == [200] * 4 + [409] * 2
+    assert booked_on_day_one(acme, budgeted) == 10
 
 
 @pytest.mark.django_db(transaction=True)
@@ -165,13 +168,6 @@ def test_extensions_on_different_nodes_racing_for_a_budget_never_extend_past_it(
     """As above, each booking on a node of its own (six one-GPU machines), so that no node
     lock orders the extensions: only the budget check's own lock on the tenant's quota row
     keeps them from all passing."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connection
-
-    from fleet.models import Pool
-    from reservations.budgets import booked_hours
-
     site = root("sites.create", kind="shared", region="ap-2")
     pool = root("pools.create", siteId=site["id"], gpuModel="H100",
                 policy={**POLICY, "timeZone": "Asia/Tokyo"}, **{"class": "metal-host"})
@@ -181,20 +177,10 @@ def test_extensions_on_different_nodes_racing_for_a_budget_never_extend_past_it(
          limits={"budgets": [{"gpuHours": 10, "period": "day"}]})
     booked = [book(acme, pool, 1, tomorrow(1), 1).result for _ in range(6)]
     assert len({rsv["nodeId"] for rsv in booked}) == 6
-
-    def extend(rsv: dict) -> int:
-        try:
-            return acme.call("reservations.extend", reservationId=rsv["id"], by=HOUR).status
-        finally:
-            connection.close()
-
     for _ in range(3):  # each round starts again from 6 GPU-hours
-        with ThreadPoolExecutor(6) as threads:
-            statuses = list(threads.map(extend, booked))
+        statuses = extend_all_at_once(acme, booked)
         assert sorted(statuses) == [200] * 4 + [409] * 2
-        day_start, day_end = period_of(tomorrow(1), "day", ZONE)
-        assert booked_hours(tenant_id=acme.tenant_id, pool=Pool.objects.get(pk=pool["id"]),
-                            start=day_start, end=day_end, priority_class=None) == 10
+        assert booked_on_day_one(acme, pool) == 10
         for rsv, status in zip(booked, statuses, strict=True):
             if status == 200:
                 assert acme.call("reservations.extend", reservationId=rsv["id"],
