@@ -26,7 +26,8 @@ import httpx
 import pytest
 
 from bcd.contract.version import version
-from compute.cli.client import ApiError, Client, Config
+from compute.cli.client import Client, Config
+from compute.client.transport import ApiError as LibraryApiError
 from compute.client.transport import ClientError
 from compute.core import pg
 from tests.e2e.conftest import Stack, start_stack, stop_stack
@@ -170,11 +171,17 @@ class Bookers:
             thread.join(timeout=60)
 
     def lost(self) -> dict[str, tuple[str, str]]:
+        """Acknowledged reservations whose state is not what was acknowledged. Each read is
+        retried when its request is cut (a keep-alive connection to an API worker that the
+        reload has since stopped), as the client library retries reads."""
         lost = {}
+        calls = self.api.transport
         for rid, state in self.acknowledged.items():
             try:
-                found = self.api.call("reservations.get", {"reservationId": rid})["state"]
-            except ApiError as error:
+                found = calls.call("reservations.get", {"tenantId": "root",
+                                                        "reservationId": rid},
+                                   retry=True)["state"]
+            except LibraryApiError as error:
                 found = error.code
             if found != state:
                 lost[rid] = (state, found)
