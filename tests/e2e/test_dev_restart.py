@@ -130,7 +130,8 @@ def test_term_while_starting_stops_what_had_started(tmp_path):
         for line in process.stdout:
             if "embedded Postgres runs" in line:
                 break
-        assert wait_until(lambda: len(ours()) >= 2, 30)  # the database, the API
+        # the database, the API (started after the migrations: ~70 s on a busy machine)
+        assert wait_until(lambda: len(ours()) >= 2, 150)
         process.send_signal(signal.SIGTERM)
         process.wait(60)
         assert wait_until(lambda: not ours(), 30), [p.info["cmdline"] for p in ours()]
