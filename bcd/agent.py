@@ -439,7 +439,7 @@ class Agent:
 
     def _read_inventory(self) -> dict[str, Any]:
         return {**self.inventory.report(), "virtualization": self.vms.accelerator or "probing",
-                "profile": self.profile.report()}
+                "profile": self.profile.report(), **topology_report()}
 
     async def keep_profile(self, *, interval: float = 30.0) -> None:
         """Converge the profile's units when the spec changes them (or a hold comes or
@@ -536,6 +536,15 @@ READS: dict[str, Callable[[Agent, dict[str, Any]], tuple[str, dict[str, Any]]]] 
     "vm.get": lambda agent, payload: sandbox_exec.answering(
         lambda: sandbox_exec.get(agent.paths, payload)),
 }
+
+def topology_report() -> dict[str, Any]:
+    """The machine's place in the fabric (`BCD_TOPOLOGY`: `rack=r1,rail=a`), for the
+    inventory; nothing when it is not set."""
+    said = VARIABLES.text("BCD_TOPOLOGY") or ""
+    pairs = dict(part.split("=", 1) for part in said.split(",") if "=" in part)
+    place = {key: pairs[key].strip() for key in ("rack", "rail") if pairs.get(key, "").strip()}
+    return {"topology": place} if place else {}
+
 
 def _skew_wall_clock(seconds: float) -> None:
     """A simulated machine whose clock is off: its wall clock (what heartbeats and reports

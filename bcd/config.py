@@ -44,6 +44,9 @@ VARIABLES = Declared(
     Variable("SLURM_CONF", "path", None,
              "the site's slurm.conf, which the slurmd unit's own includes (Slurm's variable; "
              "default `/etc/slurm/slurm.conf`)", reader=AGENT),
+    Variable("BCD_TOPOLOGY", "str", None,
+             "where the machine sits, as `rack=r12,rail=leaf3`: the gang placer packs "
+             "multi-node reservations into the fewest racks and one rail", reader=AGENT),
     Variable("BCD_SIM_VCPUS", "int", None,
              "vCPUs of a simulated machine's host (32 for `cpu`, else 96)", reader=AGENT),
     Variable("BCD_SIM_MEMORY_GIB", "int", None,

@@ -65,6 +65,7 @@ class InventoryReport:
     simulated_root: str = ""  # a simulated machine: its agent's private root
     virtualization: str = ""  # kvm | tcg | none | probing; "" from agents that do not say
     profile: dict[str, Any] = field(default_factory=dict)  # units' states, as reported
+    topology: dict[str, str] | None = None  # rack and rail; None: not said
 
     def models(self) -> set[str]:
         return {gpu.model for gpu in self.gpus}
@@ -122,10 +123,33 @@ def parse_inventory(data: dict[str, Any]) -> InventoryReport:
                               field="virtualization")
     return InventoryReport(
         simulated_root=root, virtualization=virtualization,
+        topology=parse_topology(data.get("topology")),
         profile=parse_profile(data.get("profile") or {}),
         hostname=_get(data, "hostname", str, "", ""), vcpus=_get(data, "vcpus", int, ""),
         memory_gib=_get(data, "memoryGiB", int, ""), serial=_get(data, "serial", str, "", ""),
         product_uuid=_get(data, "productUuid", str, "", ""), macs=macs, gpus=tuple(gpus))
+
+
+_PLACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
+def parse_topology(data: Any) -> dict[str, str] | None:
+    """Where the machine sits (`{rack, rail}`, each a short name), or None when the agent
+    does not say (its node keeps the labels it has)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise InvalidArgument("topology must be an object", field="topology")
+    place = {}
+    for key in ("rack", "rail"):
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not _PLACE.match(value):
+            raise InvalidArgument(f"topology.{key} must be a name of letters, digits and "
+                                  "._:- (at most 64)", field=f"topology.{key}")
+        place[key] = value
+    return place
 
 
 def parse_profile(data: Any) -> dict[str, Any]:

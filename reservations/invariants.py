@@ -5,7 +5,9 @@ I3: every active reservation's node holds exactly its GPUs, and no node holds an
 ledger does not; what is on its way (a binding begun, a release the node has not applied
 yet, both younger than the settle time) is not a divergence. I4: nothing was released,
 cancelled or placed again because of liveness alone (only the actions in `SYSTEM_MAY` are
-taken without a caller). I5: no machine was retired or removed without an operator. Each
+taken without a caller). I5: no machine was retired or removed without an operator. I7: no
+gang is partial: its members hold live allocations on as many distinct nodes as it has
+members, or none; all of them are ended, or none; all are active, or none. Each
 check returns what it found wrong (empty: the invariant holds), so a failure names its rows.
 """
 
@@ -21,10 +23,11 @@ from django.db import connection, transaction
 from audit.models import AuditEvent
 from bcd.contract.holds import holds_under
 from compute.core.db import database_now
+from compute.core.sqltext import tables
 from fleet.models import Node, NodeRole, NodeSpec, ProvisionState
 from reservations.constraints import OVERLAPS_SQL
 from reservations.hostshare import expected_counters
-from reservations.models import Allocation, ReservationState
+from reservations.models import Allocation, Gang, Reservation, ReservationState
 from reservations.services.binding import TIMEOUT_REASON
 
 # What the control plane does of its own accord on a healthy fleet: place, bind, end at the
@@ -46,6 +49,36 @@ def double_bookings() -> list[str]:
         cursor.execute(OVERLAPS_SQL)
         count = int(cursor.fetchone()[0])
     return [f"{count} pair(s) of bookings overlap on one device"] if count else []
+
+
+PARTIAL_GANGS_SQL = tables("""
+SELECT g.id, g.nodes, count(a.id), count(DISTINCT a.node_id),
+       count(*) FILTER (WHERE r.state IN ('released', 'cancelled', 'failed')),
+       count(*) FILTER (WHERE r.state = 'active'), count(DISTINCT r.id)
+  FROM {Gang} g JOIN {Reservation} r ON r.gang_id = g.id
+  LEFT JOIN {Allocation} a ON a.reservation_id = r.id AND a.ended_at IS NULL
+ GROUP BY g.id, g.nodes
+HAVING count(a.id) NOT IN (0, g.nodes) OR count(DISTINCT a.node_id) <> count(a.id)
+    OR count(*) FILTER (WHERE r.state IN ('released', 'cancelled', 'failed')) NOT IN (0, g.nodes)
+    OR count(*) FILTER (WHERE r.state = 'active') NOT IN (0, g.nodes)
+    OR count(DISTINCT r.id) <> g.nodes""", Gang=Gang, Reservation=Reservation,
+    Allocation=Allocation)
+
+
+def partial_gangs(cursor: Any = None) -> list[str]:
+    """I7: gangs partly held, partly ended or partly active, in one snapshot (the caller's
+    cursor, when it reads from a connection of its own)."""
+    def read(cur: Any) -> list[Any]:
+        cur.execute(PARTIAL_GANGS_SQL)
+        return list(cur.fetchall())
+    if cursor is None:
+        with connection.cursor() as own:
+            rows = read(own)
+    else:
+        rows = read(cursor)
+    return [f"gang {gang} of {nodes}: {held} live allocations on {distinct} nodes, {ended} "
+            f"members ended, {active} active, {count} members"
+            for gang, nodes, held, distinct, ended, active, count in rows]
 
 
 def counter_mismatches() -> list[str]:

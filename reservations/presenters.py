@@ -52,6 +52,9 @@ RESERVATION = obj(
     hostShare=nullable(obj(vcpus=INTEGER, memoryGiB=INTEGER)), binding=nullable(OBJECT),
     placementAttempts=INTEGER, failureReason=nullable(STRING), seriesId=nullable(STRING),
     idleSince=nullable(TIME),
+    gang=nullable(obj(id=STRING, nodes=INTEGER, index=INTEGER, state=STRING,
+                      members=array(obj(id=STRING, state=STRING,
+                                        nodeId=nullable(STRING))))),
     createdAt=TIME, placedAt=nullable(TIME), endedAt=nullable(TIME))
 SERIES = obj(
     id=STRING, tenantId=STRING, poolId=STRING,
@@ -101,9 +104,31 @@ def present_reservation(rsv: Reservation) -> dict[str, Any]:
         "binding": rsv.binding,
         "placementAttempts": rsv.placement_attempts,
         "failureReason": rsv.failure_reason or None, "seriesId": rsv.series_id,
-        "idleSince": rsv.idle_since,
+        "idleSince": rsv.idle_since, "gang": present_gang(rsv) if rsv.gang_id else None,
         "createdAt": rsv.created_at, "placedAt": rsv.placed_at, "endedAt": rsv.ended_at,
     }
+
+
+PROGRESS = [ReservationState.PENDING, ReservationState.PLACED, ReservationState.BINDING,
+            ReservationState.ACTIVE]
+
+
+def present_gang(rsv: Reservation) -> dict[str, Any]:
+    """A gang member's gang: its members, and the gang's state: the least advanced of its
+    live members' (active only once every member is), or how the gang ended."""
+    members = list(Reservation.objects.filter(gang_id=rsv.gang_id).order_by("gang_index")
+                   .values_list("id", "state", "allocations__node_id",
+                                "allocations__ended_at"))
+    seen: dict[str, dict[str, Any]] = {}
+    for member_id, state, node_id, ended in members:
+        entry = seen.setdefault(member_id, {"id": member_id, "state": state, "nodeId": None})
+        if node_id and ended is None:
+            entry["nodeId"] = node_id
+    states = [m["state"] for m in seen.values()]
+    live = [s for s in states if s in PROGRESS]
+    state = min(live, key=PROGRESS.index) if live else states[rsv.gang_index]
+    return {"id": rsv.gang_id, "nodes": len(seen), "index": rsv.gang_index, "state": state,
+            "members": list(seen.values())}
 
 
 def present_series(series: ReservationSeries) -> dict[str, Any]:

@@ -227,9 +227,11 @@ def pending_queue(pool: Pool, now: datetime, *, movable: bool = False) -> list[Q
     waiting = Q(pool=pool, state=ReservationState.PENDING)
     if movable and pool.gpu_model:
         waiting |= accepting(pool, state=ReservationState.PENDING)
-    rows = list(Reservation.objects.filter(waiting)
-                .values_list("id", "tenant_id", "priority_class", "priority", "created_at",
-                             "failure_reason", "count", "device_class", "pool_id"))
+    # A gang waits as one request, its member 0, asking for all its members' atoms.
+    rows = [(*row[:6], row[6] * (row[9] or 1), *row[7:9]) for row in
+            Reservation.objects.filter(waiting, gang_index=0)
+            .values_list("id", "tenant_id", "priority_class", "priority", "created_at",
+                         "failure_reason", "count", "device_class", "pool_id", "gang__nodes")]
     if not rows:
         return []
     shares = fair_shares(pool, now)

@@ -31,6 +31,7 @@ PREFIXES: dict[str, str] = {
     "prn": "principal",
     "req": "request",
     "rsv": "reservation",
+    "gang": "gang (a multi-node reservation)",
     "ser": "reservation series",
     "sbx": "sandbox",
     "site": "site",

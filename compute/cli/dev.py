@@ -201,14 +201,38 @@ class Stack:
                 os.killpg(child.pid, signal.SIGKILL)
 
 
+def sim_places(count: int, topology: str) -> list[str]:
+    """Each simulated machine's place (`BCD_TOPOLOGY`) for `--sim-topology racks=R,rails=L`:
+    machines fill racks in order (r1 first), and each rail (a leaf switch) serves a run of
+    neighbouring racks. No places when `topology` is empty."""
+    if not topology:
+        return []
+    try:
+        said = {key.strip(): int(value) for key, value in
+                (part.split("=", 1) for part in topology.split(","))}
+    except ValueError:
+        raise click.BadParameter("give racks=N,rails=M (whole numbers)",
+                                 param_hint="--sim-topology") from None
+    racks, rails = said.get("racks", 1), said.get("rails", 1)
+    if set(said) - {"racks", "rails"} or not 1 <= rails <= racks:
+        raise click.BadParameter("give racks=N,rails=M with 1 <= M <= N",
+                                 param_hint="--sim-topology")
+    places = []
+    for index in range(count):
+        rack = index * racks // max(count, 1)
+        places.append(f"rack=r{rack + 1},rail=leaf{rack * rails // racks + 1}")
+    return places
+
+
 def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: str,
               server: str, state_dir: Path, env: dict[str, str],
-              after_join: Callable[[], None]) -> None:
+              after_join: Callable[[], None], topology: str = "") -> None:
     """Start `count` bcd agents (those that joined in an earlier run keep their identity; the
     others join through the gateway and run, each in one process) and wait until each is
     adopted with a live session. `after_join` runs once they all joined (so they are listed
     before what it joins)."""
     roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
+    places = dict(zip(roots, sim_places(count, topology), strict=False))
 
     def sessions() -> dict[str, tuple[int, str, str]]:
         nodes = api.call("nodes.list", {"poolId": pool_id, "limit": 1000})["items"]
@@ -221,11 +245,11 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     for root in roots:
         if root not in newcomers:
             stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                        agent_environment(env),
+                        placed(agent_environment(env), places.get(root)),
                         name=f"sim-{root.name}")
     if newcomers:  # each joins, then runs, in one process
         start_joining(stack, api, newcomers, variant=variant, pool_id=pool_id,
-                      server=server, env=env)
+                      server=server, env=env, places=places)
         until_joined(stack, newcomers)
     after_join()
     ours = {config.node_id for root in roots if (config := joined_config(Paths(root)))}
@@ -272,16 +296,22 @@ def join_argvs(api: Client, roots: list[Path], *, variant: str, pool_id: str, se
     return agent_environment(env, join_token=minted["token"]), argv
 
 
+def placed(env: dict[str, str], place: str | None) -> dict[str, str]:
+    """An agent's environment with its place in the fabric, when it has one."""
+    return {**env, "BCD_TOPOLOGY": place} if place else env
+
+
 def start_joining(stack: Stack, api: Client, roots: list[Path], *, variant: str,
                   pool_id: str, server: str, env: dict[str, str], role: str = "node",
-                  options: tuple[str, ...] = ()) -> None:
+                  options: tuple[str, ...] = (), places: dict[Path, str] | None = None
+                  ) -> None:
     """Start a simulated machine at each root that joins and then runs its agent in the same
     process (`bcd join --run`), supervised by `stack` as `sim-<root>` (the provisioner's
     as `provisioner`); a restart finds it joined and just runs."""
     agent_env, argv = join_argvs(api, roots, variant=variant, pool_id=pool_id,
                                  server=server, env=env, role=role)
     for root, command in zip(roots, argv, strict=True):
-        stack.start([*command, "--run", *options], agent_env,
+        stack.start([*command, "--run", *options], placed(agent_env, (places or {}).get(root)),
                     name=f"sim-{root.name}" if role == "node" else role)
 
 
@@ -602,10 +632,14 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
               help="Where the token, env file, gateway credentials and agents go.")
 @click.option("--gateways", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Gateways to run; agents spread over them and move when one stops.")
+@click.option("--sim-topology", default="", metavar="racks=N,rails=M",
+              help="Place the simulated machines in N racks under M rails (leaf switches), "
+              "as rack and rail labels the gang placer packs multi-node reservations by.")
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
-        state_dir: Path | None, gateways: int) -> None:
+        state_dir: Path | None, gateways: int, sim_topology: str) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     began = time.monotonic()
+    sim_places(sim, sim_topology)  # a bad --sim-topology is refused before anything starts
     signal.signal(signal.SIGTERM, _interrupted)  # TERM while starting: stop what started
     state_dir = state_dir or pg.state_root() / "dev"
     lock = StateLock(state_dir)  # before anything is started or touched
@@ -642,7 +676,8 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         if sim:
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
-                      state_dir=state_dir, env=env, after_join=start_provisioner)
+                      state_dir=state_dir, env=env, after_join=start_provisioner,
+                      topology=sim_topology)
         else:
             start_provisioner()
         _provisioner_wait(stack, api, *started[0])

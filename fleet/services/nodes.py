@@ -78,9 +78,12 @@ def node_inventory_ingest_locked(node: Node, report: InventoryReport) -> dict[st
     node.profile = report.profile
     node.inventory_generation += 1
     node.inventory_refused = ""
+    if report.topology is not None:  # the agent says where it sits: rack and rail labels
+        node.labels = {**{k: v for k, v in node.labels.items() if k not in ("rack", "rail")},
+                       **report.topology}
     node.save(update_fields=["hostname", "vcpus", "memory_gib", "serial", "product_uuid",
                              "macs", "simulated_root", "virtualization", "profile",
-                             "inventory_generation", "inventory_refused"])
+                             "inventory_generation", "inventory_refused", "labels"])
     seen: set[str] = set()
     for gpu in report.gpus:
         parent = _upsert_device(node, uuid=gpu.uuid, device_class=DeviceClass.GPU,

@@ -102,6 +102,11 @@ class ReservationCreateIn(RequestShapeIn):
     before_in = serializers.IntegerField(
         required=False, min_value=1_000, max_value=MAX_DURATION_MS,
         help_text="With atEarliest: end by this many ms after now.")
+    nodes = serializers.IntegerField(
+        required=False, default=1, min_value=1, max_value=64,
+        help_text="Nodes, each with the devices asked: above 1, a gang, booked on that many "
+                  "nodes together (close together: fewest racks, one rail) or not at all, "
+                  "and active once every node holds its part.")
     binding = serializers.ChoiceField(choices=["hold"], default="hold")
     priority_class = serializers.RegexField(
         CLASS_NAME, required=False, default="normal", max_length=32,

@@ -4,6 +4,7 @@ from reservations.models.gaps import GroupGap, StaleGaps
 from reservations.models.ledger import (
     Allocation,
     Booking,
+    Gang,
     MaintenanceWindow,
     Reservation,
     ReservationSeries,
@@ -14,6 +15,6 @@ from reservations.models.offerings import Offering, Quota
 from reservations.models.sandboxes import Sandbox, SandboxState
 from reservations.models.usage import UsageDelivery, UsageRecord
 
-__all__ = ["Allocation", "Booking", "GroupGap", "MaintenanceWindow", "Offering", "Quota",
+__all__ = ["Allocation", "Booking", "Gang", "GroupGap", "MaintenanceWindow", "Offering", "Quota",
            "Reservation", "ReservationSeries", "ReservationState", "Sandbox", "SandboxState",
            "StaleGaps", "Topology", "UsageDelivery", "UsageRecord"]

@@ -60,11 +60,33 @@ class ReservationSeries(models.Model):
         return f"{self.id} {self.every} ({self.time_zone})"
 
 
+class Gang(models.Model):
+    """A multi-node reservation: `nodes` member reservations of one shape, one per node,
+    booked together for one window or not at all, active only once every member's node
+    reported its hold, and ended together. Lock order: the members' rows in id order (a
+    member's own row is never locked alone while another member's may be)."""
+
+    id = id_field("gang")
+    tenant = models.ForeignKey("compute.Tenant", on_delete=models.PROTECT, related_name="+")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="+")
+    nodes = models.PositiveSmallIntegerField()
+    placements = models.PositiveSmallIntegerField(default=0, help_text=(
+        "Times the whole gang was placed (again after a member could not be re-placed)."))
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.id} x{self.nodes}"
+
+
 class Reservation(models.Model):
     """A tenant's request for GPUs of one pool for a window of time, and its lifecycle.
 
     A pending reservation has no allocation. A placed one has exactly one live allocation
-    whose bookings cover `count` devices over the reservation's window.
+    whose bookings cover `count` devices over the reservation's window. A member of a
+    `gang` is one node's part of a multi-node reservation.
     """
 
     id = id_field("rsv")
@@ -116,6 +138,10 @@ class Reservation(models.Model):
     binding_started_at = models.DateTimeField(null=True, blank=True)
     series = models.ForeignKey(ReservationSeries, on_delete=models.PROTECT, null=True,
                                blank=True, related_name="occurrences")
+    gang = models.ForeignKey(Gang, on_delete=models.PROTECT, null=True, blank=True,
+                             related_name="members")
+    gang_index = models.PositiveSmallIntegerField(default=0, db_default=0, help_text=(
+        "Its place in its gang; member 0 answers for the gang (expiry, the pending queue)."))
     idle_since = models.DateTimeField(null=True, blank=True,
                                       help_text="Flagged idle by its offering's idle reclaim.")
     metered_until = models.DateTimeField(null=True, blank=True, help_text=(

@@ -72,10 +72,12 @@ def reservation_plan(*, reservation_id: str, pool_id: str | None = None
     there); None when another worker holds it, it is no longer pending, or no window is
     left."""
     rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
-           .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None)
+           .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None,
+                   gang__isnull=True)
            .select_related("pool", "tenant").first())
-    if rsv is None:
-        audit_exempt("nothing to plan: another worker holds it, or it no longer waits")
+    if rsv is None:  # (a gang is placed whole by the pending pass, never planned)
+        audit_exempt("nothing to plan: another worker holds it, it no longer waits, or it "
+                     "is a gang")
         return None
     now = database_now()
     origin = rsv.pool_id

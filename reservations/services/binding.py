@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -28,7 +29,15 @@ from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
 from reservations.events import ReservationEvent
 from reservations.models import Allocation, Reservation, ReservationState
-from reservations.services.book import emit_placed, try_place
+from reservations.services.book import try_place
+from reservations.services.booking import emit_pending, emit_placed, gang_of
+from reservations.services.gang import (
+    MAX_GANG_REPLACEMENTS,
+    gang_bound,
+    gang_place,
+    gang_placed_again,
+    locked_members,
+)
 from reservations.services.notices import NOTICES
 from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
@@ -150,8 +159,8 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         raise BindingRefused("no live allocation of this node has that id")
     if allocation.ended_at is not None:
         raise StaleReport(f"{allocation.id} has ended since its node held it")
-    rsv = (Reservation.objects.select_for_update(no_key=True, of=("self",))
-           .select_related("pool").get(pk=allocation.reservation_id))
+    members = locked_members(allocation.reservation_id)
+    rsv = next(m for m in members if m.id == allocation.reservation_id)
     hold = hold_of(allocation, rsv)
     if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices \
             or sorted(payload.get("shares", [])) != list(hold.shares):
@@ -169,16 +178,35 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
                    "cdiSource": str(payload.get("cdiSource") or "")[:300],
                    "simulated": bool(node.simulated_root),
                    **({"shares": list(hold.shares)} if hold.shares else {})}
+    if not gang_bound(members):  # a gang's member waits for the others' nodes
+        rsv.save(update_fields=["binding"])
+        audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.bound",
+                     target=rsv.id, data={"allocationId": allocation.id, "gangId": rsv.gang_id},
+                     reason="signed by node; the gang's other members are not held yet")
+        return rsv
+    for member in members:
+        if member.state == ReservationState.BINDING:
+            _activate(member)
+    audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
+                 target=rsv.id, reason="signed by node",
+                 data={"allocationId": allocation.id,
+                       **({"gangId": rsv.gang_id, "members": [m.id for m in members]}
+                          if rsv.gang_id else {})})
+    return rsv
+
+
+def _activate(rsv: Reservation) -> None:
+    """binding -> active, for a reservation whose node reported its hold (every member's
+    node, for a gang)."""
     transition(rsv, ReservationState.ACTIVE)
     rsv.save(update_fields=["binding", "state"])
     if rsv.placed_at is not None:
         waited = (timezone.now() - rsv.placed_at).total_seconds()
         transaction.on_commit(lambda: BIND_SECONDS.observe(max(0.0, waited)))
-    audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
-                 target=rsv.id, data={"allocationId": allocation.id}, reason="signed by node")
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_ACTIVE, subject=rsv.id,
-               payload={"nodeId": node_id, "allocationId": allocation.id})
-    return rsv
+               payload={"nodeId": (rsv.binding or {}).get("nodeId"),
+                        "allocationId": rsv.allocations.get(ended_at__isnull=True).id,
+                        **gang_of(rsv)})
 
 
 @audited
@@ -237,7 +265,9 @@ def binding_overdue(now: datetime) -> Q:
     waits while its node is silent (nothing moves for a node's silence alone), and a
     node that comes back has the whole timeout again to report the hold."""
     cutoff = now - binding_timeout()
-    return Q(state=ReservationState.BINDING, binding_started_at__lt=cutoff) & Q(Exists(
+    # A gang's member whose node reported waits for the others: it is not overdue itself.
+    return Q(state=ReservationState.BINDING, binding_started_at__lt=cutoff,
+             binding__isnull=True) & Q(Exists(
         Allocation.objects.filter(reservation=OuterRef("pk"), ended_at__isnull=True)
         .exclude(node__connectivity=Connectivity.UNREACHABLE)
         .filter(Q(node__connected_at__isnull=True) | Q(node__connected_at__lt=cutoff))))
@@ -248,8 +278,8 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     """A hold that failed on its node (or never reported): place it again elsewhere, at
     most twice; then the reservation fails and its quota is refunded. Nothing is metered
     for GPUs that were never held."""
-    rsv = (Reservation.objects.select_for_update(no_key=True).select_related("pool")
-           .filter(pk=reservation_id).first())
+    members = locked_members(reservation_id)
+    rsv = next((m for m in members if m.id == reservation_id), None)
     if rsv is None or rsv.state != ReservationState.BINDING:
         return rsv
     now = database_now()
@@ -257,8 +287,14 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
     failed_node = allocation.node_id
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_BINDING_FAILED,
                subject=rsv.id, payload={"nodeId": failed_node, "reason": reason,
-                                        "attempt": rsv.placement_attempts})
-    audit = {"nodeId": failed_node, "attempt": rsv.placement_attempts}
+                                        "attempt": rsv.placement_attempts, **gang_of(rsv)})
+    audit = {"nodeId": failed_node, "attempt": rsv.placement_attempts, **gang_of(rsv)}
+    if rsv.gang_id:
+        outcome = gang_member_failed(rsv, members, allocation, reason, now)
+        audit_record(tenant_id=rsv.tenant_id, actor_id="system",
+                     action="reservation.binding_fail", target=rsv.id, reason=reason,
+                     data={**audit, "outcome": outcome})
+        return rsv
     if rsv.placement_attempts >= MAX_PLACEMENTS:
         end_reservation(rsv, to=ReservationState.FAILED, now=now,
                         reason=f"binding failed {rsv.placement_attempts} times: {reason}")
@@ -279,8 +315,7 @@ def binding_fail(*, reservation_id: str, reason: str) -> Reservation | None:
         rsv.failure_reason = reason
         rsv.save(update_fields=["failure_reason"])
     if placed is None:
-        event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PENDING,
-                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.count})
+        emit_pending(rsv)
     else:
         emit_placed(rsv, placed)
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.binding_fail",
@@ -298,3 +333,55 @@ def allocation_failed_record(*, node_id: str, body: str, signature: str) -> Rese
         return None
     return binding_fail(reservation_id=allocation.reservation_id,
                         reason=str(payload.get("reason", "failed"))[:200])
+
+
+def unplace(rsv: Reservation, now: datetime) -> None:
+    """Take a placed or binding reservation off its node, as if never placed: its hold
+    leaves the node's desired state, its bookings vanish, and it is pending again."""
+    allocation = rsv.allocations.get(ended_at__isnull=True)
+    if rsv.state == ReservationState.BINDING:
+        node = Node.objects.select_for_update(no_key=True).get(pk=allocation.node_id)
+        node_spec_change_locked(node, remove=allocation.id)
+    free_allocation(allocation, now, keep_history=False)
+    transition(rsv, ReservationState.PENDING)
+    rsv.during, rsv.placed_at, rsv.binding_started_at, rsv.binding = None, None, None, None
+    rsv.save(update_fields=["state", "during", "placed_at", "binding_started_at", "binding"])
+
+
+def gang_member_failed(rsv: Reservation, members: list[Reservation], allocation: Allocation,
+                       reason: str, now: datetime) -> str:
+    """A gang's member whose node failed its hold (or never reported it): placed again on
+    a node the gang does not use, for the rest of the gang's window, within its retry
+    budget; else the whole gang is placed again away from the nodes that failed it, at
+    most MAX_GANG_REPLACEMENTS times before the gang fails. Returns what became of it."""
+    end = rsv.ends_at or now
+    unplace(rsv, now)
+    tried = set(rsv.allocations.values_list("node_id", flat=True))
+    rsv.failure_reason = reason[:300]
+    if rsv.placement_attempts < MAX_PLACEMENTS:
+        used = set(Allocation.objects.filter(reservation__gang_id=rsv.gang_id,
+                                             ended_at__isnull=True)
+                   .values_list("node_id", flat=True))
+        placed = gang_place([rsv], rsv.pool, now, during=DateTimeTZRange(now, end, "[)"),
+                            excluded=tried | used)
+        if placed is not None:
+            rsv.failure_reason = reason[:300]
+            rsv.save(update_fields=["failure_reason"])
+            emit_placed(rsv, placed[0])
+            return "placed"
+    for member in members:
+        if member is not rsv and member.state in (ReservationState.PLACED,
+                                                  ReservationState.BINDING):
+            unplace(member, now)
+    placements = gang_placed_again(rsv.gang_id)
+    if placements > MAX_GANG_REPLACEMENTS:
+        end_reservation(rsv, to=ReservationState.FAILED, now=now,
+                        reason=f"the gang was placed {placements} times: {reason}")
+        return "gang failed"
+    allocations = gang_place(members, rsv.pool, now, excluded=tried)
+    for index, member in enumerate(members):
+        if allocations is None:
+            emit_pending(member)
+        else:
+            emit_placed(member, allocations[index])
+    return "gang pending" if allocations is None else "gang placed"

@@ -7,7 +7,6 @@ change; bookings are guarded by the EXCLUDE constraint, not by locks).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -17,20 +16,15 @@ from django.db import transaction
 
 from audit.services import audit_record, audited
 from compute.core.db import (
-    constraint_errors,
     database_now,
     insert_row,
     known_related,
-    prepared_cursor,
 )
 from compute.core.errors import CapacityConflict, InvalidArgument, NeverFits, QuotaExceeded
-from compute.core.sqltext import fill, tables
-from compute.platform.events.services import event_emit
 from compute.platform.idempotency import idempotent_lookup, idempotent_remember
 from compute.platform.queue.work import enqueue
 from compute.platform.tenancy.models import Principal, Tenant
 from fleet.models import DeviceClass, Pool, PoolClass
-from fleet.models.nodes import Node
 from fleet.selectors import access_pool_by_id, pool_list
 from reservations.budgets import check_budgets
 from reservations.candidates import (
@@ -41,20 +35,10 @@ from reservations.candidates import (
     pending_reason,
     placement_request,
     propose,
-    schedulable_sql,
     window,
-)
-from reservations.constraints import (
-    CLASH,
-    LEDGER_CONSTRAINTS,
-    NODE_MEMORY_WITHIN_SIZE,
-    NODE_VCPUS_WITHIN_SIZE,
-    refuse_clashes,
 )
 from reservations.device_filter import parse_selector
 from reservations.earliest import search_for
-from reservations.events import ReservationEvent
-from reservations.hostshare import MEETING_SPANS, RAISED_COUNTERS_SQL, counter_params
 from reservations.limits import (
     check_at_once,
     check_request,
@@ -62,14 +46,21 @@ from reservations.limits import (
 )
 from reservations.models import (
     Allocation,
-    Booking,
     Reservation,
     ReservationSeries,
     ReservationState,
     Topology,
 )
-from reservations.placement import Candidate, Choice, Request, ranked
 from reservations.quotas import quota_allows, quota_consume
+from reservations.services.booking import (
+    MAX_RACES,
+    NodeFull,
+    book_on_node,
+    emit_pending,
+    emit_placed,
+    hold_node,
+)
+from reservations.services.gang import book_gang, check_gang_could_fit, check_gang_request
 from reservations.shape import Ask, Shape
 from reservations.sharing import (
     DEFAULT_CLASS,
@@ -81,12 +72,6 @@ from reservations.states import transition
 from reservations.work import RESERVATION, pool_replan
 
 GPU = DeviceClass.GPU.value
-MAX_RACES = 8  # re-reads after losing a booking race, before leaving the request pending
-
-
-class NodeFull(CapacityConflict):
-    """The chosen node is no longer schedulable, or its host share in the window is taken
-    (another booker took it)."""
 
 
 def try_place(rsv: Reservation, pool: Pool, now: datetime,
@@ -113,7 +98,7 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         try:
             with transaction.atomic():
                 choice = hold_node(candidates, request)
-                allocation = _book(rsv, choice, during, placed_at=now)
+                allocation = book_on_node(rsv, choice, during, placed_at=now)
         except NodeFull:  # of the node held, or of the one waited for
             excluded.add(choice.node_id)
             continue
@@ -127,95 +112,6 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
         return allocation
     return None
-
-
-# A booking is two statements: the node's row is locked while it is schedulable (so bookers
-# of one node take turns and each sees the one before), then the allocation and its device
-# bookings are written, the node's counters recomputed with the new allocation counted
-# over its window, and the reservation marked placed. The EXCLUDE constraint referees the
-# devices, the node's CHECK constraints its host share; a refusal writes none of it.
-LOCK_NODE_SQL = tables("SELECT id FROM {Node} WHERE id = %(node)s AND {schedulable} "
-                       "FOR NO KEY UPDATE",
-    Node=Node)
-# The first node of a ranked list that no other booker holds, locked, in one statement.
-LOCK_FIRST_FREE_SQL = tables("""SELECT id FROM {Node} WHERE id = ANY(%(nodes)s) AND {schedulable}
- ORDER BY array_position(%(nodes)s, id) LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED""", Node=Node)
-SPREAD = 8  # next-best nodes a booker may take while other bookers hold the best
-
-
-@functools.cache
-def _with_schedulable(template: str) -> str:
-    """A locking statement with the schedulable filter written in, composed once."""
-    return fill(template, schedulable=schedulable_sql())
-
-
-def hold_node(candidates: list[Candidate], request: Request) -> Choice:
-    """Lock the node of the best choice among `candidates` (at least one fits), or, while
-    other bookers hold it, of the next best that no one holds (among the first SPREAD), so
-    that bookers who all prefer one node spread over the next ones instead of queueing for
-    it. When all of those are held (or no longer schedulable), wait for the best.
-
-    Raises NodeFull when the node waited for is no longer schedulable."""
-    choices = ranked(candidates, request)[:SPREAD]
-    with prepared_cursor() as cursor:
-        cursor.execute(_with_schedulable(LOCK_FIRST_FREE_SQL),
-                       {"nodes": [c.node_id for c in choices]})
-        row = cursor.fetchone()
-        if row is not None:
-            return next(c for c in choices if c.node_id == row[0])
-        cursor.execute(_with_schedulable(LOCK_NODE_SQL), {"node": choices[0].node_id})
-        if cursor.fetchone() is None:
-            raise NodeFull("not schedulable")
-    return choices[0]
-
-
-BOOKING = tables(""",
-allocation AS (
-  INSERT INTO {Allocation} (id, reservation_id, node_id, vcpus, memory_gib,
-                                       created_at)
-  VALUES (%(allocation)s, %(reservation)s, %(node)s, %(vcpus)s, %(memory)s, %(created)s)
-  RETURNING id),
-booked AS (
-  INSERT INTO {Booking} (allocation_id, device_id, during)
-  SELECT allocation.id, device, %(during)s FROM allocation, unnest(%(devices)s::text[]) device
-  RETURNING device_id, gpu_id, whole, during),
-counted AS ({counters} RETURNING 1),
-placed AS (
-  UPDATE {Reservation}
-     SET during = %(during)s, placed_at = %(placed_at)s, state = 'placed',
-         placement_attempts = placement_attempts + 1, failure_reason = ''
-   WHERE id = %(reservation)s RETURNING 1)
-SELECT count(*) FROM booked mine JOIN {Booking} other ON {clash}""",
-    Allocation=Allocation, Booking=Booking, Reservation=Reservation)
-BOOK_SQL = MEETING_SPANS + fill(BOOKING, counters=RAISED_COUNTERS_SQL, clash=CLASH)
-NODE_FULL = {NODE_VCPUS_WITHIN_SIZE: lambda: NodeFull("vCPUs"),
-             NODE_MEMORY_WITHIN_SIZE: lambda: NodeFull("memory")}
-
-
-def _book(rsv: Reservation, choice: Choice, during: Any, *, placed_at: datetime
-          ) -> Allocation:
-    """Write the booking on `choice`'s node, whose row the caller holds."""
-    allocation = Allocation(reservation=rsv, node_id=choice.node_id, vcpus=choice.vcpus,
-                            memory_gib=choice.memory_gib)
-    with constraint_errors({**LEDGER_CONSTRAINTS, **NODE_FULL}), \
-            prepared_cursor() as cursor:
-        cursor.execute(BOOK_SQL, {
-            **counter_params(choice.node_id, vcpus=choice.vcpus, memory_gib=choice.memory_gib,
-                             during=during),
-            "allocation": allocation.id, "created": allocation.created_at,
-            "reservation": rsv.id, "devices": sorted(choice.device_ids), "placed_at": placed_at})
-        # The statement's snapshot, taken under the node's lock, holds every other booking
-        # of its devices, and none of the ones it wrote: what it counts are clashes.
-        refuse_clashes(cursor.fetchone()[0])
-    allocation._state.adding = False  # written above
-    return allocation
-
-
-def emit_placed(rsv: Reservation, allocation: Allocation) -> None:
-    payload = {"poolId": rsv.pool_id, "nodeId": allocation.node_id, "gpus": rsv.count,
-               "allocationId": allocation.id, "start": rsv.starts_at, "end": rsv.ends_at}
-    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PLACED, subject=rsv.id,
-               payload=payload)
 
 
 def check_pool_request(pool: Pool, shape: Shape) -> None:
@@ -294,7 +190,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
                        before: datetime | None = None, before_in_ms: int | None = None,
                        idempotency_key: str | None = None, pool: Pool | None = None,
                        priority_class: str = DEFAULT_CLASS,
-                       models: Sequence[str] = ()) -> Reservation:
+                       models: Sequence[str] = (), nodes: int = 1) -> Reservation:
     """Reserve `shape` (so many GPUs, MIG instances of a profile, or time-sliced shares) of
     one pool for `duration_ms`, now or from a later start.
 
@@ -305,13 +201,16 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     has already found it within the tenant's reach (the API's draft does). Its
     `priority_class` is one the tenant may use on the pool (reservations.sharing). With
     `models`, the tenant's GPU pools of the same site with one of those models are
-    candidates too, and the request is booked in the best of them (`best_pool`).
+    candidates too, and the request is booked in the best of them (`best_pool`). With
+    `nodes` above 1, it is a gang (reservations.services.gang): that many nodes, each with
+    `shape`, booked together; the reservation returned is its member 0.
     """
     inputs = {"pool_id": pool_id, **shape.inputs(), "duration_ms": duration_ms,
               "start": start, "start_in_ms": start_in_ms, "at_earliest": at_earliest,
               "before": before, "before_in_ms": before_in_ms,
               **({"priority_class": priority_class} if priority_class != DEFAULT_CLASS else {}),
-              **({"models": sorted(models)} if models else {})}
+              **({"models": sorted(models)} if models else {}),
+              **({"nodes": nodes} if nodes != 1 else {})}
     existing = idempotent_lookup(tenant_id=tenant.id, scope="reservations.create",
                                  key=idempotency_key, inputs=inputs)
     if existing:
@@ -324,6 +223,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
         raise InvalidArgument("before: only with atEarliest", field="before")
     requested_start = later_start(now, start, start_in_ms)
     check_fraction(shape)
+    if nodes != 1:
+        check_gang_request(shape, nodes, at_earliest=at_earliest, models=models)
     if models:
         pool = best_pool(tenant, pool, shape, models,
                          window(requested_start or now, duration_ms))
@@ -332,10 +233,18 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     check_atoms(pool, shape)
     parse_selector(shape.selector)
     priority = priority_class_for(tenant.id, pool, priority_class)
-    rsv, allocation = book_new(
-        tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
-        duration_ms=duration_ms, at_earliest=at_earliest, before=before, priority=priority,
-        models=models)
+    if nodes != 1:
+        members, allocations = book_gang(
+            tenant=tenant, pool=pool, now=now, shape=shape, nodes=nodes,
+            requested_start=requested_start, duration_ms=duration_ms, priority=priority)
+        rsv, allocation = members[0], (allocations or [None])[0]
+        if allocations is None:
+            check_gang_could_fit(pool, shape, nodes)
+    else:
+        rsv, allocation = book_new(
+            tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
+            duration_ms=duration_ms, at_earliest=at_earliest, before=before,
+            priority=priority, models=models)
     if allocation is None:  # about to wait: only for what some machine could hold
         check_could_fit(pool, shape)  # (refused, the transaction writes nothing)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
@@ -344,7 +253,9 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
                  target=rsv.id, data={"poolId": pool.id, "gpus": shape.count,
                                       "class": shape.device_class, "durationMs": duration_ms,
                                       "priorityClass": priority.name,
-                                      "placed": bool(allocation)})
+                                      "placed": bool(allocation),
+                                      **({"nodes": nodes, "gangId": rsv.gang_id}
+                                         if rsv.gang_id else {})})
     return rsv
 
 
@@ -416,9 +327,7 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
     known_related(rsv, "allocations", [allocation] if allocation else [])  # a new one's all
     if allocation is None:
         pool_replan(pool.id)  # a worker sees whether it may preempt what it needs
-        event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_PENDING,
-                   subject=rsv.id, payload={"poolId": pool.id, "gpus": shape.count,
-                                            "class": shape.device_class})
+        emit_pending(rsv)
     else:
         emit_placed(rsv, allocation)
     return rsv, allocation

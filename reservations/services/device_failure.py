@@ -13,13 +13,14 @@ from compute.platform.events.services import event_emit
 from fleet.models import Device
 from reservations.events import ReservationEvent
 from reservations.models import Reservation, ReservationState
-from reservations.services.book import emit_placed
+from reservations.services.booking import emit_pending, emit_placed
+from reservations.services.gang import locked_members
 from reservations.services.release import place_again
 
 
 def _locked(reservation_id: str) -> Reservation | None:
-    return (Reservation.objects.select_for_update(no_key=True).select_related("pool")
-            .filter(pk=reservation_id).first())
+    """The reservation's row locked (and every member's, for a gang)."""
+    return next((m for m in locked_members(reservation_id) if m.id == reservation_id), None)
 
 
 def _books(rsv: Reservation, device_id: str) -> bool:
@@ -52,8 +53,7 @@ def reservation_replace_off_device(*, reservation_id: str, device: Device) -> Re
     else:
         rsv.failure_reason = f"{reason}; waiting for healthy GPUs"[:300]
         rsv.save(update_fields=["failure_reason"])
-        event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_PENDING,
-                   subject=rsv.id, payload={"poolId": rsv.pool_id, "gpus": rsv.count})
+        emit_pending(rsv)
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.replace",
                  target=rsv.id, reason=reason,
                  data={"deviceId": device.id, "fromNode": allocation.node_id,

@@ -28,6 +28,7 @@ from reservations.limits import check_at_once, check_request, offering_limits
 from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.selectors import access_reservation_by_id
 from reservations.services.binding import hold_of
+from reservations.services.gang import locked_members
 from reservations.services.release import live_allocation
 from reservations.states import TERMINAL
 from reservations.work import pool_replan
@@ -43,7 +44,9 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     Growing fails with a `capacity_conflict` naming the window that blocks it; shortening
     never ends before now (use release for that).
     """
-    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id, lock=True)
+    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id)
+    members = locked_members(rsv.id)  # a gang's members all move together
+    rsv = next(m for m in members if m.id == rsv.id)
     if rsv.state in TERMINAL:
         raise InvalidState(f"reservation {rsv.id} is {rsv.state}", state=rsv.state)
     if by_ms == 0:
@@ -54,33 +57,17 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     now = database_now()
     limits = offering_limits(rsv.tenant_id, rsv.pool) if by_ms > 0 else {}
     check_request(limits, duration_ms=new_duration, start=None, now=now)
-    allocation = None
-    if rsv.during is not None:
-        old_end = rsv.during.upper
-        new_end = old_end + timedelta(milliseconds=by_ms)
-        if new_end <= max(now, rsv.during.lower):
-            raise InvalidArgument("by: the new end is in the past; release it instead",
-                                  field="by")
-        allocation = live_allocation(rsv)
-        if allocation is not None:
-            node_lock(allocation.node_id)
-            _move_end(rsv, allocation, old_end, new_end)
-            _recount_host_share(rsv, allocation, new_end)
-        rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
-    rsv.duration_ms = new_duration
-    rsv.ending_notice_sent = None  # a new end: its notices are due again
-    rsv.save(update_fields=["during", "duration_ms", "ending_notice_sent"])
-    if allocation is not None and rsv.state in HELD:
-        # The node tells the hold's workloads its end (and ends its Slurm reservation then):
-        # the new end.
-        node_spec_change_locked(Node.objects.get(pk=allocation.node_id),
-                                add=hold_of(allocation, rsv).wire())
+    live = [(m, live_allocation(m)) for m in members if m.state not in TERMINAL]
+    for member, allocation in sorted(live, key=lambda pair: pair[1].node_id if pair[1] else ""):
+        _move(member, allocation, by_ms, now)  # nodes in id order
     during = rsv.during or window(rsv.requested_start or now, new_duration)
-    check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.count,
-                  skip=rsv.id, during=during)
+    # A gang's members count among what is held once moved: check with nothing added.
+    gpus, skip = (0, "") if rsv.gang_id else (rsv.count, rsv.id)
+    check_at_once(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=gpus,
+                  skip=skip, during=during)
     if rsv.device_class == "gpu":
-        check_budgets(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=rsv.count,
-                      skip=rsv.id, during=during, priority_class=rsv.priority_class)
+        check_budgets(limits, tenant_id=rsv.tenant_id, pool=rsv.pool, gpus=gpus,
+                      skip=skip, during=during, priority_class=rsv.priority_class)
     if by_ms < 0:
         pool_replan(rsv.pool_id)
     audit_record(tenant_id=tenant.id, actor_id=actor.id, action="reservation.extend",
@@ -88,6 +75,29 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     event_emit(tenant_id=tenant.id, type=ReservationEvent.RESERVATION_EXTENDED, subject=rsv.id,
                payload={"byMs": by_ms, "end": rsv.ends_at})
     return rsv
+
+
+def _move(rsv: Reservation, allocation: Allocation | None, by_ms: int, now: datetime) -> None:
+    """Move one reservation's end (and its bookings', and its node's spec) by `by_ms`."""
+    if rsv.during is not None:
+        old_end = rsv.during.upper
+        new_end = old_end + timedelta(milliseconds=by_ms)
+        if new_end <= max(now, rsv.during.lower):
+            raise InvalidArgument("by: the new end is in the past; release it instead",
+                                  field="by")
+        if allocation is not None:
+            node_lock(allocation.node_id)
+            _move_end(rsv, allocation, old_end, new_end)
+            _recount_host_share(rsv, allocation, new_end)
+        rsv.during = type(rsv.during)(rsv.during.lower, new_end, "[)")
+    rsv.duration_ms += by_ms
+    rsv.ending_notice_sent = None  # a new end: its notices are due again
+    rsv.save(update_fields=["during", "duration_ms", "ending_notice_sent"])
+    if allocation is not None and rsv.state in HELD:
+        # The node tells the hold's workloads its end (and ends its Slurm reservation then):
+        # the new end.
+        node_spec_change_locked(Node.objects.get(pk=allocation.node_id),
+                                add=hold_of(allocation, rsv).wire())
 
 
 def _move_end(rsv: Reservation, allocation: Allocation, old_end: datetime,

@@ -23,6 +23,7 @@ from reservations.limits import check_request, offering_limits
 from reservations.models import Allocation, Reservation, ReservationState
 from reservations.quotas import quota_consume, quota_refund
 from reservations.services.book import check_atoms, check_pool_request, emit_placed, try_place
+from reservations.services.gang import gang_place, lock_gang
 from reservations.shape import Shape
 from reservations.sharing import granted_classes, pending_queue
 
@@ -90,7 +91,12 @@ def moved_from(rsv: Reservation, origin: str) -> dict[str, str]:
 def reservation_place_pending(*, reservation_id: str, pool_id: str | None = None
                               ) -> Reservation | None:
     """Try to place one pending reservation, in its own pool or in `pool_id` (another of
-    its site whose model it accepts); None if another worker holds it."""
+    its site whose model it accepts); None if another worker holds it. A gang is placed
+    whole, in its own pool."""
+    gang_id = (Reservation.objects.filter(pk=reservation_id)
+               .values_list("gang_id", flat=True).first())
+    if gang_id:
+        return _place_pending_gang(gang_id, pool_id)
     rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PENDING)
            .select_related("pool", "tenant").first())
@@ -109,6 +115,25 @@ def reservation_place_pending(*, reservation_id: str, pool_id: str | None = None
     else:
         audit_exempt("still pending: only its reason for waiting was written")
     return rsv
+
+
+def _place_pending_gang(gang_id: str, pool_id: str | None) -> Reservation | None:
+    members = lock_gang(gang_id)
+    leader = members[0]
+    if pool_id not in (None, leader.pool_id) or any(
+            m.state != ReservationState.PENDING for m in members):
+        audit_exempt("a gang is placed in its own pool, and only while all of it waits")
+        return None
+    allocations = gang_place(members, leader.pool, database_now())
+    if allocations is None:
+        audit_exempt("still pending: only its reason for waiting was written")
+        return leader
+    audit_record(tenant_id=leader.tenant_id, actor_id="system", action="reservation.place",
+                 target=leader.id, reason="capacity freed",
+                 data={"gangId": gang_id, "nodes": [a.node_id for a in allocations]})
+    for member, allocation in zip(members, allocations, strict=True):
+        emit_placed(member, allocation)
+    return leader
 
 
 def pending_place(*, pool_id: str, limit: int = 100) -> int:

@@ -43,6 +43,8 @@ QUEUE_LOOK = 10  # pending requests, from the head of the queue, that may preemp
 
 
 def may_preempt(requester: Reservation, victim: Reservation, pool: Pool) -> bool:
+    if requester.gang_id or victim.gang_id:  # a gang waits for free nodes, and keeps them
+        return False
     victim_class = pool_classes(pool).get(victim.priority_class)
     if victim_class is None or not victim_class.preemptible:
         return False

@@ -20,6 +20,8 @@ from reservations.models import Allocation, Booking, Reservation, ReservationSta
 from reservations.quotas import quota_refund
 from reservations.selectors import access_reservation_by_id
 from reservations.services.book import try_place
+from reservations.services.booking import gang_of
+from reservations.services.gang import live_members, lock_gang, locked_members
 from reservations.services.metering import reservation_meter
 from reservations.states import HOLDING, TERMINAL, transition
 from reservations.work import pool_replan
@@ -53,11 +55,26 @@ def free_allocation(allocation: Allocation, now: datetime, *, keep_history: bool
 
 def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "") -> None:
     """Move a reservation to released, cancelled or failed and give back all it holds; the
-    pool's pending reservations are offered the freed capacity.
+    pool's pending reservations are offered the freed capacity. A gang's member ends with
+    every other member of its gang (each released, or cancelled where it had not started).
 
-    Inside the caller's service, which holds the reservation row's lock and writes the
-    audit row.
+    Inside the caller's service, which holds the reservation row's lock (every member's,
+    for a gang: gang.locked_members) and writes the audit row.
     """
+    _end_one(rsv, to=to, now=now, reason=reason)
+    if rsv.gang_id:
+        for member in live_members(lock_gang(rsv.gang_id)):
+            _end_one(member, to=_ending_state(member, to, now), now=now, reason=reason)
+
+
+def _ending_state(member: Reservation, to: str, now: datetime) -> str:
+    started = member.during is not None and member.during.lower <= now
+    if to == ReservationState.RELEASED and not (started and member.state in HOLDING):
+        return ReservationState.CANCELLED
+    return to
+
+
+def _end_one(rsv: Reservation, *, to: str, now: datetime, reason: str) -> None:
     allocation = live_allocation(rsv)
     started = rsv.during is not None and rsv.during.lower <= now
     # The quota row before the node's (the ledger's lock order, as booking takes them).
@@ -79,7 +96,7 @@ def end_reservation(rsv: Reservation, *, to: str, now: datetime, reason: str = "
     event_emit(tenant_id=rsv.tenant_id, type=ENDED_EVENT[to], subject=rsv.id,
                payload={"poolId": rsv.pool_id, "gpus": rsv.count,
                         "nodeId": allocation.node_id if allocation else None,
-                        **({"reason": reason} if reason else {})})
+                        **({"reason": reason} if reason else {}), **gang_of(rsv)})
 
 
 @audited
@@ -90,7 +107,8 @@ def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str
     One that has not started (pending, or placed for a later start) is withdrawn
     (cancelled). With `cancel`, one that has started is refused: release it instead.
     """
-    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id, lock=True)
+    rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id)
+    rsv = next(m for m in locked_members(rsv.id) if m.id == rsv.id)
     if rsv.state in TERMINAL:
         raise InvalidState(f"reservation {rsv.id} is already {rsv.state}", state=rsv.state)
     now = database_now()
@@ -110,9 +128,16 @@ def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str
 def reservation_expire(*, reservation_id: str) -> Reservation | None:
     """Release one reservation whose window has ended (no-op otherwise)."""
     now = database_now()
-    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
-           .select_related("pool")
-           .filter(pk=reservation_id, state__in=HOLDING, during__endswith__lte=now).first())
+    if Reservation.objects.filter(pk=reservation_id, gang__isnull=False).exists():
+        rsv: Reservation | None = next(m for m in locked_members(reservation_id)
+                                       if m.id == reservation_id)
+        if rsv is not None and not (rsv.state in HOLDING and rsv.during is not None
+                                    and rsv.during.upper <= now):
+            rsv = None  # its gang ended it with another member
+    else:
+        rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
+               .select_related("pool")
+               .filter(pk=reservation_id, state__in=HOLDING, during__endswith__lte=now).first())
     if rsv is not None:
         end_reservation(rsv, to=ReservationState.RELEASED, now=now)
         audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.expire",
@@ -123,10 +148,24 @@ def reservation_expire(*, reservation_id: str) -> Reservation | None:
 def place_again(rsv: Reservation, now: datetime, *, excluded: set[str] | None = None
                 ) -> tuple[Allocation, Allocation | None]:
     """Take a placed reservation that has not started off its node and place it again
-    (never on `excluded` nodes); its old allocation and its new one (None: pending)."""
+    (never on `excluded` nodes); its old allocation and its new one (None: pending). A
+    gang's member goes to a node its gang does not use, or, when none is left, the whole
+    gang waits pending (the caller holds every member's row)."""
     old = rsv.allocations.get(ended_at__isnull=True)
-    free_allocation(old, now, keep_history=False)
+    _unplace(rsv, old, now)
+    excluded = set(excluded or ())
+    others = Allocation.objects.filter(reservation__gang_id=rsv.gang_id, ended_at__isnull=True)
+    if rsv.gang_id:
+        excluded |= set(others.values_list("node_id", flat=True))
+    placed = try_place(rsv, rsv.pool, now, excluded=excluded)
+    if placed is None and rsv.gang_id:
+        for allocation in others.select_related("reservation"):
+            _unplace(allocation.reservation, allocation, now)
+    return old, placed
+
+
+def _unplace(rsv: Reservation, allocation: Allocation, now: datetime) -> None:
+    free_allocation(allocation, now, keep_history=False)
     transition(rsv, ReservationState.PENDING)
     rsv.during, rsv.placed_at = None, None
     rsv.save(update_fields=["state", "during", "placed_at"])
-    return old, try_place(rsv, rsv.pool, now, excluded=excluded)

@@ -1,0 +1,254 @@
+"""Gangs: multi-node reservations booked, bound and ended as one.
+
+A gang is `nodes` member reservations of one shape (reservations.models.Gang). Its members
+are placed in one transaction for one window, on distinct nodes close together
+(reservations.gangplace), or all stay pending; a member becomes active only when every
+member's node has reported its hold; ending one member (release, cancel, expiry, failure)
+ends them all. Whoever changes a member's state holds every member's row, taken in id
+order by `lock_gang` before anything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.db.models import F
+
+from compute.core.db import insert_row, known_related, prepared_cursor
+from compute.core.errors import CapacityConflict, InvalidArgument, NeverFits
+from compute.core.sqltext import tables
+from compute.platform.queue.work import enqueue
+from compute.platform.tenancy.models import Tenant
+from fleet.models import DeviceClass, Node, Pool
+from fleet.models.nodes import NodeRole, ProvisionState
+from reservations.budgets import check_budgets
+from reservations.candidates import (
+    device_filter_q,
+    load_candidates,
+    never_fits,
+    pending_reason,
+    placement_request,
+    window,
+)
+from reservations.gangplace import GangChoice, Place, choose_gang
+from reservations.limits import check_at_once, check_request, offering_limits
+from reservations.models import Allocation, Gang, Reservation, ReservationState
+from reservations.placement import choose_on_node
+from reservations.quotas import quota_consume
+from reservations.services.booking import (
+    MAX_RACES,
+    NodeFull,
+    book_on_node,
+    emit_pending,
+    emit_placed,
+    with_schedulable,
+)
+from reservations.shape import Shape
+from reservations.sharing import PriorityClass
+from reservations.states import TERMINAL, transition
+from reservations.work import RESERVATION, pool_replan
+
+MAX_NODES = 64
+MAX_GANG_REPLACEMENTS = 2  # the whole gang placed again at most so often, then it fails
+
+
+def check_gang_request(shape: Shape, nodes: int, *, at_earliest: bool,
+                       models: Sequence[str]) -> None:
+    """What a multi-node request may ask: whole GPUs of its own pool, now or from a start."""
+    if not 1 < nodes <= MAX_NODES:
+        raise InvalidArgument(f"nodes: between 1 and {MAX_NODES}", field="nodes")
+    if shape.device_class != DeviceClass.GPU or shape.fraction:
+        raise InvalidArgument("nodes: a multi-node reservation takes whole GPUs (class gpu)",
+                              field="nodes")
+    if models:
+        raise InvalidArgument("devices[0].models: a multi-node reservation is placed in "
+                              "its own pool", field="devices")
+    if at_earliest:
+        raise InvalidArgument("atEarliest: a multi-node reservation is placed now or waits "
+                              "pending in order; give a start to book a later window",
+                              field="atEarliest")
+
+
+def lock_gang(gang_id: str) -> list[Reservation]:
+    """Every member's row, locked in id order, member 0 first in the list."""
+    members = list(Reservation.objects.select_for_update(no_key=True, of=("self",))
+                   .select_related("pool", "tenant").filter(gang_id=gang_id).order_by("id"))
+    return sorted(members, key=lambda m: m.gang_index)
+
+
+LOCK_NODES_SQL = tables("SELECT id FROM {Node} WHERE id = ANY(%(nodes)s) AND {schedulable} "
+                        "ORDER BY id FOR NO KEY UPDATE", Node=Node)
+
+
+def node_places(node_ids: Sequence[str]) -> dict[str, Place]:
+    """Each node's rack and rail, from its labels."""
+    return {node_id: Place.of(labels) for node_id, labels in
+            Node.objects.filter(pk__in=list(node_ids)).values_list("id", "labels")}
+
+
+def propose_gang(pool: Pool, during: DateTimeTZRange, shape: Shape, nodes: int, *,
+                 excluded: set[str] | None = None) -> tuple[GangChoice | None, int]:
+    """The gang placer's choice over the whole pool, and how many nodes fit one member."""
+    request = placement_request(pool, shape)
+    candidates = load_candidates(pool, during, request, device_filter=device_filter_q(shape),
+                                 excluded=excluded or ())
+    choice = choose_gang(candidates, request, nodes,
+                         node_places([c.node_id for c in candidates]))
+    fitting = sum(choose_on_node(c, request) is not None for c in candidates)
+    return choice, fitting
+
+
+def gang_place(members: list[Reservation], pool: Pool, now: datetime, *,
+               during: DateTimeTZRange | None = None, excluded: set[str] | None = None
+               ) -> list[Allocation] | None:
+    """Book every member now (or in `during`), each on its own node, or none (they stay
+    pending, each saying why). Inside the caller's transaction, which holds the members'
+    rows; each attempt is a savepoint, so a lost race leaves nothing behind."""
+    leader = members[0]
+    shape = Shape.of(leader)
+    if during is None:
+        during = window(max(leader.requested_start or now, now), leader.duration_ms)
+    excluded = set(excluded or ())
+    for _ in range(MAX_RACES):
+        choice, fitting = propose_gang(pool, during, shape, len(members), excluded=excluded)
+        if choice is None:
+            _waiting(members, pool, during, shape, fitting)
+            return None
+        wanted = [c.node_id for c in choice.members]
+        try:
+            with transaction.atomic():
+                with prepared_cursor() as cursor:
+                    cursor.execute(with_schedulable(LOCK_NODES_SQL), {"nodes": wanted})
+                    held = {row[0] for row in cursor.fetchall()}
+                if held != set(wanted):
+                    excluded |= set(wanted) - held
+                    raise NodeFull("not schedulable")
+                allocations = [book_on_node(member, member_choice, during, placed_at=now)
+                               for member, member_choice in zip(members, choice.members,
+                                                                strict=True)]
+        except NodeFull:
+            continue
+        except CapacityConflict:
+            continue
+        for member in members:
+            member.during, member.placed_at, member.failure_reason = during, now, ""
+            member.placement_attempts += 1
+            transition(member, ReservationState.PLACED)
+        for member in members:
+            enqueue(RESERVATION, member.id, due_at=during.lower)
+        return allocations
+    return None
+
+
+def _waiting(members: list[Reservation], pool: Pool, during: DateTimeTZRange, shape: Shape,
+             fitting: int) -> None:
+    request = placement_request(pool, shape)
+    nodes = len(members)
+    if fitting:
+        reason = (f"{fitting} of the {nodes} nodes it needs have {shape.count} free "
+                  f"{request.noun} in the window")
+    else:
+        reason = pending_reason(pool, during, [], request, device_filter_q(shape))
+    Reservation.objects.filter(pk__in=[m.id for m in members]).update(
+        failure_reason=reason[:300])
+    for member in members:
+        member.failure_reason = reason[:300]
+
+
+def gang_never_fits(pool: Pool, shape: Shape, nodes: int) -> str | None:
+    """Why the pool could never hold the gang: no machine holds one member, or fewer
+    machines than it has members could."""
+    request = placement_request(pool, shape)
+    reason = never_fits(pool, request, device_filter_q(shape))
+    if reason is not None:
+        return reason
+    machines = (Node.objects.filter(pool=pool, role=NodeRole.NODE)
+                .exclude(provision_state=ProvisionState.RETIRED))
+    able = sum(1 for node in machines.prefetch_related("devices")
+               if sum(d.present and d.device_class == DeviceClass.GPU
+                      for d in node.devices.all()) >= shape.count)
+    if machines.count() and able < nodes:
+        return (f"the pool has {able} machines with {shape.count} GPUs; a gang of {nodes} "
+                f"needs {nodes}")
+    return None
+
+
+def check_gang_could_fit(pool: Pool, shape: Shape, nodes: int) -> None:
+    reason = gang_never_fits(pool, shape, nodes)
+    if reason is not None:
+        raise NeverFits(reason, poolId=pool.id)
+
+
+def new_gang(*, tenant_id: str, pool: Pool, nodes: int, member: dict[str, Any]
+             ) -> tuple[Gang, list[Reservation]]:
+    """A gang and its pending members, each made as `member` (a reservation's fields)."""
+    gang = Gang(tenant_id=tenant_id, pool=pool, nodes=nodes)
+    insert_row(gang)
+    members = []
+    for index in range(nodes):
+        rsv = Reservation(tenant_id=tenant_id, pool=pool, gang=gang, gang_index=index,
+                          **member)
+        insert_row(rsv)
+        members.append(rsv)
+    return gang, members
+
+
+def live_members(members: list[Reservation]) -> list[Reservation]:
+    return [m for m in members if m.state not in TERMINAL]
+
+
+def gang_bound(members: list[Reservation]) -> bool:
+    """Every member's node reported its hold (a member's `binding` is what its node said)."""
+    return all(m.binding is not None and m.state in (ReservationState.BINDING,
+                                                     ReservationState.ACTIVE)
+               for m in members)
+
+
+def book_gang(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape, nodes: int,
+              requested_start: datetime | None, duration_ms: int, priority: PriorityClass
+              ) -> tuple[list[Reservation], list[Allocation] | None]:
+    """A new gang of a checked request, inside the caller's service: the offering's limits
+    and budgets and the quota for all its GPUs, then its members placed together or left
+    pending together, with their events. Refusals raise and leave nothing."""
+    limits = offering_limits(tenant.id, pool)
+    check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
+    gpus = shape.count * nodes
+    quota_consume(tenant=tenant, pool=pool, resource=DeviceClass.GPU, count=gpus)
+    during = window(max(requested_start or now, now), duration_ms)
+    check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, during=during)
+    check_budgets(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, during=during,
+                  priority_class=priority.name)
+    _gang, members = new_gang(tenant_id=tenant.id, pool=pool, nodes=nodes, member={
+        "requested_start": requested_start, "duration_ms": duration_ms,
+        "priority_class": priority.name, "priority": priority.weight, **shape.columns()})
+    allocations = gang_place(members, pool, now)
+    for index, member in enumerate(members):
+        known_related(member, "allocations", [allocations[index]] if allocations else [])
+    if allocations is None:
+        pool_replan(pool.id)
+        for member in members:
+            emit_pending(member)
+    else:
+        for member, allocation in zip(members, allocations, strict=True):
+            emit_placed(member, allocation)
+    return members, allocations
+
+
+def locked_members(reservation_id: str) -> list[Reservation]:
+    """A reservation's row, locked; for a gang's member, every member's (`lock_gang`)."""
+    gang_id = (Reservation.objects.filter(pk=reservation_id)
+               .values_list("gang_id", flat=True).first())
+    if gang_id:
+        return lock_gang(gang_id)
+    return list(Reservation.objects.select_for_update(no_key=True, of=("self",))
+                .select_related("pool", "tenant").filter(pk=reservation_id))
+
+
+def gang_placed_again(gang_id: str) -> int:
+    """Count one more placement of the whole gang after a failure; how many there were."""
+    Gang.objects.filter(pk=gang_id).update(placements=F("placements") + 1)
+    return Gang.objects.filter(pk=gang_id).values_list("placements", flat=True).get()

@@ -1,0 +1,208 @@
+"""Gangs: a multi-node reservation is booked, bound and ended as one."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bcd.contract.crypto import canonical, public_pem, sign_bytes
+from bcd.contract.holds import Hold
+from compute.platform.events.models import Event
+from fleet.models import Node, NodeSpec
+from reservations.models import Allocation, Reservation
+from reservations.services.binding import (
+    allocation_bound_record,
+    allocation_failed_record,
+    reservation_bind,
+)
+from reservations.services.pending import pending_place
+from reservations.services.release import reservation_expire
+from tests.factories import make_node
+from tests.reservations.conftest import HOUR, reserve
+from tests.support.writes import assert_wrote
+
+
+@pytest.fixture
+def keyed(pool):
+    """Make nodes with their own signing keys, in racks: {node id: key}."""
+    keys: dict[str, ec.EllipticCurvePrivateKey] = {}
+
+    def make(count: int, rack: str = "", rail: str = "leaf1") -> list[Node]:
+        made = []
+        for _ in range(count):
+            place = {"topology": {"rack": rack, "rail": rail}} if rack else {}
+            node = make_node(pool["id"], **place)
+            key = ec.generate_private_key(ec.SECP256R1())
+            Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
+            keys[node.id] = key
+            made.append(node)
+        return made
+    make.keys = keys  # type: ignore[attr-defined]
+    return make
+
+
+def book(root, pool, count, **extra) -> dict:
+    return reserve(root, pool, count, **extra).result
+
+
+def members(rsv: dict) -> list[Reservation]:
+    return list(Reservation.objects.filter(gang_id=rsv["gang"]["id"]).order_by("gang_index"))
+
+
+def live_nodes(gang: list[Reservation]) -> list[str]:
+    return [a.node_id for m in gang for a in m.allocations.filter(ended_at__isnull=True)]
+
+
+def report(keys, member: Reservation) -> tuple[str, str, str]:
+    """The member's node's signed AllocationBound for the hold its spec names."""
+    allocation = member.allocations.get(ended_at__isnull=True)
+    spec = NodeSpec.objects.filter(node_id=allocation.node_id).latest("generation").spec
+    hold = next(h for h in spec["allocations"] if h["allocationId"] == allocation.id)
+    body = canonical({**Hold.from_wire(hold).binding(), "generation": 2,
+                      "nodeId": allocation.node_id}).decode()
+    return allocation.node_id, body, sign_bytes(keys[allocation.node_id], body.encode())
+
+
+def test_a_gang_books_every_node_at_once_in_one_rack(root, pool, keyed):
+    keyed(3, rack="r1")
+    rack2 = keyed(4, rack="r2")
+    rsv = book(root, pool, 8, nodes=4)
+    assert rsv["state"] == "placed"
+    assert (rsv["gang"]["nodes"], rsv["gang"]["state"], rsv["gang"]["index"]) == (4, "placed", 0)
+    gang = members(rsv)
+    assert [m.state for m in gang] == ["placed"] * 4
+    assert sorted(live_nodes(gang)) == sorted(n.id for n in rack2)  # the rack that holds it
+    assert len({(m.during.lower, m.during.upper) for m in gang}) == 1  # one window
+    placed = Event.objects.filter(type="reservation.placed", subject__in=[m.id for m in gang])
+    assert sorted(e.payload["gangId"] for e in placed) == [rsv["gang"]["id"]] * 4
+
+
+def test_a_gang_that_does_not_fit_now_waits_whole_and_is_placed_whole(root, pool, keyed):
+    keyed(3)
+    single = book(root, pool, 8)
+    rsv = book(root, pool, 8, nodes=3)
+    assert rsv["state"] == "pending"
+    assert "2 of the 3 nodes it needs" in rsv["failureReason"]
+    assert live_nodes(members(rsv)) == []
+    queue = root("reservations.queue", poolId=pool["id"])["items"]
+    assert [(q["reservationId"], q["count"]) for q in queue] == [(rsv["id"], 24)]
+    root("reservations.release", reservationId=single["id"])
+    assert pending_place(pool_id=pool["id"]) == 1
+    gang = members(rsv)
+    assert [m.state for m in gang] == ["placed"] * 3
+    assert len(set(live_nodes(gang))) == 3
+
+
+def test_a_gang_larger_than_the_pool_is_refused_at_once(root, pool, keyed):
+    keyed(2)
+    answer = reserve(root, pool, 8, nodes=3)
+    assert (answer.status, answer.code) == (409, "never_fits"), answer.body
+    assert "a gang of 3 needs 3" in answer.message
+    assert not Reservation.objects.exists()
+    answer = reserve(root, pool, 8, nodes=2, atEarliest=True)
+    assert answer.status == 400
+    assert answer.body["error"]["details"]["field"] == "atEarliest"
+    answer = reserve(root, pool, 8, nodes=65)
+    assert answer.status == 400
+    assert "nodes" in answer.message
+
+
+def test_a_gang_is_active_only_once_every_node_reported(root, pool, keyed):
+    keyed(3)
+    rsv = book(root, pool, 4, nodes=3)
+    gang = members(rsv)
+    for member in gang:
+        reservation_bind(reservation_id=member.id)
+    for member in gang[:2]:
+        node_id, body, signature = report(keyed.keys, member)
+        with assert_wrote(audit="reservation.bound"):
+            allocation_bound_record(node_id=node_id, body=body, signature=signature)
+        assert root("reservations.get", reservationId=rsv["id"])["gang"]["state"] == "binding"
+    assert [m.state for m in members(rsv)] == ["binding"] * 3
+    node_id, body, signature = report(keyed.keys, gang[2])
+    with assert_wrote(audit="reservation.activate", events=["reservation.active"] * 3):
+        allocation_bound_record(node_id=node_id, body=body, signature=signature)
+    assert [m.state for m in members(rsv)] == ["active"] * 3
+    assert root("reservations.get", reservationId=gang[1].id)["gang"]["state"] == "active"
+
+
+def test_a_member_whose_node_fails_is_placed_again_elsewhere(root, pool, keyed):
+    keyed(3)
+    spare = keyed(1)[0]
+    rsv = book(root, pool, 8, nodes=3)
+    gang = members(rsv)
+    for member in gang:
+        reservation_bind(reservation_id=member.id)
+    node_id, body, signature = report(keyed.keys, gang[0])
+    allocation_bound_record(node_id=node_id, body=body, signature=signature)
+    failed = gang[1].allocations.get(ended_at__isnull=True).node_id
+    body = canonical({"allocationId": gang[1].allocations.get(ended_at__isnull=True).id,
+                      "nodeId": failed, "reason": "cdi write failed"}).decode()
+    allocation_failed_record(node_id=failed, body=body,
+                             signature=sign_bytes(keyed.keys[failed], body.encode()))
+    again = members(rsv)
+    assert [m.state for m in again] == ["binding", "placed", "binding"]
+    assert again[1].allocations.get(ended_at__isnull=True).node_id == spare.id
+    assert again[1].during.upper == again[0].during.upper  # the gang's end
+    reservation_bind(reservation_id=again[1].id)
+    for member in again[1:]:
+        node_id, body, signature = report(keyed.keys, member)
+        allocation_bound_record(node_id=node_id, body=body, signature=signature)
+    assert [m.state for m in members(rsv)] == ["active"] * 3
+
+
+def test_when_no_node_is_left_for_a_member_the_whole_gang_is_placed_again(root, pool, keyed):
+    keyed(2)
+    rsv = book(root, pool, 8, nodes=2)
+    gang = members(rsv)
+    for member in gang:
+        reservation_bind(reservation_id=member.id)
+    failed = gang[0].allocations.get(ended_at__isnull=True)
+    body = canonical({"allocationId": failed.id, "nodeId": failed.node_id,
+                      "reason": "gone"}).decode()
+    allocation_failed_record(node_id=failed.node_id, body=body,
+                             signature=sign_bytes(keyed.keys[failed.node_id], body.encode()))
+    # No third node: the whole gang waits, nothing of it held, its holds gone from the specs.
+    assert [m.state for m in members(rsv)] == ["pending", "pending"]
+    assert not Allocation.objects.filter(reservation__gang_id=rsv["gang"]["id"],
+                                         ended_at__isnull=True).exists()
+    for node_id in keyed.keys:
+        spec = NodeSpec.objects.filter(node_id=node_id).latest("generation").spec
+        assert spec.get("allocations", []) == []
+
+
+def test_ending_one_member_ends_the_gang(root, pool, keyed):
+    keyed(3)
+    rsv = book(root, pool, 4, nodes=3)
+    gang = members(rsv)
+    released = root("reservations.release", reservationId=gang[2].id)
+    assert released["gang"]["state"] == "released"
+    assert [m.state for m in members(rsv)] == ["released"] * 3
+    assert live_nodes(members(rsv)) == []
+
+
+def test_a_gang_expires_whole_whichever_member_is_due_first(root, pool, keyed):
+    keyed(2)
+    rsv = book(root, pool, 4, nodes=2, duration=1_000)
+    gang = members(rsv)
+    for member in gang:
+        reservation_bind(reservation_id=member.id)
+        node_id, body, signature = report(keyed.keys, member)
+        allocation_bound_record(node_id=node_id, body=body, signature=signature)
+    Reservation.objects.filter(pk__in=[m.id for m in gang]).update(during=(
+        gang[0].during.lower.replace(year=2020), gang[0].during.upper.replace(year=2020)))
+    reservation_expire(reservation_id=gang[1].id)
+    assert [m.state for m in members(rsv)] == ["released"] * 2
+    assert reservation_expire(reservation_id=gang[0].id) is None
+
+
+def test_extending_a_gang_moves_every_member(root, pool, keyed):
+    keyed(2)
+    rsv = book(root, pool, 4, nodes=2)
+    extended = root("reservations.extend", reservationId=rsv["gang"]["members"][1]["id"],
+                    by=HOUR)
+    ends = {m.during.upper for m in members(rsv)}
+    assert len(ends) == 1
+    assert extended["end"] is not None
+    assert ends == {Reservation.objects.get(pk=rsv["id"]).during.upper}
+    assert Reservation.objects.get(pk=rsv["id"]).duration_ms == 2 * HOUR
