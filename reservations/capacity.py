@@ -39,6 +39,7 @@ from reservations.candidates import (
 from reservations.earliest import search_for
 from reservations.models import Booking, Reservation
 from reservations.placement import Choice
+from reservations.services.gang import gang_never_fits, propose_gang
 from reservations.shape import Ask
 
 GPU_STATES = ("total", "allocatable", "allocated", "reserved", "available", "provisioning",
@@ -167,6 +168,30 @@ def capacity_preview(ask: Ask, *, start: datetime | None = None,
                 "window": {"start": during.lower, "end": during.upper},
                 "reason": pending_reason(pool, during, candidates, request, devices)}
     return {"fits": True, **placed_view(pool, count, choice, during)}
+
+
+def gang_preview(ask: Ask, nodes: int, *, start: datetime | None = None,
+                 start_in_ms: int | None = None) -> dict[str, Any]:
+    """Would a gang of `nodes` nodes, each with `ask`'s shape, fit now (or from a start),
+    on which nodes and how close together? Books nothing and takes no locks."""
+    now = database_now()
+    start = now + timedelta(milliseconds=start_in_ms) if start_in_ms is not None else start
+    pool, count = ask.pool, ask.shape.count
+    during = window(max(start or now, now), ask.duration_ms)
+    choice, fitting = propose_gang(pool, during, ask.shape, nodes)
+    if choice is None:
+        reason = gang_never_fits(pool, ask.shape, nodes) or (
+            f"{fitting} of the {nodes} nodes it needs have {count} free GPUs in the window")
+        return {"fits": False, "poolId": pool.id, "gpus": count, "nodes": nodes,
+                "window": {"start": during.lower, "end": during.upper}, "reason": reason}
+    return {"fits": True, "poolId": pool.id, "gpus": count, "nodes": nodes,
+            "racks": list(choice.racks), "rails": list(choice.rails),
+            "placement": choice.summary(),
+            "members": [{"nodeId": member.node_id,
+                         "devices": list(Device.objects.filter(pk__in=member.device_ids)
+                                         .order_by("index").values_list("uuid", flat=True))}
+                        for member in choice.members],
+            "window": {"start": during.lower, "end": during.upper}}
 
 
 def placed_view(pool: Pool, gpus: int, choice: Choice, during: DateTimeTZRange

@@ -202,6 +202,7 @@ def check(read_held: Callable[[], Held], joined: list[str], settle: float) -> di
                                        reservation__state=ReservationState.ACTIVE).count()
     return {"I1": double_bookings() + counter_mismatches(),
             "I3": unconverged(held, now, timedelta(seconds=settle)) + holds_refused(),
-            "I4": liveness_actions(), "I5": machines_lost(joined),
-            "looked": {"active": active, "holds": sum(len(h) for h in held.values()),
+            "I4": liveness_actions(), "I5": machines_lost(joined), "I7": partial_gangs(),
+            "looked": {"active": active, "gangs": Gang.objects.count(),
+                       "holds": sum(len(h) for h in held.values()),
                        "nodes": Node.objects.filter(role=NodeRole.NODE).count()}}

@@ -186,6 +186,9 @@ def atom_options(func: Any) -> Any:
 @click.option("--resolution", type=Duration(minimum="1m"), default=None,
               help="With --timeline: the utilisation step, 1h (default: 96 steps).")
 @click.option("--gpus", type=click.IntRange(1, 64), default=None)
+@click.option("--nodes", type=click.IntRange(1, 64), default=1,
+              help="With --preview: a gang of that many nodes with --gpus each; which nodes, "
+                   "in how many racks and rails.")
 @click.option("--for", "duration", type=Duration(), default=None)
 @click.option("--nvlink", is_flag=True)
 @click.option("--model", default=None)
@@ -200,7 +203,7 @@ def atom_options(func: Any) -> Any:
 @atom_options
 @output_options
 def capacity(pool: str, preview: bool, earliest: bool, shares: bool, timeline: bool,
-             start_from: str | None, resolution: int | None, gpus: int | None,
+             start_from: str | None, resolution: int | None, gpus: int | None, nodes: int,
              duration: int | None, nvlink: bool, model: str | None, product: str | None,
              selector: str | None, start: str | None, after: str | None, before: str | None,
              mig: str | None, share: bool, output: str | None, query: str | None,
@@ -242,8 +245,10 @@ def capacity(pool: str, preview: bool, earliest: bool, shares: bool, timeline: b
         raise click.UsageError(f"--{'preview' if preview else 'earliest'} needs --gpus and --for")
     body = request_shape(pool, gpus, duration, nvlink, model, product, selector, mig, share)
     body.pop("model")
+    if nodes > 1 and not preview:
+        raise click.UsageError("--nodes goes with --preview")
     if preview:
-        body.update(time_fields("start", start))
+        body.update({**time_fields("start", start), **({"nodes": nodes} if nodes > 1 else {})})
         show(api.call("capacity.preview", body, tenant=tenant), output=output, query=query)
         return
     body.update({**time_fields("after", after), **time_fields("before", before)})
@@ -328,6 +333,9 @@ def time_fields(name: str, text: str | None) -> dict[str, Any]:
 @click.option("--priority-class", "priority_class", default=None,
               help="A priority class the pool grants you: high, normal (the default), "
                    "preemptible, or one of the pool's own.")
+@click.option("--nodes", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Nodes, each with --gpus: above 1, booked together close together (one "
+                   "rack, one rail where they fit) or not at all.")
 @click.option("--key", default=None, help="Idempotency key; a new one is made and printed.")
 @click.option("--wait", type=click.FloatRange(0, 3600), default=20.0, show_default=True,
               help="Seconds to wait for placement.")
@@ -338,8 +346,8 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
             at_earliest: bool, before: str | None, every: str | None, until: str | None,
             first_day: str | None, time_zone: str, horizon_days: int, kubernetes: bool,
             slurm_account: str | None, fraction: float | None, priority_class: str | None,
-            key: str | None, wait: float, output: str | None, query: str | None,
-            tenant: str | None) -> None:
+            nodes: int, key: str | None, wait: float, output: str | None,
+            query: str | None, tenant: str | None) -> None:
     """Reserve GPUs for a window (or, with --at-earliest, the earliest window where they
     fit; with --every, on every window of a rule until a day); retry with --key KEY to never
     book twice."""
@@ -352,6 +360,7 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
     if every:
         reserve_every(pool, gpus or 1, nvlink, product, selector, every, until, first_day,
                       time_zone, horizon_days, clashing={"--for": duration, "--start": start,
+                                                         "--nodes": nodes > 1,
                                                          "--at-earliest": at_earliest,
                                                          "--kubernetes": kubernetes,
                                                          "--slurm": slurm_account,
@@ -371,7 +380,7 @@ def reserve(pool: str, gpus: int | None, duration: int | None, nvlink: bool, mod
             "kubernetes": kubernetes or None, "slurm": slurm_account,
             "priorityClass": priority_class, "idempotencyKey": key, "binding": "hold",
             "atEarliest": at_earliest or None, **time_fields("start", start),
-            **time_fields("before", before)}
+            **time_fields("before", before), **({"nodes": nodes} if nodes > 1 else {})}
     if fraction is not None:  # counted in shares by the pool that books it
         body["devices"] = [{"class": "gpu-share", "fraction": fraction}]
     if models:  # any of these: the best of the site's pools that has one

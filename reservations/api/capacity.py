@@ -25,9 +25,10 @@ from fleet.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_of
 from reservations.capacity import capacity_earliest as earliest
 from reservations.capacity import capacity_preview as preview
-from reservations.capacity import capacity_rollup
+from reservations.capacity import capacity_rollup, gang_preview
 from reservations.device_filter import parse_selector
 from reservations.services.book import check_atoms
+from reservations.services.gang import check_gang_request
 from reservations.shape import Ask
 from reservations.timeline import MAX_STEPS, Span, pool_timeline
 
@@ -52,7 +53,12 @@ PLACED = {"poolId": STRING, "gpus": INTEGER, "nodeId": STRING, "nodeClass": STRI
           "memoryGiB": INTEGER, "window": WINDOW}
 PREVIEW = one_of(
     obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, window=WINDOW, reason=STRING),
-    obj(fits=BOOLEAN, **PLACED))
+    obj(fits=BOOLEAN, **PLACED),
+    obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, nodes=INTEGER, window=WINDOW,
+        reason=STRING),
+    obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, nodes=INTEGER, racks=array(STRING),
+        rails=array(STRING), placement=STRING,
+        members=array(obj(nodeId=STRING, devices=array(STRING))), window=WINDOW))
 EARLIEST = one_of(
     obj(found=BOOLEAN, poolId=STRING, gpus=INTEGER, reason=STRING),
     obj(found=BOOLEAN, **PLACED))
@@ -69,6 +75,10 @@ class CapacityPreviewIn(RequestShapeIn):
     start = serializers.DateTimeField(required=False, help_text="Absent: now.")
     start_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
                                         help_text="This many ms after now (server clock).")
+    nodes = serializers.IntegerField(
+        required=False, default=1, min_value=1, max_value=64,
+        help_text="Above 1, a gang: that many nodes, each with the devices asked; the answer "
+                  "names them and how close together they are (racks, rails).")
 
 
 @endpoint("capacity", "preview", returns=PREVIEW, input=CapacityPreviewIn, mutating=False,
@@ -77,6 +87,11 @@ def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Would this request fit (now, or from a start), where, with which host share? If not,
     why. Books nothing."""
     start, start_in = data.pop("start", None), data.pop("start_in", None)
+    nodes = data.pop("nodes")
+    if nodes > 1:
+        ask = asked(ctx, data)
+        check_gang_request(ask.shape, nodes, at_earliest=False, models=())
+        return gang_preview(ask, nodes, start=start, start_in_ms=start_in)
     return preview(asked(ctx, data), start=start, start_in_ms=start_in)
 
 

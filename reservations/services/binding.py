@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from audit.services import audit_record, audited
@@ -154,12 +154,12 @@ def allocation_bound_record(*, node_id: str, body: str, signature: str) -> Reser
 def _bind(node_id: str, body: str, signature: str) -> Reservation:
     node, payload = verified_report(node_id, body, signature)
     allocation = (Allocation.objects.filter(pk=payload.get("allocationId"), node=node)
-                  .first())
+                  .annotate(gang_id=F("reservation__gang_id")).first())
     if allocation is None:
         raise BindingRefused("no live allocation of this node has that id")
     if allocation.ended_at is not None:
         raise StaleReport(f"{allocation.id} has ended since its node held it")
-    members = locked_members(allocation.reservation_id)
+    members = locked_members(allocation.reservation_id, allocation.gang_id)
     rsv = next(m for m in members if m.id == allocation.reservation_id)
     hold = hold_of(allocation, rsv)
     if sorted(payload.get("cdiDevices", [])) != hold.cdi_devices \
@@ -186,7 +186,8 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
         return rsv
     for member in members:
         if member.state == ReservationState.BINDING:
-            _activate(member)
+            _activate(member, allocation if member is rsv else
+                      member.allocations.get(ended_at__isnull=True))
     audit_record(tenant_id=rsv.tenant_id, actor_id=node_id, action="reservation.activate",
                  target=rsv.id, reason="signed by node",
                  data={"allocationId": allocation.id,
@@ -195,7 +196,7 @@ def _bind(node_id: str, body: str, signature: str) -> Reservation:
     return rsv
 
 
-def _activate(rsv: Reservation) -> None:
+def _activate(rsv: Reservation, allocation: Allocation) -> None:
     """binding -> active, for a reservation whose node reported its hold (every member's
     node, for a gang)."""
     transition(rsv, ReservationState.ACTIVE)
@@ -204,8 +205,7 @@ def _activate(rsv: Reservation) -> None:
         waited = (timezone.now() - rsv.placed_at).total_seconds()
         transaction.on_commit(lambda: BIND_SECONDS.observe(max(0.0, waited)))
     event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_ACTIVE, subject=rsv.id,
-               payload={"nodeId": (rsv.binding or {}).get("nodeId"),
-                        "allocationId": rsv.allocations.get(ended_at__isnull=True).id,
+               payload={"nodeId": allocation.node_id, "allocationId": allocation.id,
                         **gang_of(rsv)})
 
 

@@ -45,7 +45,7 @@ def reservation_extend(*, tenant: Tenant, actor: Principal, reservation_id: str,
     never ends before now (use release for that).
     """
     rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id)
-    members = locked_members(rsv.id)  # a gang's members all move together
+    members = locked_members(rsv.id, rsv.gang_id)  # a gang's members all move together
     rsv = next(m for m in members if m.id == rsv.id)
     if rsv.state in TERMINAL:
         raise InvalidState(f"reservation {rsv.id} is {rsv.state}", state=rsv.state)

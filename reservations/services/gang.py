@@ -238,10 +238,12 @@ def book_gang(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape, nodes:
     return members, allocations
 
 
-def locked_members(reservation_id: str) -> list[Reservation]:
-    """A reservation's row, locked; for a gang's member, every member's (`lock_gang`)."""
-    gang_id = (Reservation.objects.filter(pk=reservation_id)
-               .values_list("gang_id", flat=True).first())
+def locked_members(reservation_id: str, gang_id: str | None = "") -> list[Reservation]:
+    """A reservation's row, locked; for a gang's member, every member's (`lock_gang`).
+    `gang_id` is its gang when the caller read it already (None: not in one)."""
+    if gang_id == "":
+        gang_id = (Reservation.objects.filter(pk=reservation_id)
+                   .values_list("gang_id", flat=True).first())
     if gang_id:
         return lock_gang(gang_id)
     return list(Reservation.objects.select_for_update(no_key=True, of=("self",))

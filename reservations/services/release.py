@@ -108,7 +108,7 @@ def reservation_release(*, tenant: Tenant, actor: Principal, reservation_id: str
     (cancelled). With `cancel`, one that has started is refused: release it instead.
     """
     rsv = access_reservation_by_id(tenant=tenant, reservation_id=reservation_id)
-    rsv = next(m for m in locked_members(rsv.id) if m.id == rsv.id)
+    rsv = next(m for m in locked_members(rsv.id, rsv.gang_id) if m.id == rsv.id)
     if rsv.state in TERMINAL:
         raise InvalidState(f"reservation {rsv.id} is already {rsv.state}", state=rsv.state)
     now = database_now()

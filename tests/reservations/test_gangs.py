@@ -18,7 +18,7 @@ from reservations.services.binding import (
 from reservations.services.pending import pending_place
 from reservations.services.release import reservation_expire
 from tests.factories import make_node
-from tests.reservations.conftest import HOUR, reserve
+from tests.reservations.conftest import HOUR, gpus, reserve
 from tests.support.writes import assert_wrote
 
 
@@ -206,3 +206,23 @@ def test_extending_a_gang_moves_every_member(root, pool, keyed):
     assert extended["end"] is not None
     assert ends == {Reservation.objects.get(pk=rsv["id"]).during.upper}
     assert Reservation.objects.get(pk=rsv["id"]).duration_ms == 2 * HOUR
+
+
+def test_the_preview_names_a_gangs_nodes_racks_and_rails(root, pool, keyed):
+    keyed(2, rack="r1", rail="leaf1")
+    rack2 = keyed(3, rack="r2", rail="leaf2")
+    answer = root("capacity.preview", poolId=pool["id"], devices=gpus(8), duration=HOUR,
+                  nodes=3)
+    assert answer["fits"] is True
+    assert (answer["racks"], answer["rails"]) == (["r2"], ["leaf2"])
+    assert answer["placement"] == "one rack (r2), one rail (leaf2)"
+    assert sorted(m["nodeId"] for m in answer["members"]) == sorted(n.id for n in rack2)
+    assert all(len(m["devices"]) == 8 for m in answer["members"])
+    answer = root("capacity.preview", poolId=pool["id"], devices=gpus(8), duration=HOUR,
+                  nodes=4)
+    assert answer["placement"] == "2 racks (r1, r2), 2 rails (leaf1, leaf2)"
+    answer = root("capacity.preview", poolId=pool["id"], devices=gpus(8), duration=HOUR,
+                  nodes=6)
+    assert answer["fits"] is False
+    assert answer["reason"] == "the pool has 5 machines with 8 GPUs; a gang of 6 needs 6"
+    assert not Reservation.objects.exists()  # it only asked

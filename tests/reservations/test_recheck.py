@@ -17,7 +17,7 @@ from reservations.constraints import BOOKING_NO_OVERLAP, GPU_NO_OVERLAP
 from reservations.hostshare import node_lock
 from reservations.models import Booking, Reservation
 from reservations.placement import Choice, Score
-from reservations.services import book, extend
+from reservations.services import book, booking, extend
 from tests.factories import make_node
 from tests.reservations.conftest import HOUR, reserve
 from tests.support.ledger import overlapping_bookings
@@ -36,7 +36,7 @@ def blind_constraints(db):
 def without_recheck(monkeypatch):
     """The recheck turned off where the services call it: the same steps must then let an
     overlap in, so the tests below can fail."""
-    monkeypatch.setattr(book, "refuse_clashes", lambda _clashes: None)
+    monkeypatch.setattr(booking, "refuse_clashes", lambda _clashes: None)
     monkeypatch.setattr(extend, "bookings_refereed", lambda **_: None)
 
 
@@ -78,7 +78,7 @@ def book_on_the_held_gpu(root, pool):
     now = timezone.now()
     with transaction.atomic():
         node_lock(node.id)
-        book._book(rsv, choice, book.window(now, HOUR), placed_at=now)
+        booking.book_on_node(rsv, choice, book.window(now, HOUR), placed_at=now)
 
 
 def test_a_booking_on_a_device_the_index_missed_is_refused(root, pool, blind_constraints):

@@ -44,25 +44,31 @@ def sim() -> None:
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the run's processes' logs, the machines' files and a stopped "
               "copy of the database (`postgres/`) here.")
+@click.option("--sim-topology", "topology", default="racks=2,rails=1", show_default=True,
+              metavar="racks=N,rails=M",
+              help="The machines' racks and rails (labels the gang placer packs by).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 def sim_run(seed: int, nodes: int, minutes: float, time_scale: float, without: tuple[str, ...],
             only: tuple[str, ...], converge_within: float, state_dir: Path | None,
-            output: str) -> None:
+            topology: str, output: str) -> None:
     """Run one seed; exit 1 when an invariant fails."""
+    from compute.cli.dev import sim_places
     from compute.cli.sim.run import Options, run  # the database driver, for `sim run` alone
 
     quiet = output == "json"
     with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
         report = run(Options(seed=seed, nodes=nodes, minutes=minutes, time_scale=time_scale,
                              without=frozenset(without), only=only, state_dir=state_dir,
-                             converge_within=converge_within),
+                             converge_within=converge_within,
+                             places=tuple(sim_places(nodes, topology))),
                      echo=(lambda _line: None) if quiet else click.echo)
     if quiet:
         click.echo(json.dumps(report_dict(report)))
     else:
         show(report, rerun=f"better-compute sim run --seed {seed} --nodes {nodes} "
                            f"--minutes {minutes:g} --time-scale {time_scale:g}"
+                           f" --sim-topology {topology}"
                            + "".join(f" --without {w}" for w in without)
                            + "".join(f" --faults {f}" for f in only))
     if not report.passed:

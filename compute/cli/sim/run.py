@@ -67,6 +67,7 @@ class Options:
     only: tuple[str, ...] = ()  # fault kinds: only these, all run long
     state_dir: Path | None = None
     converge_within: float = 90.0  # real seconds after the last fault for I3 to hold
+    places: tuple[str, ...] = ()  # BCD_TOPOLOGY of the first machines; later ones in turn
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Run:
             "timeScale": options.time_scale, "without": sorted(options.without),
             "onlyFaults": list(options.only)})
         self.i1_problems: list[str] = []
+        self.i7_problems: list[str] = []
         self.planned_restart = threading.Event()  # the database's own restart fault runs
 
     # --- the stack ---------------------------------------------------------------------
@@ -161,6 +163,9 @@ class Run:
             link = self.network.link(root.name, (HOST, self.plane.gateway_port))
             env = agent_environment(self.env)
             env["BCD_SIM_GATEWAY"] = f"{HOST}:{link.port}"
+            if self.options.places:
+                index = int(root.name.removeprefix("node-")) - 1
+                env["BCD_TOPOLOGY"] = self.options.places[index % len(self.options.places)]
             if "journal" in self.options.without:
                 env["BCD_SIM_FORGET_COMMANDS"] = "1"
             self.agent_env[root.name] = env
@@ -262,6 +267,8 @@ class Run:
         found = ledger_checks(self.env, [], [])
         if found and found["I1"]:
             self.i1_problems += found["I1"]
+        if found and found.get("I7"):
+            self.i7_problems += found["I7"]
 
     def inject(self, fault: Fault) -> None:
         at = round(fault.at, 1)
@@ -355,7 +362,7 @@ class Run:
             time.sleep(1.0)
         converged = time.monotonic() - started
         found = found or {"I1": ["the ledger could not be read"], "I3": ["unread"],
-                          "I4": ["unread"], "I5": ["unread"], "looked": {}}
+                          "I4": ["unread"], "I5": ["unread"], "I7": ["unread"], "looked": {}}
         twice, executions = commands_run_twice(self.roots)
         decisions = iam_decisions(self.state_dir / "iam-decisions.log")
         fleet = {origin: n for origin, n in decisions.items()
@@ -373,6 +380,9 @@ class Run:
         inv["I4"] = _result(found["I4"], "nothing released, cancelled or re-placed for "
                             "liveness alone")
         inv["I5"] = _result(found["I5"], f"all {len(joined)} machines kept, none retired")
+        inv["I7"] = _result(self.i7_problems + found["I7"], (
+            f"no gang partly held ({looked.get('gangs', 0)} multi-node reservations; checked "
+            "every 5 s and at the end)"))
         fence_problems, fenced, live = self.workload.workloads.judge(SETTLE)
         inv["I6"] = _result(fence_problems, f"{fenced} workload(s) stopped at their hold's end "
                             f"and named by their node ({live} ran on until their hold was "

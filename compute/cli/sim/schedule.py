@@ -47,6 +47,7 @@ class Operation:
     duration: float = 0.0  # simulated seconds
     start_in: float = 0.0
     pick: int = 0  # which of the live reservations or nodes it acts on
+    nodes: int = 1  # a gang's, for reserve-gang
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def plan(seed: int, nodes: int, minutes: float, only: tuple[str, ...] = ()) -> P
     while (at := at + rng.uniform(10, 25)) < seconds * 0.9:
         operations.append(Operation(at=at, kind="reserve", burst=8, gpus=1,
                                     duration=rng.uniform(60, 120), pick=rng.randrange(1 << 30)))
+    operations += _gangs(seed, nodes, seconds)
     operations.sort(key=lambda op: op.at)
     count = max(len(FAULTS), round(minutes * 2))
     kinds = list(FAULTS) + [rng.choice(FAULTS) for _ in range(count - len(FAULTS))]
@@ -98,6 +100,19 @@ def plan(seed: int, nodes: int, minutes: float, only: tuple[str, ...] = ()) -> P
                          for _ in range(max(1, nodes // 4))))
     return Plan(seed=seed, nodes=nodes, seconds=seconds, operations=tuple(operations),
                 faults=faults, joins=joins)
+
+
+def _gangs(seed: int, nodes: int, seconds: float) -> list[Operation]:
+    """Multi-node reservations of 2 nodes up to all of them (4 at most), one every 30-60
+    simulated seconds, from their own stream of the seed (so the rest of a seed's plan is
+    what it was before gangs were part of it)."""
+    rng = random.Random(seed * 7919 + 1)  # noqa: S311 (a reproducible plan)
+    gangs, at = [], 0.0
+    while nodes >= 2 and (at := at + rng.uniform(30, 60)) < seconds * 0.9:
+        gangs.append(Operation(at=at, kind="reserve-gang", nodes=rng.randint(2, min(4, nodes)),
+                               gpus=rng.choice((4, 8)), duration=rng.uniform(60, 300),
+                               pick=rng.randrange(1 << 30)))
+    return gangs
 
 
 def _fault(rng: random.Random, kind: str, at: float, nodes: int) -> Fault:

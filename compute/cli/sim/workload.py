@@ -1,6 +1,6 @@
 """The simulator's tenants: reservations now and later (some with a workload on their GPU:
-compute.cli.sim.fenced), releases (a placed or pending one is cancelled), extends,
-sandboxes, commands and cordons, through the public API as any
+compute.cli.sim.fenced), multi-node ones (gangs), releases (a placed or pending one is
+cancelled), extends, sandboxes, commands and cordons, through the public API as any
 client sends them (with idempotency keys, retried when the API is down, so a create is
 never doubled by a retry)."""
 
@@ -103,6 +103,8 @@ class Workload:
                                     "idempotencyKey": secrets.token_hex(12)}
             if op.kind == "reserve-later":
                 body["startIn"] = int(op.start_in * ms)
+            if op.kind == "reserve-gang":
+                body["nodes"] = op.nodes
             made = self.call("reservations.create", body)
             if made:
                 with self.lock:
