@@ -64,14 +64,15 @@ class Capacity(Group):
     def preview(self, *, pool_id: str, devices: builtins.list[dict[str, Any]], duration: int,
             product: str | None = None, selector: str | None = None, model: str | None = None,
             kubernetes: bool | None = None, slurm: str | None = None, start: str | None = None,
-            start_in: int | None = None, tenant_id: str | None = None) -> Any:
+            start_in: int | None = None, nodes: int | None = None,
+            tenant_id: str | None = None) -> Any:
         """Would this request fit (now, or from a start), where, with which host share? If not,
         why. Books nothing.
         """
         return self._call("capacity.preview", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "slurm": slurm, "start": start, "startIn": start_in,
-            "tenantId": tenant_id}, retry=True)
+            "nodes": nodes, "tenantId": tenant_id}, retry=True)
 
     def shares(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
         """Each tenant's share of the pool, its decayed usage and its fair-share factor: every
@@ -329,15 +330,15 @@ class Reservations(Group):
             product: str | None = None, selector: str | None = None, model: str | None = None,
             kubernetes: bool | None = None, slurm: str | None = None, start: str | None = None,
             start_in: int | None = None, at_earliest: bool | None = None, before: str | None = None,
-            before_in: int | None = None, binding: str | None = None,
+            before_in: int | None = None, nodes: int | None = None, binding: str | None = None,
             priority_class: str | None = None, idempotency_key: str | None = None,
             tenant_id: str | None = None) -> Any:
         """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
         return self._call("reservations.create", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "slurm": slurm, "start": start, "startIn": start_in,
-            "atEarliest": at_earliest, "before": before, "beforeIn": before_in, "binding": binding,
-            "priorityClass": priority_class, "idempotencyKey": idempotency_key,
+            "atEarliest": at_earliest, "before": before, "beforeIn": before_in, "nodes": nodes,
+            "binding": binding, "priorityClass": priority_class, "idempotencyKey": idempotency_key,
             "tenantId": tenant_id}, retry=idempotency_key is not None)
 
     def extend(self, *, reservation_id: str, by: int, tenant_id: str | None = None) -> Any:

@@ -373,7 +373,7 @@ def gang_member_failed(rsv: Reservation, members: list[Reservation], allocation:
         if member is not rsv and member.state in (ReservationState.PLACED,
                                                   ReservationState.BINDING):
             unplace(member, now)
-    placements = gang_placed_again(rsv.gang_id)
+    placements = gang_placed_again(str(rsv.gang_id))
     if placements > MAX_GANG_REPLACEMENTS:
         end_reservation(rsv, to=ReservationState.FAILED, now=now,
                         reason=f"the gang was placed {placements} times: {reason}")

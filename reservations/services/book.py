@@ -233,11 +233,12 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     check_atoms(pool, shape)
     parse_selector(shape.selector)
     priority = priority_class_for(tenant.id, pool, priority_class)
+    allocation: Allocation | None
     if nodes != 1:
         members, allocations = book_gang(
             tenant=tenant, pool=pool, now=now, shape=shape, nodes=nodes,
             requested_start=requested_start, duration_ms=duration_ms, priority=priority)
-        rsv, allocation = members[0], (allocations or [None])[0]
+        rsv, allocation = members[0], allocations[0] if allocations else None
         if allocations is None:
             check_gang_could_fit(pool, shape, nodes)
     else:

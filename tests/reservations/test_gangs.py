@@ -63,6 +63,25 @@ def report(keys, member: Reservation) -> tuple[str, str, str]:
     return allocation.node_id, body, sign_bytes(keys[allocation.node_id], body.encode())
 
 
+def binding_gang(root, pool, gpus: int, nodes: int) -> tuple[dict, list[Reservation]]:
+    """A gang booked now, each member's hold sent to its node (binding)."""
+    rsv = book(root, pool, gpus, nodes=nodes)
+    gang = members(rsv)
+    for member in gang:
+        reservation_bind(reservation_id=member.id)
+    return rsv, gang
+
+
+def refuse_hold(keys, member: Reservation, reason: str) -> str:
+    """The member's node says (signed) it could not hold it; the node's id."""
+    allocation = member.allocations.get(ended_at__isnull=True)
+    body = canonical({"allocationId": allocation.id, "nodeId": allocation.node_id,
+                      "reason": reason}).decode()
+    allocation_failed_record(node_id=allocation.node_id, body=body,
+                             signature=sign_bytes(keys[allocation.node_id], body.encode()))
+    return allocation.node_id
+
+
 def test_a_gang_books_every_node_at_once_in_one_rack(root, pool, keyed):
     keyed(3, rack="r1")
     rack2 = keyed(4, rack="r2")
@@ -109,10 +128,7 @@ def test_a_gang_larger_than_the_pool_is_refused_at_once(root, pool, keyed):
 
 def test_a_gang_is_active_only_once_every_node_reported(root, pool, keyed):
     keyed(3)
-    rsv = book(root, pool, 4, nodes=3)
-    gang = members(rsv)
-    for member in gang:
-        reservation_bind(reservation_id=member.id)
+    rsv, gang = binding_gang(root, pool, 4, 3)
     for member in gang[:2]:
         node_id, body, signature = report(keyed.keys, member)
         with assert_wrote(audit="reservation.bound"):
@@ -129,17 +145,10 @@ def test_a_gang_is_active_only_once_every_node_reported(root, pool, keyed):
 def test_a_member_whose_node_fails_is_placed_again_elsewhere(root, pool, keyed):
     keyed(3)
     spare = keyed(1)[0]
-    rsv = book(root, pool, 8, nodes=3)
-    gang = members(rsv)
-    for member in gang:
-        reservation_bind(reservation_id=member.id)
+    rsv, gang = binding_gang(root, pool, 8, 3)
     node_id, body, signature = report(keyed.keys, gang[0])
     allocation_bound_record(node_id=node_id, body=body, signature=signature)
-    failed = gang[1].allocations.get(ended_at__isnull=True).node_id
-    body = canonical({"allocationId": gang[1].allocations.get(ended_at__isnull=True).id,
-                      "nodeId": failed, "reason": "cdi write failed"}).decode()
-    allocation_failed_record(node_id=failed, body=body,
-                             signature=sign_bytes(keyed.keys[failed], body.encode()))
+    refuse_hold(keyed.keys, gang[1], "cdi write failed")
     again = members(rsv)
     assert [m.state for m in again] == ["binding", "placed", "binding"]
     assert again[1].allocations.get(ended_at__isnull=True).node_id == spare.id
@@ -153,15 +162,8 @@ def test_a_member_whose_node_fails_is_placed_again_elsewhere(root, pool, keyed):
 
 def test_when_no_node_is_left_for_a_member_the_whole_gang_is_placed_again(root, pool, keyed):
     keyed(2)
-    rsv = book(root, pool, 8, nodes=2)
-    gang = members(rsv)
-    for member in gang:
-        reservation_bind(reservation_id=member.id)
-    failed = gang[0].allocations.get(ended_at__isnull=True)
-    body = canonical({"allocationId": failed.id, "nodeId": failed.node_id,
-                      "reason": "gone"}).decode()
-    allocation_failed_record(node_id=failed.node_id, body=body,
-                             signature=sign_bytes(keyed.keys[failed.node_id], body.encode()))
+    rsv, gang = binding_gang(root, pool, 8, 2)
+    refuse_hold(keyed.keys, gang[0], "gone")
     # No third node: the whole gang waits, nothing of it held, its holds gone from the specs.
     assert [m.state for m in members(rsv)] == ["pending", "pending"]
     assert not Allocation.objects.filter(reservation__gang_id=rsv["gang"]["id"],
@@ -183,10 +185,9 @@ def test_ending_one_member_ends_the_gang(root, pool, keyed):
 
 def test_a_gang_expires_whole_whichever_member_is_due_first(root, pool, keyed):
     keyed(2)
-    rsv = book(root, pool, 4, nodes=2, duration=1_000)
-    gang = members(rsv)
+    _rsv, gang = binding_gang(root, pool, 4, 2)
+    rsv = {"gang": {"id": gang[0].gang_id}}
     for member in gang:
-        reservation_bind(reservation_id=member.id)
         node_id, body, signature = report(keyed.keys, member)
         allocation_bound_record(node_id=node_id, body=body, signature=signature)
     Reservation.objects.filter(pk__in=[m.id for m in gang]).update(during=(
