@@ -380,13 +380,13 @@ class Run:
         inv["I4"] = _result(found["I4"], "nothing released, cancelled or re-placed for "
                             "liveness alone")
         inv["I5"] = _result(found["I5"], f"all {len(joined)} machines kept, none retired")
-        inv["I7"] = _result(self.i7_problems + found["I7"], (
-            f"no gang partly held ({looked.get('gangs', 0)} multi-node reservations; checked "
-            "every 5 s and at the end)"))
         fence_problems, fenced, live = self.workload.workloads.judge(SETTLE)
         inv["I6"] = _result(fence_problems, f"{fenced} workload(s) stopped at their hold's end "
                             f"and named by their node ({live} ran on until their hold was "
                             "released at the end)")
+        inv["I7"] = _result(self.i7_problems + found["I7"], (
+            f"no gang partly held ({looked.get('gangs', 0)} multi-node reservations; checked "
+            "every 5 s and at the end)"))
         inv["IAM"] = _result([f"{n} IAM decision(s) by {origin}" for origin, n in fleet.items()],
                              f"0 IAM decisions on the fleet path "
                              f"({decisions.get('api', 0)} by the API for tenants)")
