@@ -37,9 +37,15 @@ from reservations.candidates import (
     window,
 )
 from reservations.earliest import search_for
+from reservations.gangplace import GangChoice
 from reservations.models import Booking, Reservation
 from reservations.placement import Choice
-from reservations.services.gang import gang_never_fits, propose_gang
+from reservations.services.gang import (
+    earliest_gang,
+    gang_never_fits,
+    gang_no_slot,
+    propose_gang,
+)
 from reservations.shape import Ask
 
 GPU_STATES = ("total", "allocatable", "allocated", "reserved", "available", "provisioning",
@@ -184,7 +190,28 @@ def gang_preview(ask: Ask, nodes: int, *, start: datetime | None = None,
             f"{fitting} of the {nodes} nodes it needs have {count} free GPUs in the window")
         return {"fits": False, "poolId": pool.id, "gpus": count, "nodes": nodes,
                 "window": {"start": during.lower, "end": during.upper}, "reason": reason}
-    return {"fits": True, "poolId": pool.id, "gpus": count, "nodes": nodes,
+    return {"fits": True, **gang_view(pool, count, choice, during)}
+
+
+def gang_earliest(ask: Ask, nodes: int, *, after: datetime | None = None,
+                  after_in_ms: int | None = None, before: datetime | None = None,
+                  before_in_ms: int | None = None) -> dict[str, Any]:
+    """The earliest window in which a gang of `nodes` nodes with `ask`'s shape each fits,
+    on which nodes; or why none. Books nothing and takes no locks."""
+    now = database_now()
+    slot, search = earliest_gang(ask, nodes, now, later_start(now, after, after_in_ms,
+                                                              field="after"),
+                                 end_by(now, before, before_in_ms))
+    if slot is None:
+        return {"found": False, "poolId": ask.pool.id, "gpus": ask.shape.count,
+                "nodes": nodes, "reason": gang_no_slot(ask, nodes, search)}
+    return {"found": True, **gang_view(ask.pool, ask.shape.count, slot.choice, slot.during)}
+
+
+def gang_view(pool: Pool, gpus: int, choice: GangChoice, during: DateTimeTZRange
+              ) -> dict[str, Any]:
+    """Where a gang would go: its nodes and their devices, how close together, its window."""
+    return {"poolId": pool.id, "gpus": gpus, "nodes": len(choice.members),
             "racks": list(choice.racks), "rails": list(choice.rails),
             "placement": choice.summary(),
             "members": [{"nodeId": member.node_id,

@@ -187,8 +187,8 @@ def atom_options(func: Any) -> Any:
               help="With --timeline: the utilisation step, 1h (default: 96 steps).")
 @click.option("--gpus", type=click.IntRange(1, 64), default=None)
 @click.option("--nodes", type=click.IntRange(1, 64), default=1,
-              help="With --preview: a gang of that many nodes with --gpus each; which nodes, "
-                   "in how many racks and rails.")
+              help="With --preview or --earliest: a gang of that many nodes with --gpus "
+                   "each; which nodes, in how many racks and rails.")
 @click.option("--for", "duration", type=Duration(), default=None)
 @click.option("--nvlink", is_flag=True)
 @click.option("--model", default=None)
@@ -245,10 +245,10 @@ def capacity(pool: str, preview: bool, earliest: bool, shares: bool, timeline: b
         raise click.UsageError(f"--{'preview' if preview else 'earliest'} needs --gpus and --for")
     body = request_shape(pool, gpus, duration, nvlink, model, product, selector, mig, share)
     body.pop("model")
-    if nodes > 1 and not preview:
-        raise click.UsageError("--nodes goes with --preview")
+    if nodes > 1:
+        body["nodes"] = nodes
     if preview:
-        body.update({**time_fields("start", start), **({"nodes": nodes} if nodes > 1 else {})})
+        body.update(time_fields("start", start))
         show(api.call("capacity.preview", body, tenant=tenant), output=output, query=query)
         return
     body.update({**time_fields("after", after), **time_fields("before", before)})

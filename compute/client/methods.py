@@ -48,14 +48,15 @@ class Capacity(Group):
             product: str | None = None, selector: str | None = None, model: str | None = None,
             kubernetes: bool | None = None, slurm: str | None = None, after: str | None = None,
             after_in: int | None = None, before: str | None = None, before_in: int | None = None,
-            tenant_id: str | None = None) -> Any:
+            nodes: int | None = None, tenant_id: str | None = None) -> Any:
         """The earliest window in which this request fits on one node (after a time, ending
         before another), on which node and devices; or why none. Books nothing.
         """
         return self._call("capacity.earliest", {"poolId": pool_id, "devices": devices,
             "duration": duration, "product": product, "selector": selector, "model": model,
             "kubernetes": kubernetes, "slurm": slurm, "after": after, "afterIn": after_in,
-            "before": before, "beforeIn": before_in, "tenantId": tenant_id}, retry=True)
+            "before": before, "beforeIn": before_in, "nodes": nodes,
+            "tenantId": tenant_id}, retry=True)
 
     def get(self, *, pool_id: str, tenant_id: str | None = None) -> Any:
         """A pool's capacity per resource: total, allocatable, allocated, reserved, available."""

@@ -25,7 +25,7 @@ from fleet.api.pools import pool_subject
 from reservations.api.reservations import MAX_DURATION_MS, RequestShapeIn, shape_of
 from reservations.capacity import capacity_earliest as earliest
 from reservations.capacity import capacity_preview as preview
-from reservations.capacity import capacity_rollup, gang_preview
+from reservations.capacity import capacity_rollup, gang_earliest, gang_preview
 from reservations.device_filter import parse_selector
 from reservations.services.book import check_atoms
 from reservations.services.gang import check_gang_request
@@ -51,17 +51,20 @@ WINDOW = obj(start=TIME, end=TIME)
 PLACED = {"poolId": STRING, "gpus": INTEGER, "nodeId": STRING, "nodeClass": STRING,
           "devices": array(STRING), "nvlinkDomains": array(STRING), "vcpus": INTEGER,
           "memoryGiB": INTEGER, "window": WINDOW}
+GANG = {"poolId": STRING, "gpus": INTEGER, "nodes": INTEGER, "racks": array(STRING),
+        "rails": array(STRING), "placement": STRING,
+        "members": array(obj(nodeId=STRING, devices=array(STRING))), "window": WINDOW}
 PREVIEW = one_of(
     obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, window=WINDOW, reason=STRING),
     obj(fits=BOOLEAN, **PLACED),
     obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, nodes=INTEGER, window=WINDOW,
         reason=STRING),
-    obj(fits=BOOLEAN, poolId=STRING, gpus=INTEGER, nodes=INTEGER, racks=array(STRING),
-        rails=array(STRING), placement=STRING,
-        members=array(obj(nodeId=STRING, devices=array(STRING))), window=WINDOW))
+    obj(fits=BOOLEAN, **GANG))
 EARLIEST = one_of(
     obj(found=BOOLEAN, poolId=STRING, gpus=INTEGER, reason=STRING),
-    obj(found=BOOLEAN, **PLACED))
+    obj(found=BOOLEAN, **PLACED),
+    obj(found=BOOLEAN, poolId=STRING, gpus=INTEGER, nodes=INTEGER, reason=STRING),
+    obj(found=BOOLEAN, **GANG))
 
 
 @endpoint("capacity", "get", returns=CAPACITY,
@@ -71,14 +74,18 @@ def capacity_get(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     return capacity_rollup(ctx.subject)
 
 
+def gang_nodes() -> serializers.IntegerField:
+    return serializers.IntegerField(
+        required=False, default=1, min_value=1, max_value=64,
+        help_text="Above 1, a gang: that many nodes, each with the devices asked; the answer "
+                  "names them and how close together they are (racks, rails).")
+
+
 class CapacityPreviewIn(RequestShapeIn):
     start = serializers.DateTimeField(required=False, help_text="Absent: now.")
     start_in = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DURATION_MS,
                                         help_text="This many ms after now (server clock).")
-    nodes = serializers.IntegerField(
-        required=False, default=1, min_value=1, max_value=64,
-        help_text="Above 1, a gang: that many nodes, each with the devices asked; the answer "
-                  "names them and how close together they are (racks, rails).")
+    nodes = gang_nodes()
 
 
 @endpoint("capacity", "preview", returns=PREVIEW, input=CapacityPreviewIn, mutating=False,
@@ -90,7 +97,7 @@ def capacity_preview(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     nodes = data.pop("nodes")
     if nodes > 1:
         ask = asked(ctx, data)
-        check_gang_request(ask.shape, nodes, at_earliest=False, models=())
+        check_gang_request(ask.shape, nodes, models=())
         return gang_preview(ask, nodes, start=start, start_in_ms=start_in)
     return preview(asked(ctx, data), start=start, start_in_ms=start_in)
 
@@ -104,6 +111,7 @@ class CapacityEarliestIn(RequestShapeIn):
     before_in = serializers.IntegerField(required=False, min_value=1_000,
                                          max_value=MAX_DURATION_MS,
                                          help_text="End by this many ms after now.")
+    nodes = gang_nodes()
 
 
 @endpoint("capacity", "earliest", returns=EARLIEST, input=CapacityEarliestIn, mutating=False,
@@ -113,6 +121,12 @@ def capacity_earliest(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     before another), on which node and devices; or why none. Books nothing."""
     after, after_in = data.pop("after", None), data.pop("after_in", None)
     before, before_in = data.pop("before", None), data.pop("before_in", None)
+    nodes = data.pop("nodes")
+    if nodes > 1:
+        ask = asked(ctx, data)
+        check_gang_request(ask.shape, nodes, models=())
+        return gang_earliest(ask, nodes, after=after, after_in_ms=after_in, before=before,
+                             before_in_ms=before_in)
     return earliest(asked(ctx, data), after=after, after_in_ms=after_in, before=before,
                     before_in_ms=before_in)
 

@@ -27,6 +27,12 @@ from reservations.candidates import instant
 from reservations.events import ReservationEvent
 from reservations.models import Allocation, Quota, Reservation, ReservationState
 from reservations.services.book import emit_placed, place_at_earliest
+from reservations.services.gang import (
+    gang_of_reservation,
+    gang_place,
+    lock_gang,
+    place_gang_at_earliest,
+)
 from reservations.services.pending import moved_from, place_in, place_now
 from reservations.services.preemption import makes_room
 from reservations.services.release import free_allocation, live_allocation
@@ -71,13 +77,14 @@ def reservation_plan(*, reservation_id: str, pool_id: str | None = None
     pool or in `pool_id` (another of its site whose model it accepts, its quota moved
     there); None when another worker holds it, it is no longer pending, or no window is
     left."""
+    gang_id = gang_of_reservation(reservation_id)
+    if gang_id:
+        return _plan_gang(gang_id, pool_id)
     rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
-           .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None,
-                   gang__isnull=True)
+           .filter(pk=reservation_id, state=ReservationState.PENDING, requested_start=None)
            .select_related("pool", "tenant").first())
-    if rsv is None:  # (a gang is placed whole by the pending pass, never planned)
-        audit_exempt("nothing to plan: another worker holds it, it no longer waits, or it "
-                     "is a gang")
+    if rsv is None:
+        audit_exempt("nothing to plan: another worker holds it, or it no longer waits")
         return None
     now = database_now()
     origin = rsv.pool_id
@@ -111,6 +118,50 @@ def reservation_plan(*, reservation_id: str, pool_id: str | None = None
     return rsv
 
 
+def _plan_gang(gang_id: str, pool_id: str | None) -> Reservation | None:
+    """A waiting gang placed now where all of it fits, else booked whole at its earliest
+    window (its planned start); in its own pool only."""
+    members = lock_gang(gang_id)
+    leader = members[0]
+    if pool_id not in (None, leader.pool_id) or any(
+            m.state != ReservationState.PENDING or m.requested_start is not None
+            for m in members):
+        audit_exempt("nothing to plan: the gang no longer waits, or waits elsewhere")
+        return None
+    now = database_now()
+    allocations = gang_place(members, leader.pool, now)
+    planned = allocations is None
+    if allocations is None:
+        point = transaction.savepoint()
+        try:
+            allocations = place_gang_at_earliest(members, leader.pool, now, None)
+        except CapacityConflict:
+            transaction.savepoint_rollback(point)
+            audit_exempt("still pending: no window within the horizon")
+            return None
+        transaction.savepoint_commit(point)
+        for member in members:
+            member.requested_start, member.planned = None, True
+            member.save(update_fields=["requested_start", "planned"])
+    start = leader.during.lower if leader.during else now
+    audit_record(tenant_id=leader.tenant_id, actor_id="system",
+                 action="reservation.plan" if planned else "reservation.place",
+                 target=leader.id, reason=("fits nowhere now: booked at its earliest window"
+                                           if planned else "capacity freed"),
+                 data={"gangId": gang_id, "nodes": [a.node_id for a in allocations],
+                       **({"plannedStart": instant(start)} if planned else {})})
+    for member, allocation in zip(members, allocations, strict=True):
+        if planned:
+            event_emit(tenant_id=member.tenant_id, type=ReservationEvent.RESERVATION_PLANNED,
+                       subject=member.id, payload={
+                           "poolId": member.pool_id, "nodeId": allocation.node_id,
+                           "gpus": member.count, "plannedStart": start,
+                           "end": member.ends_at, "gangId": gang_id})
+        else:
+            emit_placed(member, allocation)
+    return leader
+
+
 def _book_earliest(rsv: Reservation, target: Pool | None, now: datetime) -> Allocation | None:
     """`rsv` booked at its earliest window, in its own pool or moved to `target`; None, with
     nothing changed, when no window is left."""
@@ -142,8 +193,8 @@ def start_planned_earlier(pool_id: str) -> int:
     planned = Q(pool=pool, **later)
     if pool.gpu_model:
         planned |= accepting(pool, **later)
-    ids = (Reservation.objects.filter(planned).order_by("during__startswith", "id")
-           .values_list("id", flat=True))
+    ids = (Reservation.objects.filter(planned, gang_index=0)  # a gang moves whole
+           .order_by("during__startswith", "id").values_list("id", flat=True))
     return sum(reservation_start_earlier(reservation_id=rsv_id, pool_id=pool_id) is not None
                for rsv_id in list(ids[:PLANNED_PER_PASS]))
 
@@ -153,7 +204,10 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
                               ) -> Reservation | None:
     """Start a planned reservation now if it fits now, in its pool or in `pool_id` (another
     of its site whose model it accepts); None when it does not (its plan stands), or
-    another worker holds it."""
+    another worker holds it. A gang moves whole, in its own pool."""
+    gang_id = gang_of_reservation(reservation_id)
+    if gang_id:
+        return _start_gang_earlier(gang_id, pool_id)
     rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
            .filter(pk=reservation_id, state=ReservationState.PLACED, planned=True)
            .select_related("pool", "tenant").first())
@@ -191,3 +245,39 @@ def reservation_start_earlier(*, reservation_id: str, pool_id: str | None = None
                                         "start": rsv.during.lower})
     emit_placed(rsv, allocation)
     return rsv
+
+
+def _start_gang_earlier(gang_id: str, pool_id: str | None) -> Reservation | None:
+    members = lock_gang(gang_id)
+    leader, now = members[0], database_now()
+    if pool_id not in (None, leader.pool_id) or any(
+            m.state != ReservationState.PLACED or not m.planned or m.during is None
+            or m.during.lower <= now for m in members):
+        audit_exempt("nothing to move: the gang is not a plan to come in this pool")
+        return None
+    planned_start = leader.during.lower if leader.during else now
+    point = transaction.savepoint()  # its plan given up only if all of it fits now
+    for member in members:
+        old = live_allocation(member)
+        if old is not None:
+            free_allocation(old, now, keep_history=False)
+        member.state = ReservationState.PENDING
+    allocations = gang_place(members, leader.pool, now)
+    if allocations is None:
+        transaction.savepoint_rollback(point)
+        audit_exempt("its planned start stands: it does not fit now")
+        return None
+    transaction.savepoint_commit(point)
+    audit_record(tenant_id=leader.tenant_id, actor_id="system",
+                 action="reservation.start_earlier", target=leader.id,
+                 reason="GPUs freed before its planned start",
+                 data={"gangId": gang_id, "nodes": [a.node_id for a in allocations],
+                       "plannedStart": instant(planned_start)})
+    for member, allocation in zip(members, allocations, strict=True):
+        event_emit(tenant_id=member.tenant_id, type=ReservationEvent.RESERVATION_STARTED_EARLIER,
+                   subject=member.id, payload={"poolId": member.pool_id,
+                                               "nodeId": allocation.node_id,
+                                               "plannedStart": planned_start,
+                                               "start": member.starts_at, "gangId": gang_id})
+        emit_placed(member, allocation)
+    return leader

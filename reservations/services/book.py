@@ -224,7 +224,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     requested_start = later_start(now, start, start_in_ms)
     check_fraction(shape)
     if nodes != 1:
-        check_gang_request(shape, nodes, at_earliest=at_earliest, models=models)
+        check_gang_request(shape, nodes, models=models)
     if models:
         pool = best_pool(tenant, pool, shape, models,
                          window(requested_start or now, duration_ms))
@@ -237,7 +237,8 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
     if nodes != 1:
         members, allocations = book_gang(
             tenant=tenant, pool=pool, now=now, shape=shape, nodes=nodes,
-            requested_start=requested_start, duration_ms=duration_ms, priority=priority)
+            requested_start=requested_start, duration_ms=duration_ms, priority=priority,
+            at_earliest=at_earliest, before=before)
         rsv, allocation = members[0], allocations[0] if allocations else None
         if allocations is None:
             check_gang_could_fit(pool, shape, nodes)

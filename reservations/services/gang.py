@@ -11,10 +11,11 @@ order by `lock_gang` before anything else.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.db.models import F
 
@@ -23,20 +24,22 @@ from compute.core.errors import CapacityConflict, InvalidArgument, NeverFits
 from compute.core.sqltext import tables
 from compute.platform.queue.work import enqueue
 from compute.platform.tenancy.models import Tenant
-from fleet.models import DeviceClass, Node, Pool
+from fleet.models import Device, DeviceClass, Node, Pool
 from fleet.models.nodes import NodeRole, ProvisionState
 from reservations.budgets import check_budgets
 from reservations.candidates import (
     device_filter_q,
+    instant,
     load_candidates,
     never_fits,
     pending_reason,
     placement_request,
     window,
 )
+from reservations.earliest import Search, format_duration, search_for
 from reservations.gangplace import GangChoice, Place, choose_gang
 from reservations.limits import check_at_once, check_request, offering_limits
-from reservations.models import Allocation, Gang, Reservation, ReservationState
+from reservations.models import Allocation, Booking, Gang, Reservation, ReservationState
 from reservations.placement import choose_on_node
 from reservations.quotas import quota_consume
 from reservations.services.booking import (
@@ -47,7 +50,7 @@ from reservations.services.booking import (
     emit_placed,
     with_schedulable,
 )
-from reservations.shape import Shape
+from reservations.shape import Ask, Shape
 from reservations.sharing import PriorityClass
 from reservations.states import TERMINAL, transition
 from reservations.work import RESERVATION, pool_replan
@@ -56,9 +59,8 @@ MAX_NODES = 64
 MAX_GANG_REPLACEMENTS = 2  # the whole gang placed again at most so often, then it fails
 
 
-def check_gang_request(shape: Shape, nodes: int, *, at_earliest: bool,
-                       models: Sequence[str]) -> None:
-    """What a multi-node request may ask: whole GPUs of its own pool, now or from a start."""
+def check_gang_request(shape: Shape, nodes: int, *, models: Sequence[str]) -> None:
+    """What a multi-node request may ask: whole GPUs of its own pool."""
     if not 1 < nodes <= MAX_NODES:
         raise InvalidArgument(f"nodes: between 1 and {MAX_NODES}", field="nodes")
     if shape.device_class != DeviceClass.GPU or shape.fraction:
@@ -67,10 +69,6 @@ def check_gang_request(shape: Shape, nodes: int, *, at_earliest: bool,
     if models:
         raise InvalidArgument("devices[0].models: a multi-node reservation is placed in "
                               "its own pool", field="devices")
-    if at_earliest:
-        raise InvalidArgument("atEarliest: a multi-node reservation is placed now or waits "
-                              "pending in order; give a start to book a later window",
-                              field="atEarliest")
 
 
 def lock_gang(gang_id: str) -> list[Reservation]:
@@ -209,23 +207,27 @@ def gang_bound(members: list[Reservation]) -> bool:
 
 
 def book_gang(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape, nodes: int,
-              requested_start: datetime | None, duration_ms: int, priority: PriorityClass
+              requested_start: datetime | None, duration_ms: int, priority: PriorityClass,
+              at_earliest: bool = False, before: datetime | None = None
               ) -> tuple[list[Reservation], list[Allocation] | None]:
     """A new gang of a checked request, inside the caller's service: the offering's limits
-    and budgets and the quota for all its GPUs, then its members placed together or left
-    pending together, with their events. Refusals raise and leave nothing."""
+    and the quota for all its GPUs, its members placed together (now, or with
+    `at_earliest` in the earliest window where all fit) or left pending together, the
+    limits at once and budgets over its window, and its events. Refusals raise and leave
+    nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
-    gpus = shape.count * nodes
-    quota_consume(tenant=tenant, pool=pool, resource=DeviceClass.GPU, count=gpus)
-    during = window(max(requested_start or now, now), duration_ms)
-    check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, during=during)
-    check_budgets(limits, tenant_id=tenant.id, pool=pool, gpus=gpus, during=during,
-                  priority_class=priority.name)
+    quota_consume(tenant=tenant, pool=pool, resource=DeviceClass.GPU, count=shape.count * nodes)
     _gang, members = new_gang(tenant_id=tenant.id, pool=pool, nodes=nodes, member={
         "requested_start": requested_start, "duration_ms": duration_ms,
         "priority_class": priority.name, "priority": priority.weight, **shape.columns()})
-    allocations = gang_place(members, pool, now)
+    allocations = (place_gang_at_earliest(members, pool, now, before) if at_earliest
+                   else gang_place(members, pool, now))
+    # Its members count among what is held once written: checked with nothing added.
+    during = members[0].during or window(max(requested_start or now, now), duration_ms)
+    check_at_once(limits, tenant_id=tenant.id, pool=pool, gpus=0, during=during)
+    check_budgets(limits, tenant_id=tenant.id, pool=pool, gpus=0, during=during,
+                  priority_class=priority.name)
     for index, member in enumerate(members):
         known_related(member, "allocations", [allocations[index]] if allocations else [])
     if allocations is None:
@@ -238,12 +240,17 @@ def book_gang(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape, nodes:
     return members, allocations
 
 
+def gang_of_reservation(reservation_id: str) -> str | None:
+    """The reservation's gang (None: not in one, or no such reservation)."""
+    return (Reservation.objects.filter(pk=reservation_id)
+            .values_list("gang_id", flat=True).first())
+
+
 def locked_members(reservation_id: str, gang_id: str | None = "") -> list[Reservation]:
     """A reservation's row, locked; for a gang's member, every member's (`lock_gang`).
     `gang_id` is its gang when the caller read it already (None: not in one)."""
     if gang_id == "":
-        gang_id = (Reservation.objects.filter(pk=reservation_id)
-                   .values_list("gang_id", flat=True).first())
+        gang_id = gang_of_reservation(reservation_id)
     if gang_id:
         return lock_gang(gang_id)
     return list(Reservation.objects.select_for_update(no_key=True, of=("self",))
@@ -254,3 +261,72 @@ def gang_placed_again(gang_id: str) -> int:
     """Count one more placement of the whole gang after a failure; how many there were."""
     Gang.objects.filter(pk=gang_id).update(placements=F("placements") + 1)
     return Gang.objects.filter(pk=gang_id).values_list("placements", flat=True).get()
+
+
+MAX_GANG_STARTS = 200  # starts tried by a gang's earliest search, `after` and booking ends
+
+GANG_STARTS_SQL = tables("""
+SELECT DISTINCT upper(b.during) FROM {Booking} b
+  JOIN {Device} d ON d.id = b.device_id JOIN {Node} n ON n.id = d.node_id
+ WHERE n.pool_id = %(pool)s AND upper(b.during) > %(after)s AND upper(b.during) <= %(latest)s
+ ORDER BY 1 LIMIT %(limit)s""", Booking=Booking, Device=Device, Node=Node)
+
+
+def gang_starts(pool: Pool, after: datetime, latest: datetime) -> list[datetime]:
+    """Where a gang could first fit, in order: `after`, then each end of a booking in the
+    pool up to `latest` (a gang that does not fit at a start fits no sooner than the next
+    moment something frees)."""
+    with connection.cursor() as cursor:
+        cursor.execute(GANG_STARTS_SQL, {"pool": pool.id, "after": after, "latest": latest,
+                                         "limit": MAX_GANG_STARTS})
+        return [after, *(row[0] for row in cursor.fetchall())]
+
+
+@dataclass(frozen=True)
+class GangSlot:
+    choice: GangChoice
+    during: DateTimeTZRange
+
+
+def earliest_gang(ask: Ask, nodes: int, now: datetime, after: datetime | None,
+                  before: datetime | None) -> tuple[GangSlot | None, Search]:
+    """The earliest window from `after` (ending by `before`, within the start horizon) in
+    which the gang fits, and the search's bounds; None when it fits in none of the first
+    MAX_GANG_STARTS starts."""
+    search = search_for(ask, now, after, before)
+    for start in gang_starts(ask.pool, search.after, search.latest_start):
+        during = window(start, ask.duration_ms)
+        choice, _ = propose_gang(ask.pool, during, ask.shape, nodes)
+        if choice is not None:
+            return GangSlot(choice, during), search
+    return None, search
+
+
+def gang_no_slot(ask: Ask, nodes: int, search: Search) -> str:
+    return (gang_never_fits(ask.pool, ask.shape, nodes)
+            or f"no {nodes} nodes have {ask.shape.count} GPUs free together for "
+               f"{format_duration(search.duration)} starting between "
+               f"{instant(search.after)} and {instant(search.latest_start)}")
+
+
+def place_gang_at_earliest(members: list[Reservation], pool: Pool, now: datetime,
+                           before: datetime | None) -> list[Allocation]:
+    """Book the gang in the earliest window where all of it fits; when another booker takes
+    that window first, the next one. Refused (the caller's transaction rolls back) when no
+    window is left."""
+    ask = Ask.of(members[0])
+    after = members[0].requested_start
+    for _ in range(MAX_RACES):
+        slot, search = earliest_gang(ask, len(members), now, after, before)
+        if slot is None:
+            raise CapacityConflict(f"no earliest slot: {gang_no_slot(ask, len(members), search)}")
+        start = slot.during.lower
+        for member in members:
+            member.requested_start = start if start > now else None
+        Reservation.objects.filter(pk__in=[m.id for m in members]).update(
+            requested_start=members[0].requested_start)
+        allocations = gang_place(members, pool, now, during=slot.during)
+        if allocations is not None:
+            return allocations
+        after = start + timedelta(microseconds=1)
+    raise CapacityConflict("no earliest slot: other bookers took each window found first")

@@ -23,7 +23,7 @@ from reservations.limits import check_request, offering_limits
 from reservations.models import Allocation, Reservation, ReservationState
 from reservations.quotas import quota_consume, quota_refund
 from reservations.services.book import check_atoms, check_pool_request, emit_placed, try_place
-from reservations.services.gang import gang_place, lock_gang
+from reservations.services.gang import gang_of_reservation, gang_place, lock_gang
 from reservations.shape import Shape
 from reservations.sharing import granted_classes, pending_queue
 
@@ -93,8 +93,7 @@ def reservation_place_pending(*, reservation_id: str, pool_id: str | None = None
     """Try to place one pending reservation, in its own pool or in `pool_id` (another of
     its site whose model it accepts); None if another worker holds it. A gang is placed
     whole, in its own pool."""
-    gang_id = (Reservation.objects.filter(pk=reservation_id)
-               .values_list("gang_id", flat=True).first())
+    gang_id = gang_of_reservation(reservation_id)
     if gang_id:
         return _place_pending_gang(gang_id, pool_id)
     rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)

@@ -1,4 +1,5 @@
-"""Gangs of 2-8 nodes race single-node requests on a real ledger: a reader on a connection
+"""Gangs of 2-8 nodes (now, later, or at their earliest window) race single-node requests
+on a real ledger: a reader on a connection
 of its own checks, over and over while they race, that no gang is ever partly booked and no
 GPU is booked twice; so does a last check over every row."""
 
@@ -60,6 +61,7 @@ def booker(seed: int, root, admin, pool, ops: int, outcomes: Counter, unexpected
                     start = rng.choice([None, None, rng.randrange(60_000, 2 * HOUR)])
                     rsv = reservation_create(
                         tenant=root, actor=admin, pool_id=pool.id, nodes=nodes,
+                        at_earliest=gang and rng.random() < 0.25,
                         shape=Shape(count=rng.choice([4, 8]) if gang else rng.randint(1, 8)),
                         duration_ms=rng.randrange(HOUR // 2, 3 * HOUR), start_in_ms=start)
                     mine.append(rsv.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from audit.models import AuditEvent
 from bcd.contract.crypto import canonical, public_pem, sign_bytes
 from bcd.contract.holds import Hold
 from compute.platform.events.models import Event
@@ -118,9 +119,10 @@ def test_a_gang_larger_than_the_pool_is_refused_at_once(root, pool, keyed):
     assert (answer.status, answer.code) == (409, "never_fits"), answer.body
     assert "a gang of 3 needs 3" in answer.message
     assert not Reservation.objects.exists()
-    answer = reserve(root, pool, 8, nodes=2, atEarliest=True)
+    answer = root.call("reservations.create", poolId=pool["id"], duration=HOUR, nodes=2,
+                       devices=[{"class": "gpu", "count": 8, "models": ["A100"]}])
     assert answer.status == 400
-    assert answer.body["error"]["details"]["field"] == "atEarliest"
+    assert answer.body["error"]["details"]["field"] == "devices"
     answer = reserve(root, pool, 8, nodes=65)
     assert answer.status == 400
     assert "nodes" in answer.message
@@ -227,3 +229,52 @@ def test_the_preview_names_a_gangs_nodes_racks_and_rails(root, pool, keyed):
     assert answer["fits"] is False
     assert answer["reason"] == "the pool has 5 machines with 8 GPUs; a gang of 6 needs 6"
     assert not Reservation.objects.exists()  # it only asked
+
+
+def test_a_gang_at_its_earliest_waits_for_its_last_node(root, pool, keyed):
+    keyed(3)
+    busy = book(root, pool, 8, duration=2 * HOUR)
+    asked = {"poolId": pool["id"], "devices": gpus(8), "duration": HOUR, "nodes": 3}
+    earliest = root("capacity.earliest", **asked)
+    assert earliest["found"] is True
+    assert earliest["window"]["start"] == busy["end"]  # when the third node frees
+    assert len({m["nodeId"] for m in earliest["members"]}) == 3
+    rsv = book(root, pool, 8, nodes=3, atEarliest=True, duration=HOUR)
+    gang = members(rsv)
+    assert [m.state for m in gang] == ["placed"] * 3
+    assert {m.during.lower for m in gang} == {row_of(busy).during.upper}
+    answer = reserve(root, pool, 8, nodes=3, atEarliest=True, duration=HOUR,
+                     before=busy["end"])
+    assert (answer.status, answer.code) == (409, "capacity_conflict")  # none before it
+    assert "no 3 nodes have 8 GPUs free together for 1h" in answer.message
+
+
+def row_of(rsv: dict) -> Reservation:
+    return Reservation.objects.get(pk=rsv["id"])
+
+
+def test_a_waiting_gang_is_planned_whole_and_starts_earlier_when_nodes_free(root, keyed):
+    from reservations.reconcilers import reconcile_pool
+    from tests.conftest import POLICY
+
+    site = root("sites.create", kind="shared", region="eu-1")
+    planning = root("pools.create", siteId=site["id"], gpuModel="H100",
+                    policy={**POLICY, "sharing": {"planStarts": True}},
+                    **{"class": "metal-host"})
+    for _ in range(2):
+        make_node(planning["id"])
+    busy = book(root, planning, 8, duration=2 * HOUR)
+    rsv = book(root, planning, 8, nodes=2, duration=HOUR)
+    assert rsv["state"] == "pending"
+    reconcile_pool(planning["id"])
+    gang = members(rsv)
+    assert [(m.state, m.planned) for m in gang] == [("placed", True)] * 2
+    assert {m.during.lower for m in gang} == {row_of(busy).during.upper}
+    assert AuditEvent.objects.filter(target=rsv["id"], action="reservation.plan").count() == 1
+    root("reservations.release", reservationId=busy["id"])
+    reconcile_pool(planning["id"])
+    gang = members(rsv)
+    assert [m.state for m in gang] == ["placed"] * 2
+    assert all(m.during.lower < row_of(busy).during.upper for m in gang)  # now, not later
+    assert AuditEvent.objects.filter(target=rsv["id"],
+                                     action="reservation.start_earlier").count() == 1

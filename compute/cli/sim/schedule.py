@@ -103,14 +103,14 @@ def plan(seed: int, nodes: int, minutes: float, only: tuple[str, ...] = ()) -> P
 
 
 def _gangs(seed: int, nodes: int, seconds: float) -> list[Operation]:
-    """Multi-node reservations of 2 nodes up to all of them (4 at most), one every 30-60
+    """Multi-node reservations of 2 or 3 nodes of 2 or 4 GPUs each, one every 30-90
     simulated seconds, from their own stream of the seed (so the rest of a seed's plan is
     what it was before gangs were part of it)."""
     rng = random.Random(seed * 7919 + 1)  # noqa: S311 (a reproducible plan)
     gangs, at = [], 0.0
-    while nodes >= 2 and (at := at + rng.uniform(30, 60)) < seconds * 0.9:
-        gangs.append(Operation(at=at, kind="reserve-gang", nodes=rng.randint(2, min(4, nodes)),
-                               gpus=rng.choice((4, 8)), duration=rng.uniform(60, 300),
+    while nodes >= 2 and (at := at + rng.uniform(30, 90)) < seconds * 0.9:
+        gangs.append(Operation(at=at, kind="reserve-gang", nodes=rng.randint(2, min(3, nodes)),
+                               gpus=rng.choice((2, 4)), duration=rng.uniform(60, 300),
                                pick=rng.randrange(1 << 30)))
     return gangs
 
