@@ -187,7 +187,8 @@ def gang_preview(ask: Ask, nodes: int, *, start: datetime | None = None,
     choice, fitting = propose_gang(pool, during, ask.shape, nodes)
     if choice is None:
         reason = gang_never_fits(pool, ask.shape, nodes) or (
-            f"{fitting} of the {nodes} nodes it needs have {count} free GPUs in the window")
+            f"{len(fitting)} of the {nodes} nodes it needs have {count} free GPUs in the "
+            "window")
         return {"fits": False, "poolId": pool.id, "gpus": count, "nodes": nodes,
                 "window": {"start": during.lower, "end": during.upper}, "reason": reason}
     return {"fits": True, **gang_view(pool, count, choice, during)}

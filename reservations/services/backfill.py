@@ -131,6 +131,9 @@ def _plan_gang(gang_id: str, pool_id: str | None) -> Reservation | None:
     now = database_now()
     allocations = gang_place(members, leader.pool, now)
     planned = allocations is None
+    if allocations is None and makes_room(leader, leader.pool, now):
+        audit_exempt("still pending: preemption makes room for it now")
+        return None
     if allocations is None:
         point = transaction.savepoint()
         try:

@@ -89,15 +89,14 @@ def node_places(node_ids: Sequence[str]) -> dict[str, Place]:
 
 
 def propose_gang(pool: Pool, during: DateTimeTZRange, shape: Shape, nodes: int, *,
-                 excluded: set[str] | None = None) -> tuple[GangChoice | None, int]:
-    """The gang placer's choice over the whole pool, and how many nodes fit one member."""
+                 excluded: set[str] | None = None) -> tuple[GangChoice | None, list[str]]:
+    """The gang placer's choice over the whole pool, and the nodes that fit one member."""
     request = placement_request(pool, shape)
     candidates = load_candidates(pool, during, request, device_filter=device_filter_q(shape),
                                  excluded=excluded or ())
     choice = choose_gang(candidates, request, nodes,
                          node_places([c.node_id for c in candidates]))
-    fitting = sum(choose_on_node(c, request) is not None for c in candidates)
-    return choice, fitting
+    return choice, [c.node_id for c in candidates if choose_on_node(c, request) is not None]
 
 
 def gang_place(members: list[Reservation], pool: Pool, now: datetime, *,
@@ -114,7 +113,7 @@ def gang_place(members: list[Reservation], pool: Pool, now: datetime, *,
     for _ in range(MAX_RACES):
         choice, fitting = propose_gang(pool, during, shape, len(members), excluded=excluded)
         if choice is None:
-            _waiting(members, pool, during, shape, fitting)
+            _waiting(members, pool, during, shape, len(fitting))
             return None
         wanted = [c.node_id for c in choice.members]
         try:

@@ -32,6 +32,7 @@ from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.services.binding import hold_of
 from reservations.services.book import emit_placed, try_place
+from reservations.services.gang import gang_of_reservation, gang_place, lock_gang, propose_gang
 from reservations.services.release import end_reservation
 from reservations.shape import Shape
 from reservations.sharing import notice_seconds, pending_queue, pool_classes
@@ -43,7 +44,7 @@ QUEUE_LOOK = 10  # pending requests, from the head of the queue, that may preemp
 
 
 def may_preempt(requester: Reservation, victim: Reservation, pool: Pool) -> bool:
-    if requester.gang_id or victim.gang_id:  # a gang waits for free nodes, and keeps them
+    if victim.gang_id:  # a gang holds its nodes together: none of them is taken back
         return False
     victim_class = pool_classes(pool).get(victim.priority_class)
     if victim_class is None or not victim_class.preemptible:
@@ -76,9 +77,9 @@ def placed(allocation: Allocation) -> datetime:
     return allocation.reservation.placed_at or allocation.created_at
 
 
-def preemption_victims(rsv: Reservation, pool: Pool, now: datetime) -> list[Reservation]:
-    """The fewest reservations, newest first, on one node, whose release makes `rsv` fit
-    (the newer set when two nodes need as many); none when no such set exists."""
+def _preemptible_by_node(rsv: Reservation, pool: Pool, now: datetime
+                         ) -> dict[str, list[Allocation]]:
+    """What `rsv` may preempt in its window, by node, newest first."""
     during = window(max(rsv.requested_start or now, now), rsv.duration_ms)
     live = (Allocation.objects.select_related("reservation")
             .filter(ended_at__isnull=True, reservation__pool=pool,
@@ -89,20 +90,58 @@ def preemption_victims(rsv: Reservation, pool: Pool, now: datetime) -> list[Rese
     for allocation in live:
         if may_preempt(rsv, allocation.reservation, pool):
             by_node.setdefault(allocation.node_id, []).append(allocation)
+    return by_node
+
+
+def _fewest_on(rsv: Reservation, pool: Pool, allocations: list[Allocation], now: datetime,
+               most: int) -> list[Allocation]:
+    """The fewest of one node's `allocations` (at most `most`), newest first, whose release
+    makes `rsv` fit there; none when no such set exists."""
+    allocations = allocations[:MAX_VICTIMS * 2]
+    # One victim, newest first; else the newest two, three, ... together.
+    tries = [[a] for a in allocations] + [allocations[:size] for size in
+                                          range(2, min(len(allocations), most) + 1)]
+    for victims in tries:
+        if len(victims) > most:
+            break
+        if _fits_without(rsv, pool, victims, now):
+            return victims
+    return []
+
+
+def preemption_victims(rsv: Reservation, pool: Pool, now: datetime) -> list[Reservation]:
+    """The fewest reservations, newest first, on one node, whose release makes `rsv` fit
+    (the newer set when two nodes need as many); none when no such set exists. For a
+    gang's member 0: `gang_victims`."""
+    if rsv.gang_id:
+        return gang_victims(rsv, pool, now)
     best: list[Allocation] = []
-    for allocations in by_node.values():
-        allocations = allocations[:MAX_VICTIMS * 2]
-        # One victim, newest first; else the newest two, three, ... together.
-        tries = [[a] for a in allocations] + [allocations[:size] for size in
-                                              range(2, min(len(allocations), MAX_VICTIMS) + 1)]
-        for victims in tries:
-            if best and len(victims) > len(best):
-                break
-            if _fits_without(rsv, pool, victims, now):
-                if not best or len(victims) < len(best) or placed(victims[0]) > placed(best[0]):
-                    best = victims
-                break
+    for allocations in _preemptible_by_node(rsv, pool, now).values():
+        victims = _fewest_on(rsv, pool, allocations, now, len(best) or MAX_VICTIMS)
+        if victims and (not best or len(victims) < len(best)
+                        or placed(victims[0]) > placed(best[0])):
+            best = victims
     return [allocation.reservation for allocation in best]
+
+
+def gang_victims(leader: Reservation, pool: Pool, now: datetime) -> list[Reservation]:
+    """What a waiting gang (its member 0) needs preempted: on as many nodes as it lacks,
+    the nodes needing the fewest victims each (newest first); none when the gang would
+    not then fit, or fits without."""
+    shape = Shape.of(leader)
+    during = window(max(leader.requested_start or now, now), leader.duration_ms)
+    nodes = leader.gang.nodes if leader.gang else 1
+    _choice, fitting = propose_gang(pool, during, shape, nodes)
+    lacking = nodes - len(fitting)
+    if lacking <= 0:
+        return []  # it fits (or waits for its host share): nothing to take back
+    costs = sorted(((victims, node_id) for node_id, allocations in
+                    _preemptible_by_node(leader, pool, now).items() if node_id not in fitting
+                    if (victims := _fewest_on(leader, pool, allocations, now, MAX_VICTIMS))),
+                   key=lambda pair: (len(pair[0]), -placed(pair[0][0]).timestamp()))
+    if len(costs) < lacking:
+        return []
+    return [a.reservation for victims, _ in costs[:lacking] for a in victims]
 
 
 def makes_room(rsv: Reservation, pool: Pool, now: datetime) -> bool:
@@ -129,10 +168,14 @@ def _tell_the_node(victim: Reservation) -> None:
 
 @audited
 def reservation_preempt_for(*, reservation_id: str) -> list[Reservation]:
-    """Preempt what a pending request needs, if it may and would then fit; the victims."""
-    rsv = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
-           .select_related("pool")
-           .filter(pk=reservation_id, state=ReservationState.PENDING).first())
+    """Preempt what a pending request needs, if it may and would then fit; the victims. A
+    gang (its member 0) preempts on as many nodes as it lacks."""
+    gang_id = gang_of_reservation(reservation_id)
+    waiting = (lock_gang(gang_id) if gang_id else list(
+        Reservation.objects.select_for_update(no_key=True, skip_locked=True)
+        .select_related("pool").filter(pk=reservation_id)))
+    rsv = waiting[0] if waiting and all(m.state == ReservationState.PENDING
+                                        for m in waiting) else None
     if rsv is None or Reservation.objects.filter(preempted_for=reservation_id,
                                                  state__in=HOLDING).exists():
         audit_exempt("no request to make room for, or room is being made")
@@ -191,9 +234,12 @@ def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
     waits = Reservation.objects.filter(pk=requester, state=ReservationState.PENDING).exists()
     # Locked now (skipped if a placing worker holds it) and placed as soon as the group has
     # ended, so that nothing booked meanwhile takes the GPUs it was freed for.
-    waiting = (Reservation.objects.select_for_update(no_key=True, skip_locked=True)
-               .select_related("pool", "tenant")
-               .filter(pk=requester, state=ReservationState.PENDING).first()) if waits else None
+    # (A gang's members are locked together, in their order, when it is placed.)
+    asked = Reservation.objects.select_related("pool", "tenant").filter(
+        pk=requester, state=ReservationState.PENDING)
+    if not gang_of_reservation(requester):
+        asked = asked.select_for_update(no_key=True, skip_locked=True)
+    waiting = asked.first() if waits else None
     for member in group:
         if waits:
             started = member.during is not None and member.during.lower <= now
@@ -208,16 +254,31 @@ def reservation_preempted_release(*, reservation_id: str) -> list[Reservation]:
                    type=ReservationEvent.RESERVATION_PREEMPTION_WITHDRAWN, subject=member.id,
                    payload={"poolId": member.pool_id})
     data: dict[str, object] = {"victims": [m.id for m in group]}
-    allocation = try_place(waiting, waiting.pool, now) if waiting is not None else None
-    if allocation is not None:
-        data["placedOn"] = allocation.node_id
+    placed_now = _place_requester(waiting, now) if waiting is not None else []
+    if placed_now:
+        data["placedOn"] = ([a.node_id for _, a in placed_now] if waiting and waiting.gang_id
+                            else placed_now[0][1].node_id)
     audit_record(tenant_id=victim.pool.tenant_id, actor_id="system",
                  action="reservation.preempted" if waits else "reservation.preempt.withdraw",
                  target=requester, data=data,
                  reason="notice given" if waits else "the request no longer waits")
-    if waiting is not None and allocation is not None:
-        emit_placed(waiting, allocation)
+    for member, allocation in placed_now:
+        emit_placed(member, allocation)
     return group
+
+
+def _place_requester(waiting: Reservation, now: datetime
+                     ) -> list[tuple[Reservation, Allocation]]:
+    """The request the victims made room for, placed now: a gang whole (its members locked
+    after the victims: none of them is a victim); [] when it does not fit."""
+    if not waiting.gang_id:
+        allocation = try_place(waiting, waiting.pool, now)
+        return [(waiting, allocation)] if allocation is not None else []
+    members = lock_gang(waiting.gang_id)
+    if any(m.state != ReservationState.PENDING for m in members):
+        return []
+    allocations = gang_place(members, waiting.pool, now)
+    return list(zip(members, allocations, strict=True)) if allocations else []
 
 
 def preempt_for_queue(pool_id: str) -> list[Reservation]:

@@ -186,3 +186,46 @@ def test_the_request_is_placed_as_its_victims_are_released_so_no_new_booking_tak
     # ... so a request booked right after the release finds nothing free.
     late = reserve(acme, pool, 8, priorityClass="preemptible")
     assert late.code == "quota_exceeded" or late.result["state"] == "pending"
+
+
+def test_a_gang_preempts_on_the_nodes_it_lacks_and_is_placed_whole(root, acme, globex):
+    pool = acme_and_globex_high(root)
+    root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 24},
+         priorityClasses=["high"])
+    for _ in range(3):
+        make_node(pool["id"])
+    lower = [reserve(acme, pool, 4, priorityClass="preemptible").result for _ in range(2)]
+    kept = reserve(root, pool, 8).result  # not preemptible: its node is never taken back
+    run_due_work()
+    on = {rsv["id"]: row(rsv).allocations.get(ended_at__isnull=True).node_id
+          for rsv in (*lower, kept)}
+    assert len(set(on.values())) <= 3
+    gang = reserve(globex, pool, 8, nodes=2, priorityClass="high").result
+    assert gang["state"] == "pending"
+    run_due_work()
+    # One node is free for one member; the other is made where the fewest are preempted.
+    preempted = [rsv for rsv in lower if row(rsv).preempted_for == gang["id"]]
+    assert preempted
+    assert {on[rsv["id"]] for rsv in preempted} != {on[kept["id"]]}
+    assert row(kept).preempted_for == ""
+    deadline_passes(*preempted)
+    members = Reservation.objects.filter(gang_id=gang["gang"]["id"])
+    assert {m.state for m in members} <= {"placed", "binding"}
+    assert members.count() == 2
+    released = AuditEvent.objects.get(action="reservation.preempted")
+    assert released.target == gang["id"]
+    assert len(released.data["placedOn"]) == 2
+
+
+def test_a_gang_is_never_taken_back_in_part(root, acme, globex):
+    pool = acme_and_globex_high(root)
+    root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 16})
+    for _ in range(2):
+        make_node(pool["id"])
+    gang = reserve(acme, pool, 8, nodes=2, priorityClass="preemptible").result
+    assert gang["state"] == "placed"
+    needs = reserve(globex, pool, 8, priorityClass="high").result
+    assert needs["state"] == "pending"
+    run_due_work()
+    assert not Reservation.objects.filter(preempted_for=needs["id"]).exists()
+    assert not AuditEvent.objects.filter(action="reservation.preempt").exists()
