@@ -50,6 +50,7 @@ from bcd.notify import sd_notify, watchdog_seconds
 from bcd.profile import NodeProfile
 from bcd.provision import Site, run_bmc
 from bcd.session import AgentSession, Credentials
+from bcd.unclean import Unclean
 from bcd.vms import VmKeeper
 
 logger = logging.getLogger("bcd")
@@ -77,6 +78,7 @@ class Agent:
         self.session: AgentSession | None = None
         self.journal = Journal(self.paths.state_dir / "journal.jsonl")
         self.busy_slices: dict[str, Hold] = {}  # released holds whose slice still runs
+        self.unclean = Unclean.load(self.paths.state_dir / "unclean.json")
         self.ending_notices: dict[str, float | None] = {}  # the notice each hold was given
         # The signed reports of the last spec applied, sent again on every new session: one
         # sent on a session that died before its gateway took it would be lost, and the
@@ -221,6 +223,8 @@ class Agent:
                 self.journal.begin("unhold", allocation)
                 # Before anything else may hold its devices: fenced, or named if left running.
                 workloads = end_workloads(hold, self.paths, gpu_index)
+                if workloads.get("survived"):  # its GPUs go to no one while they run
+                    self.unclean.mark(hold, workloads["survived"])
                 if not remove_hold(hold, self.paths):
                     self.busy_slices[allocation] = hold
                 self.journal.done("unhold", allocation, workloads=workloads)
@@ -228,8 +232,10 @@ class Agent:
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "workloads": workloads}))
         claims = Claims.of(report.get("gpus", []))
+        self.unclean.prune()
         for allocation, hold in list(wanted.items()):
-            problem = claims.take(allocation, hold)
+            problem = claims.take(allocation, hold) or (
+                "" if allocation in self.held() else self.unclean.refusal(hold))
             if problem:
                 del wanted[allocation]
                 reports.append(self._signed("failed", {
@@ -438,8 +444,10 @@ class Agent:
         return self._inventory
 
     def _read_inventory(self) -> dict[str, Any]:
-        return {**self.inventory.report(), "virtualization": self.vms.accelerator or "probing",
-                "profile": self.profile.report(), **topology_report()}
+        self.unclean.prune()
+        return self.unclean.overlay({
+            **self.inventory.report(), "virtualization": self.vms.accelerator or "probing",
+            "profile": self.profile.report(), **topology_report()})
 
     async def keep_profile(self, *, interval: float = 30.0) -> None:
         """Converge the profile's units when the spec changes them (or a hold comes or

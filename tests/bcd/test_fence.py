@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bcd import fence
 from bcd.config import Paths
 from bcd.contract import ids
 from bcd.contract.holds import BadHold, Hold
@@ -172,3 +173,35 @@ def test_a_gpu_handed_to_the_next_hold_in_one_spec_is_fenced_before_it_is_held(
     [unheld] = [r for r in node.journal.records if (r.get("kind"), r.get("key"), r.get(
         "phase")) == ("unhold", first["allocationId"], "done")]
     assert [w["pid"] for w in unheld["workloads"]["stopped"]] == [stubborn.pid]
+
+
+def test_a_gpu_whose_workload_outlived_its_fence_goes_to_no_one_until_it_ends(
+        root, processes, monkeypatch):
+    """A process SIGKILL cannot end (stuck in the driver, as a process in D state is; here
+    the signals to it are dropped) keeps its GPU from the next hold, and the inventory says
+    the GPU is unhealthy and why, until the process is gone; a restarted agent still knows."""
+    node = agent(root, [])
+    [gpu] = gpus_of(root, 1)
+    first = {**hold(ids.new("alloc"), [gpu]), "onEnd": "fence", "fenceGraceSeconds": 1}
+    node.apply_spec(1, {"allocations": [first]})
+    stuck = holding(root / "dev/nvidia0", ignore_term=True)
+    processes.append(stuck)
+    delivered = fence.send
+    monkeypatch.setattr(fence, "send", lambda pid, signum: None if pid == stuck.pid
+                        else delivered(pid, signum))
+    second = hold(ids.new("alloc"), [gpu])
+    reports = node.apply_spec(2, {"allocations": [second]})
+    assert [kind for kind, _, _ in reports] == ["released", "failed"]
+    assert [w["pid"] for w in released(reports)["workloads"]["survived"]] == [stuck.pid]
+    refusal = json.loads(reports[1][1])["reason"]
+    assert refusal == f"{gpu}: pid {stuck.pid} of {first['allocationId']} outlived its fence"
+    [reported] = [g for g in node._read_inventory()["gpus"] if g["uuid"] == gpu]
+    assert (reported["health"], reported["healthReason"]) == (
+        "unhealthy", f"pid {stuck.pid} of {first['allocationId']} outlived its fence")
+    assert agent(root, []).unclean.why(gpu)  # kept in the agent's state
+    stuck.kill()
+    stuck.wait()
+    [reported] = [g for g in node._read_inventory()["gpus"] if g["uuid"] == gpu]
+    assert reported.get("health", "healthy") == "healthy"
+    assert [kind for kind, _, _ in node.apply_spec(3, {"allocations": [second]})] == ["bound"]
+    assert not agent(root, []).unclean.left
