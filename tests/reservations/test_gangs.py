@@ -278,3 +278,13 @@ def test_a_waiting_gang_is_planned_whole_and_starts_earlier_when_nodes_free(root
     assert all(m.during.lower < row_of(busy).during.upper for m in gang)  # now, not later
     assert AuditEvent.objects.filter(target=rsv["id"],
                                      action="reservation.start_earlier").count() == 1
+
+
+def test_an_eight_node_gang_goes_into_the_rack_that_has_room(root, pool, keyed):
+    keyed(6, rack="r1", rail="leaf1")
+    rack2 = keyed(9, rack="r2", rail="leaf1")
+    keyed(12, rack="r3", rail="leaf2")
+    rsv = book(root, pool, 8, nodes=8)
+    nodes = live_nodes(members(rsv))
+    assert len(set(nodes)) == 8
+    assert set(nodes) <= {n.id for n in rack2}  # of the racks with room, the fullest
