@@ -6,6 +6,7 @@ from compute.platform.admin import audited_action
 from reservations.models import (
     Allocation,
     Booking,
+    Gang,
     GroupGap,
     MaintenanceWindow,
     Offering,
@@ -55,6 +56,13 @@ class ReservationAdmin(LedgerReadOnly):
         tenant_of=lambda rsv: rsv.tenant,
         service=lambda tenant, actor, rsv: reservation_release(tenant=tenant, actor=actor,
                                                                reservation_id=rsv.pk))]
+
+
+@admin.register(Gang)
+class GangAdmin(LedgerReadOnly):
+    list_display = ("id", "tenant", "pool", "nodes", "placements", "created_at")
+    list_filter = ("pool",)
+    search_fields = ("id", "tenant__slug", "pool__id")
 
 
 @admin.register(ReservationSeries)
