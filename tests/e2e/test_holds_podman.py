@@ -160,7 +160,7 @@ def test_podman_runs_the_readme_command_on_exactly_the_held_gpus(stack, podman, 
 
     # Released, the same devices are unknown to Podman.
     assert stack.ok("release", rsv["id"], "--query", "state") == "released"
-    assert not spec_file.exists()
+    assert wait_until(lambda: not spec_file.exists(), timeout=30)  # (the agent applies it)
     after = in_node_cdi(root, f"podman run --rm --device {binding['cdiDevices'][0]} {image} "
                               "true", env)
     assert after.returncode != 0
