@@ -135,6 +135,44 @@ def cmd_sim_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim_agents(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from bcd.many import Joining, log_per_machine, run_machines
+
+    roots = [Path(root) for root in args.roots]
+    try:
+        places = dict(place.split("=", 1) for place in args.place)
+    except ValueError:
+        print("bcd sim agents: --place takes NAME=rack=R,rail=L", file=sys.stderr)
+        return 2
+    joining = None
+    if any(joined_config(Paths(root)) is None for root in roots):
+        pins = (args.serving_ca_pin, args.join_signing_pin, args.join_encryption_pin)
+        if not args.server or not all(pins):
+            print("bcd sim agents: some machines have not joined: give --server and the three "
+                  "pins, and the token in BCD_JOIN_TOKEN or on standard input", file=sys.stderr)
+            return 2
+        try:
+            token = read_token(None)
+        except TokenError as error:
+            print(f"bcd sim agents: {error}", file=sys.stderr)
+            return 1
+        prefix = args.hostname_prefix
+        joining = Joining(server=args.server, token=token, pins=Pins(*pins),
+                          variant=args.sim_variant, gpus=args.sim_gpus, at_once=args.join_at_once,
+                          hostname=lambda root: (f"{prefix}-{root.name.removeprefix('node-')}"
+                                                 if prefix else None))
+    forget_join_token()
+    log_per_machine(Path(args.log_dir) if args.log_dir else None)
+    try:
+        asyncio.run(run_machines(roots, joining=joining, places=places))
+    except JoinError as error:
+        print(f"bcd sim agents: a machine could not join: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _agent_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--provisioner", action="store_true",
                          help="also speak Redfish to this site's machines' BMCs (a node that "
@@ -203,6 +241,24 @@ def parser() -> argparse.ArgumentParser:
     inject.add_argument("code", type=int, nargs="?",
                         help="the XID, for xid (default 79); the percentage, for util")
     inject.set_defaults(handler=cmd_sim_inject)
+    agents = sim.add_parser("agents", help="run many simulated machines in this process, one "
+                                           "agent each, joining those that have not joined")
+    agents.add_argument("roots", nargs="+", metavar="ROOT", help="each machine's root")
+    agents.add_argument("--log-dir", default=None,
+                        help="each machine's log to <dir>/sim-<root name>.log (default: stderr)")
+    agents.add_argument("--place", action="append", default=[], metavar="NAME=PLACE",
+                        help="a machine's place in the fabric, e.g. node-01=rack=r1,rail=leaf1")
+    agents.add_argument("--server", default=None, help="to join: the control plane's URL")
+    agents.add_argument("--serving-ca-pin", default=None)
+    agents.add_argument("--join-signing-pin", default=None)
+    agents.add_argument("--join-encryption-pin", default=None)
+    agents.add_argument("--sim-gpus", type=int, default=8)
+    agents.add_argument("--sim-variant", choices=SIM_VARIANTS, default="gpu")
+    agents.add_argument("--hostname-prefix", default="",
+                        help="joined machines are called <prefix>-<root name without node->")
+    agents.add_argument("--join-at-once", type=int, default=8,
+                        help="joins in flight together")
+    agents.set_defaults(handler=cmd_sim_agents)
     health = sub.add_parser("health", help="GPU health").add_subparsers(
         dest="health_command", required=True)
     clear = health.add_parser("clear", help="after resetting a GPU: forget its past XIDs")

@@ -59,7 +59,8 @@ REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway i
 
 class Agent:
     def __init__(self, config: Config, tuning: Tuning | None = None, *,
-                 provisioner: bool = False, deploy_listen: str = "") -> None:
+                 provisioner: bool = False, deploy_listen: str = "",
+                 place: str | None = None) -> None:
         self.faults = SimFaults.from_env(config.sim)
         if self.faults.gateway:  # the simulator's proxy stands for the network to the gateway
             config = replace(config, gateway=self.faults.gateway)
@@ -68,6 +69,7 @@ class Agent:
         self.config = config
         self.provisioner = provisioner  # runs `bmc.*` commands for its site's machines
         self.deploy_listen = deploy_listen  # where deploy ramdisks ask for their instructions
+        self.place = place  # its place in the fabric, when not BCD_TOPOLOGY's (bcd.many)
         self.site: Site | None = None
         self.tuning = tuning or Tuning.from_env()
         self.paths = config.paths
@@ -447,7 +449,7 @@ class Agent:
         self.unclean.prune()
         return self.unclean.overlay({
             **self.inventory.report(), "virtualization": self.vms.accelerator or "probing",
-            "profile": self.profile.report(), **topology_report()})
+            "profile": self.profile.report(), **topology_report(self.place)})
 
     async def keep_profile(self, *, interval: float = 30.0) -> None:
         """Converge the profile's units when the spec changes them (or a hold comes or
@@ -483,11 +485,15 @@ class Agent:
                 session.send_inventory(self._inventory_sent_now(report))
             await asyncio.sleep(self.tuning.inventory_check_seconds)
 
-    async def run(self) -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Run until SIGINT or SIGTERM, or until `stop` is set when one is given: then the
+        caller runs several agents and owns the signals and systemd's notifications."""
+        alone = stop is None
+        if stop is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
         self.inventory.start_watching()  # XID events, on a thread of their own
         if self.provisioner and self.deploy_listen:
             self.site = Site(deploys=Deploys(), join={
@@ -498,14 +504,15 @@ class Agent:
         works = [self.serve_status(), self.keep_session(), self.renew_certificates(),
                  self.stop_empty_slices(), self.keep_ending_notices(), self.watch_inventory(),
                  self.device_plugin(), self.vms.run(), self.keep_profile()]
-        interval = watchdog_seconds()
+        interval = watchdog_seconds() if alone else None
         if interval is not None:
             works.append(self.ping_watchdog(interval))
         tasks = [asyncio.create_task(work) for work in works]
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.sleep(0)  # the status socket is bound before READY is said
-            sd_notify(f"READY=1\nSTATUS=node {self.config.node_id}")
+            if alone:
+                sd_notify(f"READY=1\nSTATUS=node {self.config.node_id}")
             # Until a signal, or until one of its tasks fails (that failure is raised).
             done, _ = await asyncio.wait([stopping, *tasks],
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -513,7 +520,8 @@ class Agent:
                 if task is not stopping:
                     task.result()
         finally:
-            sd_notify("STOPPING=1")
+            if alone:
+                sd_notify("STOPPING=1")
             for task in [stopping, *tasks]:
                 task.cancel()
             await asyncio.gather(stopping, *tasks, return_exceptions=True)
@@ -545,10 +553,10 @@ READS: dict[str, Callable[[Agent, dict[str, Any]], tuple[str, dict[str, Any]]]] 
         lambda: sandbox_exec.get(agent.paths, payload)),
 }
 
-def topology_report() -> dict[str, Any]:
-    """The machine's place in the fabric (`BCD_TOPOLOGY`: `rack=r1,rail=a`), for the
-    inventory; nothing when it is not set."""
-    said = VARIABLES.text("BCD_TOPOLOGY") or ""
+def topology_report(said: str | None = None) -> dict[str, Any]:
+    """The machine's place in the fabric (`said`, else `BCD_TOPOLOGY`: `rack=r1,rail=a`),
+    for the inventory; nothing when it is not set."""
+    said = (VARIABLES.text("BCD_TOPOLOGY") if said is None else said) or ""
     pairs = dict(part.split("=", 1) for part in said.split(",") if "=" in part)
     place = {key: pairs[key].strip() for key in ("rack", "rail") if pairs.get(key, "").strip()}
     return {"topology": place} if place else {}

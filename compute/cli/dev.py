@@ -2,9 +2,9 @@
 
 It starts an embedded Postgres (throw-away with --memory), migrates, bootstraps the root
 tenant and an admin token, a default site and pool, serves the API as `serve` does, runs the
-gateway, and with --sim N starts N simulated bcd agents (separate processes, each with a
-private root) that join through the gateway with a real join token. Every server runs as a
-child process; Ctrl-C (or SIGTERM) stops them all.
+gateway, and with --sim N starts N simulated machines (each a bcd agent with a private root,
+all in one process unless --sim-processes) that join through the gateway with a real join
+token. Every server runs as a child process; Ctrl-C (or SIGTERM) stops them all.
 """
 
 from __future__ import annotations
@@ -226,11 +226,13 @@ def sim_places(count: int, topology: str) -> list[str]:
 
 def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: str,
               server: str, state_dir: Path, env: dict[str, str],
-              after_join: Callable[[], None], topology: str = "") -> None:
-    """Start `count` bcd agents (those that joined in an earlier run keep their identity; the
-    others join through the gateway and run, each in one process) and wait until each is
-    adopted with a live session. `after_join` runs once they all joined (so they are listed
-    before what it joins)."""
+              after_join: Callable[[], None], topology: str = "",
+              processes: bool = False) -> None:
+    """Start `count` simulated machines (those that joined in an earlier run keep their
+    identity; the others join through the gateway) and wait until each is adopted with a
+    live session. All of them run in one process (`bcd sim agents`, supervised as
+    `sim-agents`), or with `processes` each in its own (`sim-<root>`), as on real hosts.
+    `after_join` runs once they all joined (so they are listed before what it joins)."""
     roots = [state_dir / "sim" / f"node-{n:02d}" for n in range(1, count + 1)]
     places = dict(zip(roots, sim_places(count, topology), strict=False))
 
@@ -242,15 +244,20 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
     before = sessions()  # a node left `connected` by the last run has no session yet
 
     newcomers = [root for root in roots if joined_config(Paths(root)) is None]
-    for root in roots:
-        if root not in newcomers:
-            stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
-                        placed(agent_environment(env), places.get(root)),
-                        name=f"sim-{root.name}")
-    if newcomers:  # each joins, then runs, in one process
-        start_joining(stack, api, newcomers, variant=variant, pool_id=pool_id,
-                      server=server, env=env, places=places)
-        until_joined(stack, newcomers)
+    if not processes:
+        start_machines(stack, api, roots, newcomers, variant=variant, pool_id=pool_id,
+                       server=server, env=env, places=places)
+        until_joined(stack, newcomers, process="sim-agents")
+    else:
+        for root in roots:
+            if root not in newcomers:
+                stack.start([sys.executable, "-m", "bcd", "--root", str(root), "node"],
+                            placed(agent_environment(env), places.get(root)),
+                            name=f"sim-{root.name}")
+        if newcomers:  # each joins, then runs, in one process
+            start_joining(stack, api, newcomers, variant=variant, pool_id=pool_id,
+                          server=server, env=env, places=places)
+            until_joined(stack, newcomers)
     after_join()
     ours = {config.node_id for root in roots if (config := joined_config(Paths(root)))}
     deadline = time.monotonic() + READY_TIMEOUT
@@ -265,6 +272,34 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
         time.sleep(0.3)
     raise CliError(f"the simulated nodes were not adopted and connected within "
                    f"{READY_TIMEOUT:.0f}s")
+
+
+def start_machines(stack: Stack, api: Client, roots: list[Path], newcomers: list[Path], *,
+                   variant: str, pool_id: str, server: str, env: dict[str, str],
+                   places: dict[Path, str]) -> None:
+    """Run every machine at `roots` in one process, `bcd sim agents` (the `newcomers` join
+    first, with one new join token), supervised by `stack` as `sim-agents`: each machine's
+    log goes to `sim-<root>.log` all the same."""
+    argv = [sys.executable, "-m", "bcd", "sim", "agents", *map(str, roots)]
+    if stack.log_dir is not None:
+        argv += ["--log-dir", str(stack.log_dir)]
+    for root, place in places.items():
+        argv += ["--place", f"{root.name}={place}"]
+    agent_env = agent_environment(env)
+    if newcomers:
+        minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
+                                                "maxUses": len(newcomers), "role": "node"})
+        pins = api.call("pki.show")
+        argv += ["--server", server, "--serving-ca-pin", pins["servingCaSpkiPin"],
+                 "--join-signing-pin", pins["joinSigningKeyPin"],
+                 "--join-encryption-pin", pins["joinEncryptionKeyPin"],
+                 "--sim-variant", variant, "--hostname-prefix", _hostname_prefix(variant)]
+        agent_env = agent_environment(env, join_token=minted["token"])
+    stack.start(argv, agent_env, name="sim-agents")
+
+
+def _hostname_prefix(variant: str) -> str:
+    return "cpu" if variant == "cpu" else "gpu"
 
 
 def agent_environment(env: dict[str, str], *, join_token: str = "") -> dict[str, str]:
@@ -287,7 +322,7 @@ def join_argvs(api: Client, roots: list[Path], *, variant: str, pool_id: str, se
     for root in roots:
         root.mkdir(parents=True, exist_ok=True)
         hostname = (role if role != "node" else
-                    f"{'cpu' if variant == 'cpu' else 'gpu'}-{root.name.removeprefix('node-')}")
+                    f"{_hostname_prefix(variant)}-{root.name.removeprefix('node-')}")
         argv.append([sys.executable, "-m", "bcd", "--root", str(root), "join", "--server",
                      server, "--serving-ca-pin", pins["servingCaSpkiPin"],
                      "--join-signing-pin", pins["joinSigningKeyPin"],
@@ -316,14 +351,15 @@ def start_joining(stack: Stack, api: Client, roots: list[Path], *, variant: str,
 
 
 def until_joined(stack: Stack, roots: list[Path], role: str = "node",
-                 timeout: float = 60.0) -> None:
-    """Until each machine started by `start_joining` has joined; a join that fails says why."""
+                 timeout: float = 60.0, process: str = "") -> None:
+    """Until each machine started by `start_joining` (or by `start_machines`, all in the
+    `process` named) has joined; a join that fails says why."""
     deadline = time.monotonic() + timeout
     waiting = list(roots)
     while waiting:
         waiting = [root for root in waiting if joined_config(Paths(root)) is None]
         for root in waiting:
-            failure = stack.failure(f"sim-{root.name}" if role == "node" else role)
+            failure = stack.failure(process or (f"sim-{root.name}" if role == "node" else role))
             if failure is not None:
                 raise CliError(f"a simulated agent could not join: {failure}")
         if waiting and time.monotonic() > deadline:
@@ -632,11 +668,14 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
               help="Where the token, env file, gateway credentials and agents go.")
 @click.option("--gateways", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Gateways to run; agents spread over them and move when one stops.")
+@click.option("--sim-processes", is_flag=True,
+              help="Run each simulated machine's agent in a process of its own, as on real "
+              "hosts (by default one process runs them all).")
 @click.option("--sim-topology", default="", metavar="racks=N,rails=M",
               help="Place the simulated machines in N racks under M rails (leaf switches), "
               "as rack and rail labels the gang placer packs multi-node reservations by.")
 def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
-        state_dir: Path | None, gateways: int, sim_topology: str) -> None:
+        state_dir: Path | None, gateways: int, sim_processes: bool, sim_topology: str) -> None:
     """Run the control plane locally: Postgres, API, gateway, simulated machines."""
     began = time.monotonic()
     sim_places(sim, sim_topology)  # a bad --sim-topology is refused before anything starts
@@ -677,7 +716,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
             _simulate(stack, api, count=sim, variant=sim_variant,
                       pool_id=ids.get("cpuPoolId") or ids["poolId"], server=url,
                       state_dir=state_dir, env=env, after_join=start_provisioner,
-                      topology=sim_topology)
+                      topology=sim_topology, processes=sim_processes)
         else:
             start_provisioner()
         _provisioner_wait(stack, api, *started[0])

@@ -25,7 +25,8 @@ FAST = {"BETTER_COMPUTE_HEARTBEAT_SECONDS": "1", "BETTER_COMPUTE_NODE_LEASE_SECO
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    running = start_stack(tmp_path_factory.mktemp("crash"), "--sim", "1", env_extra=FAST)
+    running = start_stack(tmp_path_factory.mktemp("crash"), "--sim", "1", "--sim-processes",
+                          env_extra=FAST)
     yield running
     stop_stack(running)
 

@@ -36,12 +36,16 @@ def test_dev_with_eight_simulated_agents_comes_up_and_stops_cleanly(tmp_path):
                         if "embedded Postgres runs in" in line)
         state = str(tmp_path / "state")
         assert processes_mentioning(data_dir)
-        assert len(processes_mentioning(f"{state}/sim/")) == 8  # one bcd per machine
+        assert len(processes_mentioning(f"{state}/sim/")) == 1  # one bcd runs every machine
+        machines = sorted((tmp_path / "state" / "sim").iterdir())
+        assert len(machines) == 8
+        assert all((m / "etc/bcd/node-cert.pem").exists() for m in machines)  # each its own
         assert processes_mentioning("-m gateway")
         logs = tmp_path / "state" / "logs"  # every process's output, where dev says
         assert f"{logs}/<name>.log" in "".join(stack.output)
-        assert {"api.log", "gateway.log", "worker-1.log", "sim-node-01.log"} <= {
-            p.name for p in logs.iterdir()}
+        assert {"api.log", "gateway.log", "worker-1.log", "sim-node-01.log",
+                "sim-node-08.log"} <= {p.name for p in logs.iterdir()}
+        assert "connected as node_" in (logs / "sim-node-08.log").read_text()  # its own lines
         for line in processes_mentioning(f"{state}/sim/"):  # an agent speaks to the gateway
             names = environment_of(int(line.split()[0]))
             assert "DATABASE_URL" not in names

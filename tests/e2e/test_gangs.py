@@ -22,7 +22,7 @@ ENV = {"BETTER_COMPUTE_DEV_RESTART_SECONDS": "600", "BETTER_COMPUTE_BINDING_TIME
 @pytest.fixture(scope="module")
 def racked(tmp_path_factory):
     stack = start_stack(tmp_path_factory.mktemp("gangs"), "--sim", "4", "--sim-topology",
-                        "racks=2,rails=1", env_extra=ENV)
+                        "racks=2,rails=1", "--sim-processes", env_extra=ENV)  # (one is killed)
     yield stack
     stop_stack(stack)
 

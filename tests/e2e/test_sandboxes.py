@@ -34,7 +34,7 @@ BOOT = 90  # seconds a TCG guest may take on a busy machine (it boots in about 1
 @pytest.fixture(scope="module")
 def cpu_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     running = start_stack(tmp_path_factory.mktemp("vms"), "--sim", "2",
-                          "--sim-variant", "cpu",
+                          "--sim-variant", "cpu", "--sim-processes",  # (agents are killed)
                           env_extra={"BCD_VM_SHUTDOWN_SECONDS": "10"})
     yield running
     stop_stack(running)

@@ -1,0 +1,165 @@
+"""`bcd sim agents`: many simulated machines in one process.
+
+Each machine is its own agent, as under `bcd node`: its own root, node key, certificate,
+session, journal and simulated GPUs, through the same agent and session code, but all on one
+event loop. A fleet of thousands, or `dev`'s eight machines, then costs one interpreter's
+memory rather than one each. Machines not yet joined join first, a few at a time, each
+retried with backoff (one join token with as many uses as machines). Each machine's log lines
+go to a file of its own, as a process of its own would have written them.
+
+What this mode cannot show is one machine's agent dying alone: tests that kill an agent run
+machines one per process (`bcd node`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bcd.agent import Agent
+from bcd.config import Config, Paths, joined_config
+from bcd.join.client import join
+from bcd.join.documents import JoinError, Pins
+
+logger = logging.getLogger("bcd")
+MACHINE: contextvars.ContextVar[str] = contextvars.ContextVar("bcd_machine", default="")
+JOIN_ATTEMPTS = 4
+JOIN_BACKOFF_SECONDS = 1.0  # before the second attempt; doubled for each after
+
+
+@dataclass(frozen=True)
+class Joining:
+    """How the machines not yet joined join: where, with which token and pins, as what."""
+
+    server: str
+    token: str
+    pins: Pins
+    variant: str = "gpu"
+    gpus: int = 8
+    hostname: Callable[[Path], str | None] = lambda root: None
+    at_once: int = 8  # joins in flight together: a fleet's first start is paced
+
+
+class MachineLogs(logging.Handler):
+    """Each machine's records to `<folder>/sim-<root name>.log`; a record made outside any
+    machine (the process's own) to `fallback`."""
+
+    def __init__(self, folder: Path, fallback: logging.Handler) -> None:
+        super().__init__()
+        self.folder = folder
+        self.fallback = fallback
+        self.files: dict[str, logging.FileHandler] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        machine = MACHINE.get()
+        if not machine:
+            self.fallback.handle(record)
+            return
+        handler = self.files.get(machine)
+        if handler is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(self.folder / f"sim-{machine}.log")
+            handler.setFormatter(self.formatter)
+            self.files[machine] = handler
+        handler.handle(record)
+
+    def close(self) -> None:
+        for handler in self.files.values():
+            handler.close()
+        super().close()
+
+
+def log_per_machine(folder: Path | None) -> None:
+    """The process's logging: one file per machine under `folder`, else all on stderr with
+    the machine's name in front."""
+    fallback = logging.StreamHandler()
+    if folder is None:
+        fallback.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(machine)s %(message)s"))
+        fallback.addFilter(_named)
+        logging.basicConfig(level=logging.INFO, handlers=[fallback])
+        return
+    fallback.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler = MachineLogs(folder, fallback)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def _named(record: logging.LogRecord) -> bool:
+    record.machine = MACHINE.get() or "-"
+    return True
+
+
+async def join_one(root: Path, joining: Joining) -> Config:
+    """Join the machine at `root`, retried with jittered backoff: a control plane busy with
+    a whole fleet's joins may time one out. A refusal that says the token is spent or
+    wrong is final all the same after the last attempt."""
+    MACHINE.set(root.name)
+    delay = JOIN_BACKOFF_SECONDS
+    for attempt in range(1, JOIN_ATTEMPTS + 1):
+        try:
+            config, not_after = await asyncio.to_thread(
+                join, server=joining.server, pins=joining.pins, token=joining.token,
+                root=root, sim=True, sim_gpus=joining.gpus, sim_variant=joining.variant,
+                hostname=joining.hostname(root))
+        except (JoinError, OSError) as failure:
+            if attempt == JOIN_ATTEMPTS:
+                raise JoinError(f"{root.name}: {failure}") from failure
+            logger.warning("join attempt %d failed: %s; trying again", attempt, failure)
+            await asyncio.sleep(random.uniform(delay / 2, delay))  # noqa: S311 (jitter)
+            delay *= 2
+            continue
+        logger.info("joined as %s; certificate valid until %s", config.node_id, not_after)
+        return config
+    raise AssertionError("unreachable")
+
+
+async def join_all(roots: list[Path], joining: Joining | None) -> list[Config]:
+    """Every machine's config: read when it joined before, else joined (at most
+    `joining.at_once` at a time)."""
+    waiting = [root for root in roots if joined_config(Paths(root)) is None]
+    if waiting and joining is None:
+        raise JoinError(f"{len(waiting)} machine(s) have not joined ({waiting[0].name}, ...) "
+                        "and no join token was given")
+    if waiting and joining is not None:
+        gate = asyncio.Semaphore(joining.at_once)
+
+        async def paced(root: Path) -> Config:
+            async with gate:
+                return await join_one(root, joining)
+
+        await asyncio.gather(*(asyncio.create_task(paced(root)) for root in waiting))
+    configs = [joined_config(Paths(root)) for root in roots]
+    return [config for config in configs if config is not None]
+
+
+async def run_machines(roots: list[Path], *, joining: Joining | None = None,
+                       places: dict[str, str] | None = None) -> None:
+    """Join what has not joined, then run every machine's agent until SIGINT or SIGTERM;
+    one machine's agent failing stops them all (the supervisor restarts the process, and
+    each agent's journal makes that safe, as for one)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    configs = await join_all(roots, joining)
+    logger.info("running %d simulated machines in this process", len(configs))
+
+    async def run_one(config: Config) -> None:
+        MACHINE.set(Path(config.root).name)  # this task's context: its tasks inherit it
+        await Agent(config, place=(places or {}).get(Path(config.root).name)).run(stop)
+
+    agents = [asyncio.create_task(run_one(config)) for config in configs]
+    try:
+        done, _ = await asyncio.wait(agents, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        stop.set()
+        await asyncio.gather(*agents, return_exceptions=True)

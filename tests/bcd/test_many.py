@@ -1,0 +1,122 @@
+"""Many simulated machines in one process (`bcd sim agents`): machines that have not joined
+join a few at a time and are retried, a join that keeps failing says which machine, and each
+machine's log lines go to its own file. (Running them against a real gateway is `dev`'s
+end-to-end test.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bcd import many
+from bcd.config import Config
+from bcd.join.documents import JoinError, Pins
+
+PINS = Pins("sha256/a", "sha256/b", "sha256/c")
+
+
+class FakeJoins:
+    """`bcd.join.client.join` as a control plane that refuses each machine's first
+    `failures` attempts, counting how many joins were in flight at once."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.attempts: dict[str, int] = {}
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, *, root: Path, hostname: str | None, **_: Any) -> tuple[Config, str]:
+        with self.lock:
+            self.attempts[root.name] = self.attempts.get(root.name, 0) + 1
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            attempt = self.attempts[root.name]
+        try:
+            time.sleep(0.05)
+            if attempt <= self.failures:
+                raise JoinError("the control plane did not answer in time")
+            config = Config(server="https://cp", gateway="gw:1", node_id=f"node_{root.name}",
+                            site_id="site_1", trust_domain="td", serving_ca_pin="a",
+                            join_signing_pin="b", join_encryption_pin="c", root=str(root),
+                            sim=True, hostname=hostname or "")
+            config.paths.config_dir.mkdir(parents=True)
+            config.write(config.paths.config_file)
+            for written in (config.paths.key_file, config.paths.cert_file):
+                written.write_text("x")
+            return config, "tomorrow"
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(many, "JOIN_BACKOFF_SECONDS", 0.01)
+
+
+def test_machines_join_a_few_at_a_time_and_are_retried(tmp_path, monkeypatch, quick_backoff):
+    joins = FakeJoins(failures=2)
+    monkeypatch.setattr(many, "join", joins)
+    roots = [tmp_path / f"node-{n:02d}" for n in range(1, 13)]
+    joining = many.Joining(server="https://cp", token="bcjt_x", pins=PINS, at_once=3,
+                           hostname=lambda root: f"gpu-{root.name.removeprefix('node-')}")
+    configs = asyncio.run(many.join_all(roots, joining))
+    assert [c.node_id for c in configs] == [f"node_{root.name}" for root in roots]
+    assert [c.hostname for c in configs][:2] == ["gpu-01", "gpu-02"]
+    assert set(joins.attempts.values()) == {3}  # two refusals each, then joined
+    assert 1 < joins.most_in_flight <= 3
+
+
+def test_a_machine_that_never_joins_is_named_and_joined_ones_are_not_joined_again(
+        tmp_path, monkeypatch, quick_backoff):
+    joins = FakeJoins(failures=0)
+    monkeypatch.setattr(many, "join", joins)
+    roots = [tmp_path / "node-01", tmp_path / "node-02"]
+    joining = many.Joining(server="https://cp", token="bcjt_x", pins=PINS)
+    asyncio.run(many.join_all(roots[:1], joining))
+    joins.failures = many.JOIN_ATTEMPTS
+    with pytest.raises(JoinError, match="node-02: the control plane did not answer"):
+        asyncio.run(many.join_all(roots, joining))
+    assert joins.attempts == {"node-01": 1, "node-02": many.JOIN_ATTEMPTS}
+    with pytest.raises(JoinError, match=r"1 machine.* have not joined .node-02"):
+        asyncio.run(many.join_all(roots, None))  # and without a token, nothing is tried
+
+
+def test_each_machine_logs_to_its_own_file(tmp_path):
+    lines: list[str] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = many.MachineLogs(tmp_path, Kept())
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("bcd.test-many")
+    log.addHandler(handler)
+    log.propagate = False
+
+    async def machine(name: str) -> None:
+        many.MACHINE.set(name)
+        log.warning("%s starts", name)
+        await asyncio.to_thread(log.warning, "%s reads its inventory on a thread", name)
+
+    async def both() -> None:
+        await asyncio.gather(machine("node-01"), machine("node-02"))
+
+    try:
+        asyncio.run(both())
+        log.warning("the process itself")
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    assert (tmp_path / "sim-node-01.log").read_text().splitlines() == [
+        "WARNING node-01 starts", "WARNING node-01 reads its inventory on a thread"]
+    assert "node-01" not in (tmp_path / "sim-node-02.log").read_text()
+    assert lines == ["the process itself"]
