@@ -23,6 +23,7 @@ from bcd.inventory.nvml import NvmlInventory, cleared_file_of
 
 SWITCHES = 4  # NVSwitch chips of an HGX H100 board
 LINKS = 18  # NVLinks of an H100
+FRESH_SECONDS = 0.1  # NVML calls this close together answer from one look at the faults file
 # The `mig` variant's instances by GPU index: two GPUs as seven 1g.10gb, two as two 3g.40gb.
 MIG_LAYOUT = {0: ["1g.10gb"] * 7, 1: ["1g.10gb"] * 7, 2: ["3g.40gb"] * 2, 3: ["3g.40gb"] * 2}
 
@@ -40,9 +41,12 @@ class SimulatedInventory:
     nvml: NvmlInventory = field(init=False, repr=False)
     _described: tuple[tuple[Any, ...], dict[str, Any]] | None = field(
         default=None, init=False, repr=False)
+    _looked: float = field(default=float("-inf"), init=False, repr=False)
+    _faults: Path | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         root = Path(self.root) if self.root else None
+        self._faults = faults_file(root) if root else None
         self.nvml = NvmlInventory(DescribedNvml(self.describe), host=self.host,
                                   cleared_file=cleared_file_of(root) if root else None)
         if root is not None:  # its GPUs' device files, plain files a workload can hold open
@@ -71,10 +75,15 @@ class SimulatedInventory:
     def describe(self) -> dict[str, Any]:
         """The machine as NVML would answer now, injected faults included. NVML answers each
         call from the driver's state; the description is made again only when the faults
-        file changed or the minute its readings drift by turned, so a call costs a `stat`."""
-        minute = int(time.time() // 60)
-        key = (file_stamp(faults_file(Path(self.root))) if self.root else None, minute)
+        file changed or the minute its readings drift by turned, and the calls of one
+        inventory pass (hundreds, within milliseconds) share one `stat` of the file."""
         described = self._described
+        now = time.monotonic()
+        if described is not None and now - self._looked < FRESH_SECONDS:
+            return described[1]
+        self._looked = now
+        minute = int(time.time() // 60)
+        key = (file_stamp(self._faults) if self._faults else None, minute)
         if described is not None and described[0] == key:
             return described[1]
         description = self._describe_now(minute)
@@ -82,8 +91,8 @@ class SimulatedInventory:
         return description
 
     def _describe_now(self, minute: int) -> dict[str, Any]:
-        faults = read_faults(faults_file(Path(self.root))) if self.root else {}
-        busy = utilization_set(faults_file(Path(self.root))) if self.root else {}
+        faults = read_faults(self._faults) if self._faults else {}
+        busy = utilization_set(self._faults) if self._faults else {}
         gpus = []
         for i in range(self.gpus):
             fault = faults.get(i)
@@ -102,7 +111,7 @@ class SimulatedInventory:
                                  "failure": 0},
                 "utilization": busy.get(i, seed % 101), "temperatureC": 30 + seed % 45,
                 "powerMw": (60 + seed % 600) * 1000, "mig": self._mig(i)})
-        events = xid_events(faults_file(Path(self.root))) if self.root else []
+        events = xid_events(self._faults) if self._faults else []
         return {"gpus": gpus, "events": events}
 
     def _mig(self, index: int) -> dict[str, Any]:

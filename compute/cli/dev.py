@@ -592,12 +592,13 @@ def start_more_workers(stack: Stack, env: dict[str, str]) -> None:
 def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str, port: int,
                         state_dir: Path, sim_variant: str = "gpu", seeded: bool = False,
                         env_extra: dict[str, str] | None = None,
-                        later_workers: bool = False, gateways: int = 1) -> ControlPlane:
+                        one_worker: bool = False, gateways: int = 1) -> ControlPlane:
     """Migrate (unless the server was `seeded` from a migrated copy), bootstrap the root
     tenant, its admin token, a site and a pool, and start the API (as `serve` runs it), the
     gateway, two queue workers and the django-q2 cluster as children of `stack` (with
-    `later_workers`, one queue worker: the caller starts the rest with `start_more_workers`
-    once nothing waits on the machine's cores). `env_extra` goes to every one of them.
+    `one_worker`, one queue worker that also runs the periodic jobs: on a laptop's cores a
+    second worker and the cluster's five processes add memory, not speed). `env_extra` goes
+    to every one of them.
     With `gateways` > 1, as many gateways (`gateway-2`, …), every one published."""
     stack.log_dir = state_dir / "logs"
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -644,8 +645,13 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
              "--cert-dir", str(state_dir / "gateway"), "--name", name], gateway_env,
             name=name)
         _wait_for_port(host, joins, gateway, name)
-    stack.start([sys.executable, "-m", "django", "bc_worker", "--loop"], env, name="worker-1")
-    if not later_workers:
+    stack.start([sys.executable, "-m", "django", "bc_worker", "--loop",
+                 *(["--periodic"] if one_worker else [])], env, name="worker-1")
+    if one_worker:
+        click.echo("Worker running: one queue worker (256 shards: reservations, pools, node "
+                   "liveness) that also runs the periodic jobs (audit positions each minute, "
+                   "checkpoints each hour)")
+    else:
         start_more_workers(stack, env)
     api = Client(Config(url=url, token=token_file.read_text().strip(), tenant=None))
     return ControlPlane(env=env, ids=ids, url=url, api=api, gateway_port=gateway_port,
@@ -693,7 +699,7 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         if memory:  # a new database: machines that joined an earlier one are unknown to it
             forget_machines(state_dir)
         plane = start_control_plane(stack, server, host=host, port=port, state_dir=state_dir,
-                                    sim_variant=sim_variant, seeded=seeded, later_workers=True,
+                                    sim_variant=sim_variant, seeded=seeded, one_worker=True,
                                     gateways=gateways)
         env, ids, url, api = plane.env, plane.ids, plane.url, plane.api
         join_port = plane.join_port
@@ -720,7 +726,6 @@ def dev(memory: bool, port: int, host: str, sim: int, sim_variant: str,
         else:
             start_provisioner()
         _provisioner_wait(stack, api, *started[0])
-        start_more_workers(stack, env)  # what nothing above waited for
         guest = guest_built.result()
         exports = {"BETTER_COMPUTE_URL": url, "BETTER_COMPUTE_TOKEN": api.config.token,
                    "BETTER_COMPUTE_TENANT": "root", "POOL": ids["poolId"],

@@ -8,13 +8,14 @@ from __future__ import annotations
 import ast
 import json
 import re
+import time
 from pathlib import Path
 
 import pynvml
 import pytest
 
 from bcd.inventory.described import DescribedNvml
-from bcd.inventory.fake import SimulatedInventory
+from bcd.inventory.fake import FRESH_SECONDS, SimulatedInventory
 from bcd.inventory.faults import faults_file, inject
 from bcd.inventory.nvml import NvmlInventory, clear_health, cleared_file_of, linked_domains
 
@@ -108,17 +109,21 @@ def test_a_simulated_machine_answers_through_the_same_interface(tmp_path):
 
 
 def test_a_simulated_machine_is_described_again_only_when_a_fault_changes_it(tmp_path):
-    """One inventory read makes hundreds of NVML calls: they read one description, made
-    again when a fault is injected or healed, so the faults are seen at the next call."""
+    """One inventory read makes hundreds of NVML calls within milliseconds: they read one
+    description (one look at the faults file), made again when a fault is injected or
+    healed, so a fault is seen by the calls a tenth of a second later."""
     machine = SimulatedInventory("gpu-01", root=str(tmp_path))
     first = machine.describe()
     assert machine.describe() is first
     inject(faults_file(tmp_path), 2, "nvlink-down")
+    time.sleep(FRESH_SECONDS)
     linked = machine.describe()
     assert linked is not first
     assert linked["gpus"][2]["nvlinks"][0][0] == 0
-    assert machine.describe() is linked
+    time.sleep(FRESH_SECONDS)
+    assert machine.describe() is linked  # looked again: nothing changed
     inject(faults_file(tmp_path), 2, "heal")
+    time.sleep(FRESH_SECONDS)
     assert machine.describe()["gpus"][2]["nvlinks"][0][0] == 1
 
 

@@ -31,6 +31,49 @@ logger = logging.getLogger("compute.platform.queue")
 SWEEPERS = "sweep"  # an app's `<app>.reconcilers.sweep()` enqueues what timers made due
 
 
+class PeriodicJobs:
+    """The periodic jobs (compute/platform/schedules.py) without the django-q2 cluster: every
+    `every` seconds, django-q2's scheduler turns the schedules that fell due into tasks on its
+    Postgres broker (each schedule's row locked, its next run set, committed), and this
+    process takes them off the broker and runs them through django-q2's own worker and
+    monitor, which record each result and acknowledge it, as the cluster's processes do. A
+    cluster running beside it takes none of the same tasks (the broker locks what it hands
+    out)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.next = 0.0
+
+    def __call__(self) -> None:
+        from multiprocessing import Queue, Value
+
+        from django_q.brokers import get_broker
+        from django_q.monitor import monitor
+        from django_q.scheduler import scheduler
+        from django_q.signing import SignedPackage
+        from django_q.worker import worker
+
+        if time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + self.every
+        broker = get_broker()
+        scheduler(broker=broker)
+        tasks: Queue[Any] = Queue()
+        results: Queue[Any] = Queue()
+        while batch := broker.dequeue():
+            for ack_id, package in batch:
+                task = SignedPackage.loads(package)
+                task["ack_id"] = ack_id
+                tasks.put(task)
+        tasks.put("STOP")
+        worker(tasks, results, Value("f", -1))
+        results.put("STOP")
+        monitor(results, broker)
+        for queue in (tasks, results):
+            queue.close()
+            queue.join_thread()
+
+
 class Command(BaseCommand):
     help = __doc__
 
@@ -44,9 +87,12 @@ class Command(BaseCommand):
         parser.add_argument("--lease", type=float, default=10.0, help="lease seconds")
         parser.add_argument("--import", dest="imports", action="append", default=[],
                             help="extra handler modules to load (tests)")
+        parser.add_argument("--periodic", action="store_true",
+                            help="also run the periodic jobs' due schedules, in this process "
+                                 "(a small deployment without the django-q2 cluster)")
 
     def handle(self, *args: object, loop: bool, interval: float, lease: float,
-               imports: list[str], metrics_listen: str | None = None,
+               imports: list[str], metrics_listen: str | None = None, periodic: bool = False,
                **options: object) -> None:
         if metrics_listen:
             serve_metrics(metrics_listen)
@@ -60,6 +106,8 @@ class Command(BaseCommand):
                 continue
             if hasattr(module, SWEEPERS):
                 sweepers.append(getattr(module, SWEEPERS))
+        if periodic:
+            sweepers.append(PeriodicJobs())
         worker = Worker(f"{socket.gethostname()}:{os.getpid()}",
                         lease=timedelta(seconds=lease))
         stop = {"now": False}
