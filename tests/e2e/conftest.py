@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from compute.cli.dev import read_env_file
@@ -85,12 +87,19 @@ def start_stack(tmp: Path, *extra: str, env_extra: dict[str, str] | None = None,
 
 
 def stop_stack(stack: Stack) -> int:
+    """Stop `dev` as Ctrl-C does; one that has not stopped within a minute is killed with
+    everything it started (each in a session of its own, so not by its process group): a
+    stack left running would load the machine under every test after it."""
     stack.process.send_signal(signal.SIGINT)
     try:
-        return stack.process.wait(timeout=30)
+        return stack.process.wait(timeout=60)
     finally:
         if stack.process.poll() is None:
+            started = psutil.Process(stack.process.pid).children(recursive=True)
             stack.process.kill()
+            for child in started:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
 
 
 @pytest.fixture(scope="module")
