@@ -43,12 +43,12 @@ def test_a_worker_with_periodic_runs_the_due_schedules_itself_once_each(root):
     install_schedules()
     now = timezone.now()
     Schedule.objects.update(next_run=now - timedelta(minutes=1))
-    jobs = PeriodicJobs(every=0)
-    jobs()
+    jobs = PeriodicJobs()
+    jobs.run_due()
     assert Checkpoint.objects.exists()  # the hourly checkpoint ran, here
     assert sorted(Success.objects.values_list("func", flat=True)) == sorted(
         fields["func"] for fields in SCHEDULES.values())
     assert all(schedule.next_run > now for schedule in Schedule.objects.all())
-    jobs()  # nothing is due now: nothing runs again
+    jobs.run_due()  # nothing is due now: nothing runs again
     assert Success.objects.count() == len(SCHEDULES)
     assert not OrmQ.objects.exists()  # every task taken off the broker was acknowledged

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,19 +33,32 @@ SWEEPERS = "sweep"  # an app's `<app>.reconcilers.sweep()` enqueues what timers 
 
 
 class PeriodicJobs:
-    """The periodic jobs (compute/platform/schedules.py) without the django-q2 cluster: every
-    `every` seconds, django-q2's scheduler turns the schedules that fell due into tasks on its
+    """The periodic jobs (compute/platform/schedules.py) without the django-q2 cluster, on a
+    thread of the worker (so that a long job never holds up the work queue): every `every`
+    seconds, django-q2's scheduler turns the schedules that fell due into tasks on its
     Postgres broker (each schedule's row locked, its next run set, committed), and this
-    process takes them off the broker and runs them through django-q2's own worker and
+    thread takes them off the broker and runs them through django-q2's own worker and
     monitor, which record each result and acknowledge it, as the cluster's processes do. A
     cluster running beside it takes none of the same tasks (the broker locks what it hands
     out)."""
 
     def __init__(self, every: float = 5.0) -> None:
         self.every = every
-        self.next = 0.0
 
-    def __call__(self) -> None:
+    def start(self) -> None:
+        threading.Thread(target=self._forever, name="periodic-jobs", daemon=True).start()
+
+    def _forever(self) -> None:
+        while True:
+            try:
+                self.run_due()
+            except Exception:  # the database away, a job's import broken: next time
+                logger.exception("the periodic jobs could not run")
+            finally:
+                connections.close_all()
+            time.sleep(self.every)
+
+    def run_due(self) -> None:
         from multiprocessing import Queue, Value
 
         from django_q.brokers import get_broker
@@ -53,9 +67,6 @@ class PeriodicJobs:
         from django_q.signing import SignedPackage
         from django_q.worker import worker
 
-        if time.monotonic() < self.next:
-            return
-        self.next = time.monotonic() + self.every
         broker = get_broker()
         scheduler(broker=broker)
         tasks: Queue[Any] = Queue()
@@ -107,7 +118,7 @@ class Command(BaseCommand):
             if hasattr(module, SWEEPERS):
                 sweepers.append(getattr(module, SWEEPERS))
         if periodic:
-            sweepers.append(PeriodicJobs())
+            PeriodicJobs().start()
         worker = Worker(f"{socket.gethostname()}:{os.getpid()}",
                         lease=timedelta(seconds=lease))
         stop = {"now": False}
