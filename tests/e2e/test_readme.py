@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from compute.cli.dev import JOIN_ONE_MORE
 from tests.e2e.conftest import start_stack, stop_stack
 
@@ -19,6 +21,7 @@ def tutorial_blocks() -> list[str]:
     return re.findall(r"```sh\n(.*?)```", TUTORIAL.read_text(), flags=re.S)
 
 
+@pytest.mark.timeout(900)  # (a few minutes alone; several more on two busy cores)
 def test_the_tutorial_runs_as_written_against_dev(tmp_path):
     blocks = tutorial_blocks()
     assert len(blocks) >= 6
@@ -30,7 +33,7 @@ def test_the_tutorial_runs_as_written_against_dev(tmp_path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE")}
     try:
         result = subprocess.run(["bash", "-c", script], cwd=work, env=clean, text=True,
-                                capture_output=True, timeout=240, check=False)
+                                capture_output=True, timeout=600, check=False)
         assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-6000:])
         assert "proof verifies" in result.stdout
         assert (work / "machine-1" / "etc/bcd/config.toml").exists()
