@@ -144,41 +144,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-class LongestFirst:
-    """Orders the collection after every other plugin did (pytest-django moves its
-    transactional tests last)."""
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        items.sort(key=_longest_first)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(LongestFirst(), "longest-first")
-
-
-# The modules whose tests take longest (minutes each on two busy cores), started first and
-# longest first (with --no-loadscope-reorder, workers take work in this order): a long test
-# that starts last makes the whole run wait for it. (Not the simulator's seeds: they judge
-# what a seed's workload did in its minute, and on cores this busy it does too little.)
-LONGEST_FIRST = (
-    "tests/e2e/test_rolling_upgrade.py", "tests/e2e/test_baremetal_vm.py",
-    "tests/e2e/test_install_script.py", "tests/reservations/test_torture.py",
-    "tests/e2e/test_dev_restart.py", "tests/e2e/test_sandboxes.py",
-    "tests/e2e/test_previous_release.py", "tests/e2e/test_backup_restore.py",
-    "tests/e2e/test_readme.py", "tests/e2e/test_several_hosts.py",
-    "tests/e2e/test_failover.py", "tests/e2e/test_baremetal.py",
-    "tests/reservations/test_gang_torture.py", "tests/e2e/test_login.py",
-    "tests/e2e/test_joined_by_hand.py", "tests/e2e/test_gpu_health.py",
-    "tests/e2e/test_metrics.py", "tests/e2e/test_gateways.py",
-)
-
-
-def _longest_first(item: pytest.Item) -> int:
-    path = item.nodeid.split("::", 1)[0]
-    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: two workers per core. Half of a worker's time is spent waiting (on the
     processes an end-to-end test starts, guests that boot, timeouts that must pass), and a
