@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from bcd.agent import Agent
 from bcd.config import Config, Paths, joined_config
 from bcd.join.client import join
@@ -108,7 +110,7 @@ async def join_one(root: Path, joining: Joining) -> Config:
                 join, server=joining.server, pins=joining.pins, token=joining.token,
                 root=root, sim=True, sim_gpus=joining.gpus, sim_variant=joining.variant,
                 hostname=joining.hostname(root))
-        except (JoinError, OSError) as failure:
+        except (JoinError, OSError, grpc.RpcError) as failure:  # refused, or not reached
             if attempt == JOIN_ATTEMPTS:
                 raise JoinError(f"{root.name}: {failure}") from failure
             logger.warning("join attempt %d failed: %s; trying again", attempt, failure)
