@@ -150,7 +150,15 @@ async def run_machines(roots: list[Path], *, joining: Joining | None = None,
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    configs = await join_all(roots, joining)
+    joined = asyncio.create_task(join_all(roots, joining))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([joined, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not joined.done():  # stopped while joining: the joins in flight are dropped
+        joined.cancel()
+        await asyncio.gather(joined, return_exceptions=True)
+        return
+    stopping.cancel()
+    configs = joined.result()
     logger.info("running %d simulated machines in this process", len(configs))
 
     async def run_one(config: Config) -> None:

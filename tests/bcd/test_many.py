@@ -123,3 +123,24 @@ def test_each_machine_logs_to_its_own_file(tmp_path):
         "WARNING node-01 starts", "WARNING node-01 reads its inventory on a thread"]
     assert "node-01" not in (tmp_path / "sim-node-02.log").read_text()
     assert lines == ["the process itself"]
+
+
+def test_a_stop_while_machines_join_ends_the_process_without_running_them(tmp_path,
+                                                                          monkeypatch):
+    """`dev` stopping while its machines still join (TERM): the process ends when the joins
+    in flight return, and starts no agent."""
+    import os
+    import signal
+
+    def slow_join(**_: Any) -> tuple[Config, str]:
+        time.sleep(1.0)
+        raise JoinError("the control plane did not answer in time")
+
+    monkeypatch.setattr(many, "join", slow_join)
+    monkeypatch.setattr(many, "Agent", None)  # (an agent started would fail loudly)
+    roots = [tmp_path / f"node-{n:02d}" for n in range(1, 5)]
+    joining = many.Joining(server="https://cp", token="bcjt_x", pins=PINS, at_once=2)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    began = time.monotonic()
+    asyncio.run(many.run_machines(roots, joining=joining))
+    assert time.monotonic() - began < 5  # not the 4 attempts with their backoff
