@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 
+import pytest
+
 from compute.cli.sim.schedule import FAULTS, plan
 
 SMALL = ["--nodes", "2", "--minutes", "1.2", "--time-scale", "10"]
@@ -41,18 +43,23 @@ def test_a_seed_alone_gives_the_plan_and_each_plan_holds_every_fault():
 
 def test_a_ci_seed_holds_every_invariant_under_its_faults():
     """One seed at a small size (it injects every kind of fault); more seeds, and longer
-    ones, are the campaign `python -m bench.sim`."""
-    code, report = report_of(simulate("--seed", "1", *SMALL))
-    failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
-    assert not failed, (failed, report["faults"])
-    assert code == 0
-    assert {f["fault"].split()[0] for f in report["faults"]} == set(FAULTS)
-    assert report["outcomes"].get("reservations.create ok", 0) > 0
-    # Each check looked at something: commands ran, the API's decisions were counted.
-    assert "executions logged" in report["invariants"]["I2"]["summary"]
-    assert " 0 executions" not in report["invariants"]["I2"]["summary"]
-    assert "(0 by the API" not in report["invariants"]["IAM"]["summary"]
-    assert report["outcomes"].get("workload started", 0) > 0  # I6 had workloads to judge
+    ones, are the campaign `python -m bench.sim`. On cores busy with other tests a run can
+    end before any of its reservations became active, leaving I6 nothing to judge: such a
+    run must hold every invariant too, and the seed is run once more."""
+    for _ in range(2):
+        code, report = report_of(simulate("--seed", "1", *SMALL))
+        failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
+        assert not failed, (failed, report["faults"])
+        assert code == 0
+        assert {f["fault"].split()[0] for f in report["faults"]} == set(FAULTS)
+        assert report["outcomes"].get("reservations.create ok", 0) > 0
+        # Each check looked at something: commands ran, the API's decisions were counted.
+        assert "executions logged" in report["invariants"]["I2"]["summary"]
+        assert " 0 executions" not in report["invariants"]["I2"]["summary"]
+        assert "(0 by the API" not in report["invariants"]["IAM"]["summary"]
+        if report["outcomes"].get("workload started", 0) > 0:  # I6 had workloads to judge
+            return
+    pytest.fail(f"in two runs no workload started, so I6 judged nothing: {report['outcomes']}")
 
 
 def test_without_the_exclude_constraints_and_the_journal_i1_and_i2_fail():
