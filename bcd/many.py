@@ -27,7 +27,7 @@ import grpc
 from bcd.agent import Agent
 from bcd.config import Config, Paths, joined_config
 from bcd.join.client import join
-from bcd.join.documents import JoinError, Pins
+from bcd.join.documents import JoinError, JoinRefused, Pins
 
 logger = logging.getLogger("bcd")
 MACHINE: contextvars.ContextVar[str] = contextvars.ContextVar("bcd_machine", default="")
@@ -99,9 +99,9 @@ def _named(record: logging.LogRecord) -> bool:
 
 
 async def join_one(root: Path, joining: Joining) -> Config:
-    """Join the machine at `root`, retried with jittered backoff: a control plane busy with
-    a whole fleet's joins may time one out. A refusal that says the token is spent or
-    wrong is final all the same after the last attempt."""
+    """Join the machine at `root`, retried with jittered backoff when the control plane was
+    not reached or did not answer (busy with a whole fleet's joins); a refusal is final at
+    once (asked again, it would only be refused and audited again)."""
     MACHINE.set(root.name)
     delay = JOIN_BACKOFF_SECONDS
     for attempt in range(1, JOIN_ATTEMPTS + 1):
@@ -110,7 +110,9 @@ async def join_one(root: Path, joining: Joining) -> Config:
                 join, server=joining.server, pins=joining.pins, token=joining.token,
                 root=root, sim=True, sim_gpus=joining.gpus, sim_variant=joining.variant,
                 hostname=joining.hostname(root))
-        except (JoinError, OSError, grpc.RpcError) as failure:  # refused, or not reached
+        except JoinRefused as refusal:
+            raise JoinError(f"{root.name}: {refusal}") from refusal
+        except (JoinError, OSError, grpc.RpcError) as failure:  # not reached, no answer
             if attempt == JOIN_ATTEMPTS:
                 raise JoinError(f"{root.name}: {failure}") from failure
             logger.warning("join attempt %d failed: %s; trying again", attempt, failure)

@@ -20,7 +20,14 @@ from bcd.config import Config, Paths, write_private
 from bcd.contract.proto import agent_pb2 as pb
 from bcd.contract.proto import agent_pb2_grpc
 from bcd.inventory import inventory_for
-from bcd.join.documents import JoinError, Pins, check_wellknown, prepare, verify_answer
+from bcd.join.documents import (
+    JoinError,
+    JoinRefused,
+    Pins,
+    check_wellknown,
+    prepare,
+    verify_answer,
+)
 
 
 def wellknown_url(server: str) -> str:
@@ -123,7 +130,7 @@ def join(*, server: str, pins: Pins, token: str, root: Path, sim: bool, sim_gpus
                              product_uuid=report.get("productUuid", ""),
                              macs=report.get("macs", [])))))
     if not reply.ok:
-        raise JoinError(f"the control plane refused the join: {reply.message} (ask the "
+        raise JoinRefused(f"the control plane refused the join: {reply.message} (ask the "
                         "operator to check the audit log)")
     payload = verify_answer(json.loads(reply.signed_json), request, pins,
                             document["trustDomain"])

@@ -19,6 +19,11 @@ class JoinError(Exception):
     """The join cannot go on; the message says why, for the operator."""
 
 
+class JoinRefused(JoinError):
+    """The control plane answered and refused: asking again gets the same answer (and one
+    more audited refusal from this address)."""
+
+
 @dataclass(frozen=True)
 class Pins:
     serving_ca: str

@@ -17,7 +17,7 @@ import pytest
 
 from bcd import many
 from bcd.config import Config
-from bcd.join.documents import JoinError, Pins
+from bcd.join.documents import JoinError, JoinRefused, Pins
 
 PINS = Pins("sha256/a", "sha256/b", "sha256/c")
 
@@ -90,6 +90,20 @@ def test_a_machine_that_never_joins_is_named_and_joined_ones_are_not_joined_agai
     assert joins.attempts == {"node-01": 1, "node-02": many.JOIN_ATTEMPTS}
     with pytest.raises(JoinError, match=r"1 machine.* have not joined .node-02"):
         asyncio.run(many.join_all(roots, None))  # and without a token, nothing is tried
+
+
+def test_a_refused_join_is_not_asked_again(tmp_path, monkeypatch, quick_backoff):
+    attempts = []
+
+    def refusing(*, root: Path, **_: Any) -> tuple[Config, str]:
+        attempts.append(root.name)
+        raise JoinRefused("the control plane refused the join: token spent")
+
+    monkeypatch.setattr(many, "join", refusing)
+    joining = many.Joining(server="https://cp", token="bcjt_x", pins=PINS)
+    with pytest.raises(JoinError, match="node-01: the control plane refused the join"):
+        asyncio.run(many.join_all([tmp_path / "node-01"], joining))
+    assert attempts == ["node-01"]
 
 
 def test_each_machine_logs_to_its_own_file(tmp_path):
