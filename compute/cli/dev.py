@@ -287,15 +287,22 @@ def start_machines(stack: Stack, api: Client, roots: list[Path], newcomers: list
         argv += ["--place", f"{root.name}={place}"]
     agent_env = agent_environment(env)
     if newcomers:
-        minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
-                                                "maxUses": len(newcomers), "role": "node"})
-        pins = api.call("pki.show")
-        argv += ["--server", server, "--serving-ca-pin", pins["servingCaSpkiPin"],
-                 "--join-signing-pin", pins["joinSigningKeyPin"],
-                 "--join-encryption-pin", pins["joinEncryptionKeyPin"],
-                 "--sim-variant", variant, "--hostname-prefix", _hostname_prefix(variant)]
-        agent_env = agent_environment(env, join_token=minted["token"])
+        token, pins = _join_grant(api, pool_id, uses=len(newcomers), role="node")
+        argv += ["--server", server, *pins, "--sim-variant", variant,
+                 "--hostname-prefix", _hostname_prefix(variant)]
+        agent_env = agent_environment(env, join_token=token)
     stack.start(argv, agent_env, name="sim-agents")
+
+
+def _join_grant(api: Client, pool_id: str, *, uses: int, role: str) -> tuple[str, list[str]]:
+    """A new join token for `uses` machines of `pool_id`, and the pins' options that `bcd`
+    joins with."""
+    minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
+                                            "maxUses": uses, "role": role})
+    pins = api.call("pki.show")
+    return minted["token"], ["--serving-ca-pin", pins["servingCaSpkiPin"],
+                             "--join-signing-pin", pins["joinSigningKeyPin"],
+                             "--join-encryption-pin", pins["joinEncryptionKeyPin"]]
 
 
 def _hostname_prefix(variant: str) -> str:
@@ -315,20 +322,15 @@ def join_argvs(api: Client, roots: list[Path], *, variant: str, pool_id: str, se
                env: dict[str, str], role: str = "node") -> tuple[dict[str, str], list[list[str]]]:
     """One new join token for `roots`, in the environment the joins run with, and the
     `bcd join` command line of a simulated machine at each root."""
-    minted = api.call("joinTokens.create", {"poolId": pool_id, "ttl": 3_600_000,
-                                            "maxUses": len(roots), "role": role})
-    pins = api.call("pki.show")
+    token, pins = _join_grant(api, pool_id, uses=len(roots), role=role)
     argv = []
     for root in roots:
         root.mkdir(parents=True, exist_ok=True)
         hostname = (role if role != "node" else
                     f"{_hostname_prefix(variant)}-{root.name.removeprefix('node-')}")
         argv.append([sys.executable, "-m", "bcd", "--root", str(root), "join", "--server",
-                     server, "--serving-ca-pin", pins["servingCaSpkiPin"],
-                     "--join-signing-pin", pins["joinSigningKeyPin"],
-                     "--join-encryption-pin", pins["joinEncryptionKeyPin"], "--sim",
-                     "--sim-variant", variant, "--hostname", hostname])
-    return agent_environment(env, join_token=minted["token"]), argv
+                     server, *pins, "--sim", "--sim-variant", variant, "--hostname", hostname])
+    return agent_environment(env, join_token=token), argv
 
 
 def placed(env: dict[str, str], place: str | None) -> dict[str, str]:
