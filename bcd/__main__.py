@@ -173,6 +173,17 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(said: str) -> int:
+    try:
+        number = int(said)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{said!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} joins at once would join no machine: "
+                                         "give 1 or more")
+    return number
+
+
 def _agent_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--provisioner", action="store_true",
                          help="also speak Redfish to this site's machines' BMCs (a node that "
@@ -256,8 +267,8 @@ def parser() -> argparse.ArgumentParser:
     agents.add_argument("--sim-variant", choices=SIM_VARIANTS, default="gpu")
     agents.add_argument("--hostname-prefix", default="",
                         help="joined machines are called <prefix>-<root name without node->")
-    agents.add_argument("--join-at-once", type=int, default=8,
-                        help="joins in flight together")
+    agents.add_argument("--join-at-once", type=_at_least_one, default=8,
+                        help="joins in flight together (1 or more)")
     agents.set_defaults(handler=cmd_sim_agents)
     health = sub.add_parser("health", help="GPU health").add_subparsers(
         dest="health_command", required=True)

@@ -158,3 +158,17 @@ def test_a_stop_while_machines_join_ends_the_process_without_running_them(tmp_pa
     began = time.monotonic()
     asyncio.run(many.run_machines(roots, joining=joining))
     assert time.monotonic() - began < 5  # not the 4 attempts with their backoff
+
+
+def test_bad_options_are_refused_before_anything_runs(tmp_path, capsys):
+    from bcd.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["sim", "agents", str(tmp_path / "node-01"), "--join-at-once", "0"])
+    assert exited.value.code == 2
+    assert "0 joins at once would join no machine" in capsys.readouterr().err
+    assert main(["sim", "agents", str(tmp_path / "node-01"), "--place", "node-01"]) == 2
+    assert "--place takes NAME=rack=R,rail=L" in capsys.readouterr().err
+    assert main(["sim", "agents", str(tmp_path / "node-01")]) == 2  # not joined, no server
+    assert "give --server and the three pins" in capsys.readouterr().err
+    assert not (tmp_path / "node-01").exists()

@@ -38,9 +38,8 @@ class PeriodicJobs:
     seconds, django-q2's scheduler turns the schedules that fell due into tasks on its
     Postgres broker (each schedule's row locked, its next run set, committed), and this
     thread takes them off the broker and runs them through django-q2's own worker and
-    monitor, which record each result and acknowledge it, as the cluster's processes do. A
-    cluster running beside it takes none of the same tasks (the broker locks what it hands
-    out)."""
+    monitor, which record each result and acknowledge it, as the cluster's processes do.
+    (For a deployment without the cluster: `dev`, or one small host.)"""
 
     def __init__(self, every: float = 5.0) -> None:
         self.every = every
