@@ -56,37 +56,54 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+def hold_port(host: str, port: int = 0) -> socket.socket | None:
+    """Bind `port` (any free one for 0) without listening, so that no other program's free
+    port or outgoing connection takes it while the server meant for it starts; the server
+    binds it beside this socket (both reuse the address), then the holder is closed.
+    None when the port is taken."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
-def _gateway_ports(state_dir: Path, host: str, count: int = 1) -> list[tuple[int, int]]:
-    """Each gateway's session and join ports: the last run's while they are free (the
-    agents that joined then keep their addresses), else new ones, kept for the next run."""
+def _release(holders: list[socket.socket]) -> None:
+    for holder in holders:
+        holder.close()
+
+
+def _gateway_ports(state_dir: Path, host: str,
+                   count: int = 1) -> tuple[list[tuple[int, int]], list[socket.socket]]:
+    """Each gateway's session and join ports, held until the gateways listen: the last
+    run's while they are free (the agents that joined then keep their addresses), else new
+    ones, kept for the next run."""
     path = state_dir / "gateway-ports.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text())
         pairs = [(int(kept["sessions"]), int(kept["joins"])),
                  *((int(s), int(j)) for s, j in kept.get("more", []))][:count]
-        if len(pairs) == count and all(_port_free(host, p) for pair in pairs for p in pair):
-            return pairs
-    pairs = [(free_port(), free_port()) for _ in range(count)]
+        held = [hold_port(host, port) for pair in pairs for port in pair]
+        holders = [holder for holder in held if holder is not None]
+        if len(pairs) == count and len(holders) == len(held):
+            return pairs, holders
+        _release(holders)
+    holders = [holder for _ in range(2 * count) if (holder := hold_port(host))]
+    ports = [holder.getsockname()[1] for holder in holders]
+    pairs = list(zip(ports[::2], ports[1::2], strict=True))
     path.write_text(json.dumps({"sessions": pairs[0][0], "joins": pairs[0][1],
                                 "more": pairs[1:]}))
-    return pairs
+    return pairs, holders
 
 
-def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], what: str) -> None:
+def _wait_for_port(host: str, port: int, stack: Stack, name: str, what: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise CliError(f"the {what} exited early with status {process.returncode}")
+        if (failure := stack.failure(name)) is not None:
+            raise CliError(f"the {what} exited early: {failure}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
@@ -604,7 +621,8 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
     With `gateways` > 1, as many gateways (`gateway-2`, …), every one published."""
     stack.log_dir = state_dir / "logs"
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    ports = _gateway_ports(state_dir, host, gateways)
+    api_holder = hold_port(host, port)  # free when asked for; kept so until the API listens
+    ports, gateway_holders = _gateway_ports(state_dir, host, gateways)
     (gateway_port, join_port) = ports[0]
     downloads = Path(config.text("BETTER_COMPUTE_DOWNLOADS_DIR") or state_dir / "downloads")
     write_artifacts(downloads)  # the agent's wheel; executables that were built stay
@@ -624,8 +642,8 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
             _save_migrated_copy(server)
     # The API as `serve` runs it (a short drain keeps Ctrl-C quick); its workers start
     # while the set-up below runs.
-    api_process = stack.start(server_argv(host, port, workers=DEV_API_WORKERS,
-                                          graceful_timeout=5), env, name="api")
+    stack.start(server_argv(host, port, workers=DEV_API_WORKERS, graceful_timeout=5), env,
+                name="api")
     token_file = state_dir / "admin-token"
     setup_args = ["bc_dev_setup", "--token-file", str(token_file),
                   "--gateway-role-password-file", str(_gateway_password(state_dir)),
@@ -637,16 +655,18 @@ def start_control_plane(stack: Stack, server: pg.EmbeddedPostgres, *, host: str,
         setup_args += ["--slice-gpus", "4"]
     ids: dict[str, Any] = json.loads(_django(setup_args, env).strip().splitlines()[-1])
     gateway_env = _gateway_env(env, state_dir)
-    _wait_for_port(host, port, api_process, "API server")
+    _wait_for_port(host, port, stack, "api", "API server")
+    _release([api_holder] if api_holder else [])
     url = f"http://{host}:{port}/api/compute"
     for number, (sessions, joins) in enumerate(ports, start=1):
         name = "gateway" if number == 1 else f"gateway-{number}"
-        gateway = stack.start(
+        stack.start(
             [sys.executable, "-m", "gateway", "--listen", f"{host}:{sessions}",
              "--join-listen", f"{host}:{joins}", "--api-url", f"http://{host}:{port}",
              "--cert-dir", str(state_dir / "gateway"), "--name", name], gateway_env,
             name=name)
-        _wait_for_port(host, joins, gateway, name)
+        _wait_for_port(host, joins, stack, name, name)
+    _release(gateway_holders)
     stack.start([sys.executable, "-m", "django", "bc_worker", "--loop",
                  *(["--periodic"] if one_worker else [])], env, name="worker-1")
     if one_worker:
