@@ -28,6 +28,7 @@ from tests.support.waiting import wait_until
 RESTORE_POINT = "before-the-last-booking"
 
 
+@pytest.mark.campaign
 @pytest.mark.timeout(900)  # two stacks, a backup and a restore: slow on a loaded machine
 def test_a_point_in_time_restore_converges_the_fleet_to_the_restored_ledger(tmp_path):
     archive = tmp_path / "wal-archive"

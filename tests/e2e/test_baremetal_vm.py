@@ -145,6 +145,7 @@ def stack(tmp_path_factory, libvirtd):
     stop_stack(running)
 
 
+@pytest.mark.campaign
 @pytest.mark.timeout(900)  # two TCG boots on a loaded 2-core machine: 110 to 180 s
 def test_a_deployed_vm_boots_its_written_disk_and_its_agent_joins_as_the_node(
         stack, vm, agent_artifacts, tmp_path):

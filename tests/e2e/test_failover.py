@@ -11,6 +11,7 @@ import pytest
 from bench.failover import failover
 
 
+@pytest.mark.campaign
 @pytest.mark.timeout(900)  # a Patroni cluster and a stack: ~150 s, more when loaded
 def test_a_patroni_failover_under_load_loses_nothing_acknowledged():
     result = failover(nodes=2, clients=2, before=8, after=25)

@@ -35,6 +35,7 @@ from tests.e2e.test_previous_release import REPOSITORY, previous_tree
 from tests.support.waiting import wait_until
 
 
+@pytest.mark.campaign
 @pytest.mark.timeout(900)  # ~100 s alone; 300 s and more on a loaded 2-core machine
 def test_a_rolling_upgrade_keeps_the_fleet_connected_and_loses_no_booking(tmp_path,
                                                                           monkeypatch):
