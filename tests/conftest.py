@@ -139,6 +139,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         used = fixtures.name2fixturedefs
         if "agent_artifacts" in used:
             item.add_marker(pytest.mark.xdist_group("agent-artifacts"))
+            # whichever runs first builds them: PyInstaller takes minutes on busy cores
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(900))
         elif any(d.scope in ("module", "class", "package") and d.baseid.startswith("tests")
                  for defs in used.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
 
 from compute.core.api.registry import REGISTRY
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "6"))  # per method and mode; raise it locally
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "4"))  # per method and mode; raise it locally
 # for a longer campaign
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance,
           negative_data_rejection, positive_data_acceptance]

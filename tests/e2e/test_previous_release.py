@@ -34,6 +34,7 @@ def previous_tree(into: Path) -> Path:
     return into
 
 
+@pytest.mark.timeout(900)  # ~150 s; more than 300 s on a loaded 2-core machine
 def test_the_previous_release_runs_on_the_migrated_schema(tmp_path, monkeypatch):
     old = previous_tree(tmp_path / "previous")
     server = pg.throwaway().start()

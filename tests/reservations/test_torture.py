@@ -76,7 +76,8 @@ def test_concurrent_bookers_never_double_book_or_exceed_quota():
         assert outcomes[done] > 0, (done, outcomes)
 
 
-@pytest.mark.parametrize("shares", [1, 3, 7, 10])
+@pytest.mark.parametrize("shares", [1, pytest.param(3, marks=pytest.mark.campaign),
+                                    pytest.param(7, marks=pytest.mark.campaign), 10])
 def test_shares_of_one_to_ten_per_gpu_never_overlap(shares):
     """The same race on pools slicing each GPU into 1 to 10 shares: whole GPUs, MIG
     instances, counted shares and fractions of one GPU on the same physical GPUs."""
