@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compute.core.errors import ComputeError
-from compute.core.metrics import REPORT_DUPLICATES
+from compute.core.metrics import REPORT_DUPLICATES, TELEMETRY_SUPERSEDED
 from compute.platform.queue.work import handler
 from fleet.models import Node, ReportInbox
 from fleet.services import sessions, telemetry
@@ -29,6 +29,7 @@ from fleet.work import REPORTS
 
 logger = logging.getLogger("fleet.reports")
 BATCH = 100
+TELEMETRY = "telemetry"
 
 
 class ReportRefused(Exception):
@@ -65,7 +66,7 @@ def report_kind(kind: str, apply: Callable[..., Any], *, refusal_action: str = "
 report_kind("inventory", sessions.inventory_report_record, refusal_action="node.inventory",
             takes=("epoch", "report_id"), deduplicated=True,
             refused=sessions.inventory_refused_record)
-report_kind("telemetry", telemetry.telemetry_record, takes=("epoch", "report_id"),
+report_kind(TELEMETRY, telemetry.telemetry_record, takes=("epoch", "report_id"),
             deduplicated=True)
 report_kind("command_result", sessions.command_result_record,
             refusal_action="node.command.result",
@@ -75,12 +76,21 @@ report_kind("command_result", sessions.command_result_record,
 
 @handler(REPORTS)
 def reconcile_reports(node_id: str) -> None:
-    """Apply the node's filed reports, oldest first."""
+    """Apply the node's filed reports, oldest first. GPU readings with a newer reading of the
+    node behind them are dropped unapplied: a reading stands for its moment, and a backlog
+    of them (a fleet's readings outrunning the workers) would only delay the node's other
+    reports and repeat work the newest one does."""
     public_key = Node.objects.filter(pk=node_id).values_list("public_key", flat=True).first()
     while batch := list(ReportInbox.objects.filter(node_id=node_id).order_by("id")[:BATCH]):
+        newest = max((r.pk for r in batch if r.kind == TELEMETRY), default=None)
+        superseded = {r.pk for r in batch if r.kind == TELEMETRY and r.pk != newest}
+        if superseded:
+            ReportInbox.objects.filter(pk__in=superseded).delete()
+            TELEMETRY_SUPERSEDED.inc(len(superseded))
         for report in batch:
-            apply_report(report, public_key or "")
-            ReportInbox.objects.filter(pk=report.pk).delete()
+            if report.pk not in superseded:
+                apply_report(report, public_key or "")
+                ReportInbox.objects.filter(pk=report.pk).delete()
 
 
 def apply_report(report: ReportInbox, public_key: str) -> None:

@@ -26,6 +26,9 @@ HEARTBEAT_LAG = Histogram("bc_heartbeat_lag_seconds",
                           buckets=(.01, .05, .1, .25, .5, 1, 2, 5, 10, 30))
 REPORT_DUPLICATES = Counter("bc_report_duplicates",
                             "Reports a node sent again that were acknowledged, not reapplied.")
+TELEMETRY_SUPERSEDED = Counter(
+    "bc_telemetry_superseded",
+    "GPU readings dropped unapplied because a newer reading of the same node waited too.")
 WEBHOOK_ATTEMPTS = Counter("bc_webhook_attempts",
                            "Webhook deliveries this worker attempted, by outcome (delivered, "
                            "failed, dead).", ["outcome"])

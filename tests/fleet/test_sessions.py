@@ -147,3 +147,43 @@ def test_uncordon_and_adopt_again_write_one_row_each(pool, root):
     with assert_wrote(audit=None):  # not failed any more: refused, nothing written
         assert root.call("nodes.adopt", nodeId=node.id, reason="again").code == \
             "invalid_state"
+
+
+def test_a_backlog_of_gpu_readings_is_thinned_to_the_newest_and_nothing_else_waits(keyed):
+    """Readings that a newer reading of the same node follows are dropped unapplied (and
+    counted); the node's other reports in between are applied, in order, all the same."""
+    from prometheus_client import REGISTRY
+
+    from bcd.contract.reports import statement
+    from fleet.models import GpuSample, NodeReport, ReportInbox
+
+    key, node = keyed
+    epoch = open_session(node.id)
+    wire = inventory()
+    uuids = [gpu["uuid"] for gpu in wire["gpus"]]
+
+    def filed(kind: str, body: str) -> str:
+        report_id = secrets.token_hex(8)
+        ReportInbox.objects.create(node=node, epoch=epoch, kind=kind, fields={
+            "reportId": report_id, "body": body, "reportSignature": sign_bytes(
+                key, statement(kind=kind, report_id=report_id, epoch=epoch, body=body))})
+        return report_id
+
+    def reading(utilization: int) -> str:
+        return json.dumps({"gpus": {uuid: {"utilization": utilization, "memoryUsedMiB": 1}
+                                    for uuid in uuids}})
+
+    superseded = REGISTRY.get_sample_value("bc_telemetry_superseded_total") or 0.0
+    older = [filed("telemetry", reading(10)), filed("telemetry", reading(20))]
+    inventoried = filed("inventory", json.dumps(wire))
+    newest = filed("telemetry", reading(30))
+    reconcile_reports(node.id)
+
+    assert not ReportInbox.objects.filter(node=node).exists()
+    assert NodeReport.objects.filter(report_id=inventoried, kind="inventory").exists()
+    assert Node.objects.get(pk=node.pk).inventory_generation == 1
+    assert NodeReport.objects.filter(report_id=newest, kind="telemetry").exists()
+    assert not NodeReport.objects.filter(report_id__in=older).exists()
+    samples = GpuSample.objects.filter(device__node=node)
+    assert sorted(samples.values_list("utilization", flat=True)) == [30] * len(uuids)
+    assert REGISTRY.get_sample_value("bc_telemetry_superseded_total") == superseded + 2
