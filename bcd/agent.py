@@ -60,7 +60,7 @@ REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway i
 class Agent:
     def __init__(self, config: Config, tuning: Tuning | None = None, *,
                  provisioner: bool = False, deploy_listen: str = "",
-                 place: str | None = None) -> None:
+                 place: str | None = None, events_looked_at: bool = False) -> None:
         self.faults = SimFaults.from_env(config.sim)
         if self.faults.gateway:  # the simulator's proxy stands for the network to the gateway
             config = replace(config, gateway=self.faults.gateway)
@@ -70,6 +70,8 @@ class Agent:
         self.provisioner = provisioner  # runs `bmc.*` commands for its site's machines
         self.deploy_listen = deploy_listen  # where deploy ramdisks ask for their instructions
         self.place = place  # its place in the fabric, when not BCD_TOPOLOGY's (bcd.many)
+        # GPU events: a thread of its own waits for them, unless another looks (bcd.many)
+        self.events_looked_at = events_looked_at
         self.site: Site | None = None
         self.tuning = tuning or Tuning.from_env()
         self.paths = config.paths
@@ -494,7 +496,8 @@ class Agent:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, stop.set)
-        self.inventory.start_watching()  # XID events, on a thread of their own
+        if not self.events_looked_at:
+            self.inventory.start_watching()  # XID events, on a thread of their own
         if self.provisioner and self.deploy_listen:
             self.site = Site(deploys=Deploys(), join={
                 "server": self.config.server, "servingCaPin": self.config.serving_ca_pin,

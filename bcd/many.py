@@ -18,6 +18,7 @@ import contextvars
 import logging
 import random
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ logger = logging.getLogger("bcd")
 MACHINE: contextvars.ContextVar[str] = contextvars.ContextVar("bcd_machine", default="")
 JOIN_ATTEMPTS = 4
 JOIN_BACKOFF_SECONDS = 1.0  # before the second attempt; doubled for each after
+EVENTS_SECONDS = 1.0  # how often every machine's GPU events are looked at
 
 
 @dataclass(frozen=True)
@@ -163,15 +165,36 @@ async def run_machines(roots: list[Path], *, joining: Joining | None = None,
     configs = joined.result()
     logger.info("running %d simulated machines in this process", len(configs))
 
-    async def run_one(config: Config) -> None:
-        MACHINE.set(Path(config.root).name)  # this task's context: its tasks inherit it
-        await Agent(config, place=(places or {}).get(Path(config.root).name)).run(stop)
+    machines = [Agent(config, place=(places or {}).get(Path(config.root).name),
+                      events_looked_at=True) for config in configs]
 
-    agents = [asyncio.create_task(run_one(config)) for config in configs]
+    async def run_one(agent: Agent) -> None:
+        MACHINE.set(Path(agent.config.root).name)  # this task's context: its tasks inherit it
+        await agent.run(stop)
+
+    agents = [asyncio.create_task(run_one(agent)) for agent in machines]
+    stopped = threading.Event()
+    looking = threading.Thread(target=look_at_events, args=(machines, stopped),
+                               name="gpu-events", daemon=True)
+    looking.start()
     try:
         done, _ = await asyncio.wait(agents, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             task.result()
     finally:
         stop.set()
+        stopped.set()
         await asyncio.gather(*agents, return_exceptions=True)
+
+
+def look_at_events(agents: list[Agent], stopped: threading.Event) -> None:
+    """Every machine's GPU events (XIDs), each in turn every `EVENTS_SECONDS`, on one
+    thread: a thread per machine, each waking five times a second, would cost a fleet of
+    thousands its cores."""
+    while not stopped.wait(EVENTS_SECONDS):
+        for agent in agents:
+            MACHINE.set(Path(agent.config.root).name)  # this thread's: its lines go there
+            try:
+                agent.inventory.take_events()
+            except Exception:  # one machine's fault must not blind the others
+                logger.exception("looking at GPU events failed")

@@ -24,6 +24,11 @@ class InventorySource(Protocol):
         """Start waiting for GPU events (XIDs) on a thread of its own."""
         ...
 
+    def take_events(self) -> None:
+        """Take the GPU events that came since the last look, without waiting (instead of
+        `start_watching`, when one thread looks at many machines in turn)."""
+        ...
+
 
 SIM_VARIANTS = ("gpu", "gpu-2x4", "mig", "cpu")
 

@@ -144,6 +144,9 @@ class SimulatedInventory:
     def start_watching(self) -> None:
         self.nvml.start_watching()
 
+    def take_events(self) -> None:
+        self.nvml.take_events()
+
 
 def _bus(index: int) -> str:
     return f"0000:{0x18 + index * 0x10:02x}:00.0"

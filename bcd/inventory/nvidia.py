@@ -159,6 +159,9 @@ class NvidiaSmiInventory:
     def start_watching(self) -> None:
         """nvidia-smi has no event stream: XIDs need NVML (the `nvml` extra)."""
 
+    def take_events(self) -> None:
+        """As `start_watching`: nothing to take."""
+
 
 def host_report(hostname: str) -> dict[str, Any]:
     """This machine's host part of the inventory: vCPUs, memory, serial, product UUID, MACs."""

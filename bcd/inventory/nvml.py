@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bcd.config import file_stamp
 from bcd.inventory.health import GpuReadings, gpu_health
 
 # NVML's stable ABI values (nvml.h), used when the bindings do not name them.
@@ -72,6 +73,8 @@ class NvmlInventory:
         self._xids: dict[str, list[tuple[float, int]]] = {}
         self._lock = threading.Lock()
         self._watching: threading.Thread | None = None
+        self._events: Any = None  # take_events's event set, made at its first look
+        self._cleared_read: tuple[Any, dict[str, float]] = (None, {})  # (its stamp, read)
         nvml.nvmlInit()
 
     def _call(self, name: str, *args: Any, default: Any = None) -> Any:
@@ -99,20 +102,27 @@ class NvmlInventory:
         return up, down
 
     def _cleared(self) -> dict[str, float]:
-        try:
-            cleared = json.loads(self.cleared_file.read_text()) if self.cleared_file else {}
-        except (OSError, ValueError):
-            return {}
-        return {str(k): float(v) for k, v in cleared.items()}
+        """When each GPU's past XIDs were cleared: read again only when the file changed."""
+        stamp = file_stamp(self.cleared_file) if self.cleared_file else None
+        if stamp != self._cleared_read[0]:
+            try:
+                cleared = json.loads(self.cleared_file.read_text()) if self.cleared_file else {}
+                self._cleared_read = (stamp, {str(k): float(v) for k, v in cleared.items()})
+            except (OSError, ValueError):
+                return {}
+        return self._cleared_read[1]
 
-    def readings(self, handle: Any, uuid: str, links_down: int) -> GpuReadings:
+    def readings(self, handle: Any, uuid: str, links_down: int,
+                 cleared: dict[str, float] | None = None) -> GpuReadings:
+        """The GPU's health readings; `cleared` is `_cleared()` when the caller read it
+        already (once for every GPU of a report)."""
         remapped = self._call("nvmlDeviceGetRemappedRows", handle, default=(0, 0, 0, 0))
         reasons = int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", handle,
                                  default=0))
         slowdown = ("thermal" if reasons & HW_THERMAL_SLOWDOWN else
                     "power" if reasons & HW_POWER_BRAKE else
                     "clock" if reasons & HW_SLOWDOWN else "")
-        since = self._cleared().get(uuid, 0.0)
+        since = (self._cleared() if cleared is None else cleared).get(uuid, 0.0)
         with self._lock:
             xids = tuple(xid for at, xid in self._xids.get(uuid, []) if at > since)
         return GpuReadings(
@@ -142,12 +152,13 @@ class NvmlInventory:
 
     def gpus(self) -> list[dict[str, Any]]:
         rows, links = [], {}
+        cleared = self._cleared()
         for index, handle in enumerate(self._handles()):
             uuid = _text(self.nvml.nvmlDeviceGetUUID(handle))
             bus = _bus(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
             up, down = self._links(handle)
             links[bus] = up
-            health, reason = gpu_health(self.readings(handle, uuid, down))
+            health, reason = gpu_health(self.readings(handle, uuid, down, cleared))
             rows.append({"uuid": uuid, "index": index, "bus": bus,
                          "product": _text(self.nvml.nvmlDeviceGetName(handle)),
                          "vramGiB": round(self.nvml.nvmlDeviceGetMemoryInfo(handle).total
@@ -183,9 +194,7 @@ class NvmlInventory:
                    until_quiet: bool = False) -> None:
         """Wait for XID events on this thread (NVML's wait blocks) and remember them; with
         `until_quiet`, return at the first wait that times out."""
-        events = self.nvml.nvmlEventSetCreate()
-        for handle in self._handles():
-            self._call("nvmlDeviceRegisterEvents", handle, XID_CRITICAL_ERROR_EVENT, events)
+        events = self._event_set()
         while stop is None or not stop.is_set():
             try:
                 data = self.nvml.nvmlEventSetWait_v2(events, timeout_ms)
@@ -193,9 +202,30 @@ class NvmlInventory:
                 if until_quiet:
                     return
                 continue
-            uuid = _text(self.nvml.nvmlDeviceGetUUID(data.device))
-            with self._lock:
-                self._xids.setdefault(uuid, []).append((time.time(), int(data.eventData)))
+            self._remember(data)
+
+    def take_events(self) -> None:
+        """Remember the XID events that came since the last look, without waiting: for
+        machines that share one thread that looks at each in turn."""
+        if self._events is None:
+            self._events = self._event_set()
+        while True:
+            try:
+                data = self.nvml.nvmlEventSetWait_v2(self._events, 0)
+            except self.nvml.NVMLError:  # none left
+                return
+            self._remember(data)
+
+    def _event_set(self) -> Any:
+        events = self.nvml.nvmlEventSetCreate()
+        for handle in self._handles():
+            self._call("nvmlDeviceRegisterEvents", handle, XID_CRITICAL_ERROR_EVENT, events)
+        return events
+
+    def _remember(self, data: Any) -> None:
+        uuid = _text(self.nvml.nvmlDeviceGetUUID(data.device))
+        with self._lock:
+            self._xids.setdefault(uuid, []).append((time.time(), int(data.eventData)))
 
     def start_watching(self) -> None:
         if self._watching is None:

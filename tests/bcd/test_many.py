@@ -172,3 +172,48 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path, capsys):
     assert main(["sim", "agents", str(tmp_path / "node-01")]) == 2  # not joined, no server
     assert "give --server and the three pins" in capsys.readouterr().err
     assert not (tmp_path / "node-01").exists()
+
+
+def test_one_thread_takes_every_machines_gpu_events_and_one_broken_machine_blinds_none(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bcd.inventory.fake import SimulatedInventory
+    from bcd.inventory.faults import faults_file, inject
+
+    monkeypatch.setattr(many, "EVENTS_SECONDS", 0.05)
+
+    class Broken:
+        def take_events(self) -> None:
+            raise OSError("its faults file is unreadable")
+
+    roots = [tmp_path / f"node-{n:02d}" for n in range(1, 4)]
+    inventories = [SimulatedInventory(root.name, root=str(root)) for root in roots]
+    machines = [SimpleNamespace(config=SimpleNamespace(root=str(root)), inventory=inventory)
+                for root, inventory in zip(roots, inventories, strict=True)]
+    machines.insert(1, SimpleNamespace(config=SimpleNamespace(root=str(tmp_path / "bad")),
+                                       inventory=Broken()))
+    inject(faults_file(roots[0]), 4, "xid", 79)
+    inject(faults_file(roots[2]), 1, "xid", 48)
+    threads_before = threading.active_count()
+    stopped = threading.Event()
+    looking = threading.Thread(target=many.look_at_events, args=(machines, stopped))
+    looking.start()
+    try:
+        def reasons() -> list[list[str]]:
+            return [[g.get("healthReason", "") for g in inventory.report()["gpus"]]
+                    for inventory in inventories]
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (reasons()[0][4] and reasons()[2][1]):
+            time.sleep(0.05)
+        found = reasons()
+        assert found[0][4] == "XID 79: the GPU has fallen off the bus"
+        assert found[2][1].startswith("XID 48")
+        assert not any(found[1])
+        assert found[0][:4] == ["", "", "", ""]
+        assert threading.active_count() == threads_before + 1  # one thread for all of them
+    finally:
+        stopped.set()
+        looking.join(5)
+    assert not looking.is_alive()
