@@ -39,7 +39,7 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def _exit_on_term(signum: int, frame: object) -> None:
+def exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
@@ -47,7 +47,7 @@ def _exit_on_term(signum: int, frame: object) -> None:
 def bench_environment() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """A migrated database (embedded unless DATABASE_URL) and a list for server processes;
     on the way out every process is stopped, then the throw-away database."""
-    signal.signal(signal.SIGTERM, _exit_on_term)  # so the `finally` below runs on TERM
+    signal.signal(signal.SIGTERM, exit_on_term)  # so the `finally` below runs on TERM
     url, server = database()
     children: list[subprocess.Popen[bytes]] = []
     try:

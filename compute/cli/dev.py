@@ -293,10 +293,10 @@ def _simulate(stack: Stack, api: Client, *, count: int, variant: str, pool_id: s
 
 def start_machines(stack: Stack, api: Client, roots: list[Path], newcomers: list[Path], *,
                    variant: str, pool_id: str, server: str, env: dict[str, str],
-                   places: dict[Path, str]) -> None:
+                   places: dict[Path, str], name: str = "sim-agents") -> None:
     """Run every machine at `roots` in one process, `bcd sim agents` (the `newcomers` join
-    first, with one new join token), supervised by `stack` as `sim-agents`: each machine's
-    log goes to `sim-<root>.log` all the same."""
+    first, with one new join token), supervised by `stack` as `name`: each machine's log
+    goes to `sim-<root>.log` all the same."""
     argv = [sys.executable, "-m", "bcd", "sim", "agents", *map(str, roots)]
     if stack.log_dir is not None:
         argv += ["--log-dir", str(stack.log_dir)]
@@ -308,7 +308,7 @@ def start_machines(stack: Stack, api: Client, roots: list[Path], newcomers: list
         argv += ["--server", server, *pins, "--sim-variant", variant,
                  "--hostname-prefix", _hostname_prefix(variant)]
         agent_env = agent_environment(env, join_token=token)
-    stack.start(argv, agent_env, name="sim-agents")
+    stack.start(argv, agent_env, name=name)
 
 
 def _join_grant(api: Client, pool_id: str, *, uses: int, role: str) -> tuple[str, list[str]]:
