@@ -447,6 +447,10 @@ class Agent:
             self._inventory = self._read_inventory()
         return self._inventory
 
+    def _read_pass(self) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+        """One pass of `watch_inventory` off the event loop: inventory, then telemetry."""
+        return self._read_inventory(), self.inventory.telemetry()
+
     def _read_inventory(self) -> dict[str, Any]:
         self.unclean.prune()
         return self.unclean.overlay({
@@ -470,8 +474,7 @@ class Agent:
         ledger in seconds. Telemetry goes every `telemetry_seconds`."""
         telemetry_sent = 0.0
         while True:
-            report = await asyncio.to_thread(self._read_inventory)
-            self._telemetry = await asyncio.to_thread(self.inventory.telemetry)
+            report, self._telemetry = await asyncio.to_thread(self._read_pass)
             self._inventory = report
             session = self.session
             if session is not None and \
