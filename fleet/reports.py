@@ -77,20 +77,31 @@ report_kind("command_result", sessions.command_result_record,
 @handler(REPORTS)
 def reconcile_reports(node_id: str) -> None:
     """Apply the node's filed reports, oldest first. GPU readings with a newer reading of the
-    node behind them are dropped unapplied: a reading stands for its moment, and a backlog
-    of them (a fleet's readings outrunning the workers) would only delay the node's other
-    reports and repeat work the newest one does."""
+    node behind them are verified but not applied: a reading stands for its moment, and a
+    backlog of them (a fleet's readings outrunning the workers) would only delay the node's
+    other reports and repeat work the newest one does."""
     public_key = Node.objects.filter(pk=node_id).values_list("public_key", flat=True).first()
     while batch := list(ReportInbox.objects.filter(node_id=node_id).order_by("id")[:BATCH]):
         newest = max((r.pk for r in batch if r.kind == TELEMETRY), default=None)
-        superseded = {r.pk for r in batch if r.kind == TELEMETRY and r.pk != newest}
-        if superseded:
-            ReportInbox.objects.filter(pk__in=superseded).delete()
-            TELEMETRY_SUPERSEDED.inc(len(superseded))
         for report in batch:
-            if report.pk not in superseded:
+            if report.kind != TELEMETRY or report.pk == newest:
                 apply_report(report, public_key or "")
-                ReportInbox.objects.filter(pk=report.pk).delete()
+            elif proven(report, public_key or ""):  # a forgery is refused all the same
+                TELEMETRY_SUPERSEDED.inc()
+            ReportInbox.objects.filter(pk=report.pk).delete()
+
+
+def proven(report: ReportInbox, public_key: str) -> bool:
+    """Is the report of a known kind and signed by the node's key? If not, it is refused
+    (and audited)."""
+    if report.kind in KINDS and sessions.report_proven(report, public_key):
+        return True
+    filed = report.fields if isinstance(report.fields, dict) else {}
+    reason = (f"{report.kind[:32]} report {str(filed.get('reportId', ''))[:64]!r} is "
+              f"not signed by {report.node_id}'s key")
+    logger.warning("node %s: %s", report.node_id, reason)
+    sessions.node_report_refused(node_id=report.node_id, action="node.report", reason=reason)
+    return False
 
 
 def apply_report(report: ReportInbox, public_key: str) -> None:
@@ -106,14 +117,9 @@ def apply_report(report: ReportInbox, public_key: str) -> None:
             sessions.node_report_refused(node_id=report.node_id, action="node.session",
                                          reason=str(refusal))
         return
-    kind = KINDS.get(report.kind)
-    if kind is None or not sessions.report_proven(report, public_key):
-        reason = (f"{report.kind[:32]} report {str(filed.get('reportId', ''))[:64]!r} is "
-                  f"not signed by {report.node_id}'s key")
-        logger.warning("node %s: %s", report.node_id, reason)
-        sessions.node_report_refused(node_id=report.node_id, action="node.report",
-                                     reason=reason)
+    if not proven(report, public_key):
         return
+    kind = KINDS[report.kind]
     given = {"epoch": report.epoch, "report_id": str(filed.get("reportId", "")),
              "command_id": str(filed.get("commandId", "")),
              "status": str(filed.get("status", "")),

@@ -150,10 +150,12 @@ def test_uncordon_and_adopt_again_write_one_row_each(pool, root):
 
 
 def test_a_backlog_of_gpu_readings_is_thinned_to_the_newest_and_nothing_else_waits(keyed):
-    """Readings that a newer reading of the same node follows are dropped unapplied (and
-    counted); the node's other reports in between are applied, in order, all the same."""
+    """Readings that a newer reading of the same node follows are verified, not applied (and
+    counted); one its node did not sign is refused and audited all the same; the node's
+    other reports in between are applied, in order."""
     from prometheus_client import REGISTRY
 
+    from audit.models import AuditEvent
     from bcd.contract.reports import statement
     from fleet.models import GpuSample, NodeReport, ReportInbox
 
@@ -162,11 +164,11 @@ def test_a_backlog_of_gpu_readings_is_thinned_to_the_newest_and_nothing_else_wai
     wire = inventory()
     uuids = [gpu["uuid"] for gpu in wire["gpus"]]
 
-    def filed(kind: str, body: str) -> str:
+    def filed(kind: str, body: str, signer: ec.EllipticCurvePrivateKey = key) -> str:
         report_id = secrets.token_hex(8)
         ReportInbox.objects.create(node=node, epoch=epoch, kind=kind, fields={
             "reportId": report_id, "body": body, "reportSignature": sign_bytes(
-                key, statement(kind=kind, report_id=report_id, epoch=epoch, body=body))})
+                signer, statement(kind=kind, report_id=report_id, epoch=epoch, body=body))})
         return report_id
 
     def reading(utilization: int) -> str:
@@ -174,7 +176,9 @@ def test_a_backlog_of_gpu_readings_is_thinned_to_the_newest_and_nothing_else_wai
                                     for uuid in uuids}})
 
     superseded = REGISTRY.get_sample_value("bc_telemetry_superseded_total") or 0.0
-    older = [filed("telemetry", reading(10)), filed("telemetry", reading(20))]
+    forger = ec.generate_private_key(ec.SECP256R1())
+    older = [filed("telemetry", reading(10)), filed("telemetry", reading(15), forger),
+             filed("telemetry", reading(20))]
     inventoried = filed("inventory", json.dumps(wire))
     newest = filed("telemetry", reading(30))
     reconcile_reports(node.id)
@@ -187,3 +191,5 @@ def test_a_backlog_of_gpu_readings_is_thinned_to_the_newest_and_nothing_else_wai
     samples = GpuSample.objects.filter(device__node=node)
     assert sorted(samples.values_list("utilization", flat=True)) == [30] * len(uuids)
     assert REGISTRY.get_sample_value("bc_telemetry_superseded_total") == superseded + 2
+    refused = AuditEvent.objects.filter(allowed=False, target=node.id, action="node.report")
+    assert [older[1] in reason for reason in refused.values_list("reason", flat=True)] == [True]
