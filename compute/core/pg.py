@@ -198,6 +198,8 @@ class EmbeddedPostgres:
 
     def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         user = SERVER_USER if _running_as_root() else None
+        if user:  # a parent made private meanwhile (pytest does so to its temporary root)
+            _open_parents(self.data_dir)
         result = subprocess.run(
             argv, user=user, cwd="/", capture_output=True, text=True, check=False, timeout=120)
         if check and result.returncode != 0:
@@ -217,12 +219,18 @@ def _ensure_server_user() -> None:
                         SERVER_USER], check=True, capture_output=True)
 
 
-def _open_path_to(path: Path) -> None:
-    """Let the server user traverse every parent of `path` (the wheel does the same)."""
+def _open_parents(path: Path) -> None:
+    """Let the server user traverse every parent of `path`."""
     for parent in path.parents:
         mode = parent.stat().st_mode
         if mode & 0o011 != 0o011:
             parent.chmod(mode | 0o055)
+
+
+def _open_path_to(path: Path) -> None:
+    """Let the server user traverse every parent of `path`, and read `path` (the wheel does
+    the same)."""
+    _open_parents(path)
     if path.is_dir():
         for root, dirs, files in os.walk(path):
             for name in dirs:

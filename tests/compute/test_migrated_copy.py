@@ -34,3 +34,17 @@ def test_the_copy_is_named_after_the_migrations_and_package_versions():
     assert name == pg.migrated_copy()
     assert name.parent == pg.state_root() / "migrated"
     assert len(name.name) == 16
+
+
+def test_a_parent_made_private_while_the_server_runs_does_not_stop_it_being_saved(tmp_path):
+    """pytest makes its temporary root private again (0700) when another session starts
+    under it; the server's own user must still reach its folder to stop and copy it."""
+    private = tmp_path / "home"
+    server = pg.EmbeddedPostgres(private / "pg", throwaway=True).start()
+    try:
+        private.chmod(0o700)
+        server.save_copy(tmp_path / "copy")
+        assert (tmp_path / "copy" / "PG_VERSION").exists()
+        assert server.is_running()
+    finally:
+        server.stop()
