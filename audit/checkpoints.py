@@ -67,6 +67,13 @@ def _folded(leaves: Iterator[tuple[int, bytes]], frontier: Frontier
 SEAL_ACTION = "audit.checkpoint"
 
 
+def numbered_end(tenant_id: str) -> int:
+    """The tenant's last numbered position. Rows committed after the numbering ran have none
+    yet (and sort first, descending): they are the next seal's."""
+    return (AuditEvent.objects.filter(tenant_id=tenant_id, position__isnull=False)
+            .order_by("-position").values_list("position", flat=True).first() or 0)
+
+
 @audited
 def checkpoint_seal(*, tenant_id: str, actor_id: str = "system") -> Checkpoint | None:
     """Sign a tree head over every committed event of the tenant not yet covered.
@@ -80,8 +87,7 @@ def checkpoint_seal(*, tenant_id: str, actor_id: str = "system") -> Checkpoint |
     audit_sequence(tenant_id=tenant_id)
     previous = Checkpoint.objects.filter(tenant_id=tenant_id).order_by("-tree_size").first()
     start = previous.tree_size if previous else 0
-    end = (AuditEvent.objects.filter(tenant_id=tenant_id).order_by("-position")
-           .values_list("position", flat=True).first() or 0)
+    end = numbered_end(tenant_id)
     if not (AuditEvent.objects.filter(tenant_id=tenant_id, position__gt=start)
             .exclude(action=SEAL_ACTION).exists()):
         audit_exempt("only positions were given: nothing new to seal")

@@ -298,3 +298,16 @@ def test_audit_list_filters_and_names_the_ids_prove_takes(root, acme):
     assert check_proof(by_object, public_key_b64())[0]
     assert root.call("audit.prove", eventId="rsv_01jbx0000000000000000000aa").code == \
         "not_found"
+
+
+def test_a_row_committed_after_the_numbering_is_left_to_the_next_seal(log):
+    """A concurrent write's row has no position yet when the seal looks for its last one:
+    the seal covers what is numbered (before, it took the row's NULL for the end and sealed
+    a tree of 0 leaves, or answered 500)."""
+    from audit.checkpoints import numbered_end
+
+    audit_sequence(tenant_id=log)
+    last = numbered_end(log)
+    AuditEvent.objects.create(tenant_id=log, actor_id="t", action="late.write")
+    assert AuditEvent.objects.filter(tenant_id=log, position__isnull=True).exists()
+    assert numbered_end(log) == last == 29
