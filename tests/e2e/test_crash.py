@@ -110,10 +110,11 @@ def test_kill_9_mid_command_runs_nothing_twice(stack, case, payload, expected_ma
         assert wait_until(lambda: journal_has(root, command_id, "begin"))
     pid = agent_pid(root)
     os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: agent_pid(root) not in (None, pid), 15), "dev did not restart it"
+    assert wait_until(lambda: agent_pid(root) not in (None, pid), 60), "dev did not restart it"
     # The restarted agent answers only after deciding (from its journal) not to run it
     # again, so once the answer is in, a second run would already show in the marks.
-    assert wait_until(lambda: command_state(stack, command_id) == "unknown", 30)
+    # (Seconds alone; on cores busy with the suite's other stacks, more than 30.)
+    assert wait_until(lambda: command_state(stack, command_id) == "unknown", 120)
     assert len(marks(root)) - before == expected_marks
     assert marks(root).count(mark) == expected_marks
     assert not journal_has(root, command_id, "done")
@@ -131,9 +132,9 @@ def test_a_command_delivered_twice_after_a_restart_runs_once(stack):
                      "WHERE id = %s", [command_id])
     pid = agent_pid(root)
     os.kill(pid, signal.SIGKILL)  # reconnects: the 'sent' command is delivered again
-    assert wait_until(lambda: agent_pid(root) not in (None, pid), 15), "dev did not restart it"
+    assert wait_until(lambda: agent_pid(root) not in (None, pid), 60), "dev did not restart it"
     # The new agent answers the redelivered command (from its journal): only then count.
-    assert wait_until(lambda: answered(stack, command_id), 30), "never delivered again"
+    assert wait_until(lambda: answered(stack, command_id), 120), "never delivered again"
     assert marks(root).count(mark) == 1
 
 
