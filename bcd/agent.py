@@ -54,6 +54,7 @@ from bcd.unclean import Unclean
 from bcd.vms import VmKeeper
 
 logger = logging.getLogger("bcd")
+UNIX_PATH_MAX = 107  # sun_path's 108 bytes, less the final NUL
 REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway is looked up
 
 
@@ -331,6 +332,9 @@ class Agent:
             await writer.drain()
             writer.close()
 
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            raise OSError(f"the status socket {path} is longer than a Unix socket path may "
+                            f"be ({UNIX_PATH_MAX} bytes): give the machine a shorter --root")
         server = await asyncio.start_unix_server(answer, path=str(path))
         path.chmod(0o600)
         async with server:

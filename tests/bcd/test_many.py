@@ -217,3 +217,16 @@ def test_one_thread_takes_every_machines_gpu_events_and_one_broken_machine_blind
         stopped.set()
         looking.join(5)
     assert not looking.is_alive()
+
+
+def test_a_root_too_deep_for_the_status_socket_is_named_not_a_socket_error(tmp_path):
+    from bcd.agent import UNIX_PATH_MAX, Agent
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    config = Config(server="https://cp", gateway="gw:1", node_id="node_deep", site_id="s",
+                    trust_domain="td", serving_ca_pin="a", join_signing_pin="b",
+                    join_encryption_pin="c", root=str(deep), sim=True)
+    agent = Agent(config)
+    assert len(str(agent.paths.socket)) > UNIX_PATH_MAX
+    with pytest.raises(OSError, match="shorter --root"):
+        asyncio.run(agent.serve_status())
