@@ -334,7 +334,7 @@ class Agent:
 
         if len(os.fsencode(path)) > UNIX_PATH_MAX:
             raise OSError(f"the status socket {path} is longer than a Unix socket path may "
-                            f"be ({UNIX_PATH_MAX} bytes): give the machine a shorter --root")
+                          f"be ({UNIX_PATH_MAX} bytes): give the machine a shorter --root")
         server = await asyncio.start_unix_server(answer, path=str(path))
         path.chmod(0o600)
         async with server:

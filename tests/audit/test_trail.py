@@ -300,14 +300,21 @@ def test_audit_list_filters_and_names_the_ids_prove_takes(root, acme):
         "not_found"
 
 
-def test_a_row_committed_after_the_numbering_is_left_to_the_next_seal(log):
-    """A concurrent write's row has no position yet when the seal looks for its last one:
-    the seal covers what is numbered (before, it took the row's NULL for the end and sealed
-    a tree of 0 leaves, or answered 500)."""
-    from audit.checkpoints import numbered_end
 
-    audit_sequence(tenant_id=log)
-    last = numbered_end(log)
-    AuditEvent.objects.create(tenant_id=log, actor_id="t", action="late.write")
-    assert AuditEvent.objects.filter(tenant_id=log, position__isnull=True).exists()
-    assert numbered_end(log) == last == 29
+def test_a_row_still_unsettled_when_the_seal_looks_is_left_to_the_next_seal(log):
+    """A concurrent write's row that the numbering must skip (its transaction is newer than
+    one still in flight) has no position when the seal looks for the last one. The seal
+    covers what is numbered (before, the row's NULL sorted first as the end of the log:
+    `no consistency proof from 25 to 0`, a 500), and the next seal takes the row."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()::text::bigint")
+        newer = cursor.fetchone()[0] + 1_000_000  # as a transaction not settled yet
+    late = AuditEvent.objects.create(tenant_id=log, actor_id="t", action="late.write")
+    AuditEvent.objects.filter(pk=late.pk).update(txid=newer)
+    third = checkpoint_seal(tenant_id=log)
+    assert third.tree_size == 29
+    assert AuditEvent.objects.get(pk=late.pk).position is None
+    AuditEvent.objects.filter(pk=late.pk).update(txid=None)  # its transaction settled
+    fourth = checkpoint_seal(tenant_id=log)
+    assert fourth.tree_size == 31  # the late row and the third seal's own row
+    assert audit_verify(tenant_id=log).ok
