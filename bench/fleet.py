@@ -177,7 +177,7 @@ def fleet(count: int, folder: Path, *, gateways: int = 1, processes: int = 2,
                                     state_dir=folder, seeded=seeded, one_worker=True,
                                     gateways=gateways, env_extra=env_extra)
         ledger = Ledger(plane.env["DATABASE_URL"], plane.ids["poolId"])
-        before = gateway_rss(stack)
+        before = gateway_rss()
         roots = machines(stack, plane, folder, count, processes)
         joined = wait("join", lambda: all(joined_config(Paths(r)) for r in roots), stack,
                       timeout, every=1)
@@ -200,7 +200,7 @@ def run_size(count: int, args: argparse.Namespace, folder: Path) -> dict[str, An
               f"in {machines_up.adopted_s:.1f} s", flush=True)
         processes = stack_processes(os.getpid(), data_dir_of(machines_up.server.url))
         cpu_before = by_kind(processes, cpu_seconds)
-        session_kib = (gateway_rss(stack) - machines_up.gateways_mib) * 1024 / count
+        session_kib = (gateway_rss() - machines_up.gateways_mib) * 1024 / count
         exports = machines_up.exports()
         active = reserve_to_active(exports, args.reservations, 4)
         booked = bookings(exports, args.clients, args.seconds, False, processes)
@@ -223,22 +223,9 @@ def run_size(count: int, args: argparse.Namespace, folder: Path) -> dict[str, An
                 "took_s": f"{time.monotonic() - began:.0f}"}
 
 
-def own_processes(stack: Stack) -> dict[int, str]:
-    """The stack's children (and theirs) by kind: API, gateways, worker, agents."""
-    from bench.stack import descendants, kind_of
-
-    found: dict[int, str] = {}
-    for child in stack.children:
-        if child.poll() is None:
-            for pid in descendants(child.pid):
-                if kind := kind_of(pid):
-                    found[pid] = kind
-    return found
-
-
-def gateway_rss(stack: Stack) -> float:
-    """The gateways' resident memory, in MiB."""
-    return sum(memory_mib(pid, "Rss") for pid, kind in own_processes(stack).items()
+def gateway_rss() -> float:
+    """The gateways' resident memory (this process's descendants), in MiB."""
+    return sum(memory_mib(pid, "Rss") for pid, kind in stack_processes(os.getpid(), "").items()
                if kind == "gateway")
 
 
