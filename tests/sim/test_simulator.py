@@ -12,7 +12,8 @@ import pytest
 
 from compute.cli.sim.schedule import FAULTS, plan
 
-SMALL = ["--nodes", "2", "--minutes", "1.2", "--time-scale", "10"]
+SMALL = ["--nodes", "2", "--minutes", "1.2"]
+SCALE = ["--time-scale", "10"]  # ten simulated minutes in one real minute
 
 
 def simulate(*args: str) -> subprocess.Popen[str]:
@@ -49,7 +50,7 @@ def test_a_ci_seed_holds_every_invariant_under_its_faults():
     run must hold every invariant too, and the seed is run once more, its clock half as
     fast (the same plan, twice the time for each step)."""
     for scale in ("10", "5"):
-        code, report = report_of(simulate("--seed", "1", *SMALL[:-1], scale))
+        code, report = report_of(simulate("--seed", "1", *SMALL, "--time-scale", scale))
         failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
         assert not failed, (failed, report["faults"])
         assert code == 0
@@ -68,7 +69,7 @@ def test_a_ci_seed_holds_every_invariant_under_its_faults():
 def test_without_the_exclude_constraints_and_the_journal_i1_and_i2_fail():
     # Every fault a kill after a command ran and before it was reported: each is delivered
     # again, and an agent that ignores its journal runs it twice, however loaded the machine.
-    code, report = report_of(simulate("--seed", "5", *SMALL, "--without", "exclude",
+    code, report = report_of(simulate("--seed", "5", *SMALL, *SCALE, "--without", "exclude",
                                       "--without", "journal", "--converge-within", "5",
                                       "--faults", "kill-agent-after-act"))
     assert code == 1
@@ -82,7 +83,7 @@ def test_without_the_exclude_constraints_and_the_journal_i1_and_i2_fail():
 def test_without_fencing_i6_fails():
     """A pool that only notifies: the workloads outlive their holds. (Its faults leave the
     agents alone, so that the workloads start.)"""
-    code, report = report_of(simulate("--seed", "3", *SMALL, "--without", "fence",
+    code, report = report_of(simulate("--seed", "3", *SMALL, *SCALE, "--without", "fence",
                                       "--faults", "kill-gateway"))
     assert code == 1
     assert report["outcomes"].get("workload started", 0) > 0, report["outcomes"]
