@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +171,10 @@ def p(values: list[float], q: int) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
-def reserve_to_active(exports: dict[str, str], count: int, clients: int) -> list[float]:
-    """Create (1 GPU, now, one hour), then get every 20 ms until active; release."""
+def reserve_to_active(exports: dict[str, str], count: int, clients: int,
+                      within: float = 30.0) -> list[float]:
+    """Create (1 GPU, now, one hour), then get every 20 ms until active; release. A client
+    that fails (an error answer, or not active `within` seconds) raises here."""
     url, token = exports["BETTER_COMPUTE_URL"], exports["BETTER_COMPUTE_TOKEN"].strip()
     headers = {"Authorization": f"Bearer {token}"}
     times: list[float] = []
@@ -188,8 +191,8 @@ def reserve_to_active(exports: dict[str, str], count: int, clients: int) -> list
                                 json={"reservationId": rsv["id"]}).json()["result"]["state"]
             if state == "active":
                 break
-            if time.monotonic() - began > 30:
-                raise RuntimeError(f"{rsv['id']} not active after 30 s ({state})")
+            if time.monotonic() - began > within:
+                raise RuntimeError(f"{rsv['id']} not active after {within:.0f} s ({state})")
             time.sleep(0.02)
         with lock:
             times.append(time.monotonic() - began)
@@ -204,11 +207,9 @@ def reserve_to_active(exports: dict[str, str], count: int, clients: int) -> list
                     left[0] -= 1
                 one(client)
 
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(clients) as pool:
+        for client in [pool.submit(loop) for _ in range(clients)]:
+            client.result()
     return times
 
 

@@ -45,7 +45,8 @@ def run_fleet(folder: Path) -> None:
                    and up.stack.specs[child.pid][2].startswith("sim-agents-")]
         assert len(running) == 2  # two processes hold all of them
 
-        assert len(reserve_to_active(up.exports(), 4, 2)) == 4  # each bound, then released
+        bound = reserve_to_active(up.exports(), 4, 2, within=120)  # raises if one does not
+        assert len(bound) == 4  # each bound, then released
 
         spec_push(up.plane, up.ledger, up.stack, MACHINES, timeout=300)
         assert up.ledger.keeping(PUSHED_UNIT) == MACHINES
