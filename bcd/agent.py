@@ -15,7 +15,7 @@ import signal
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,17 @@ from bcd.vms import VmKeeper
 logger = logging.getLogger("bcd")
 UNIX_PATH_MAX = 107  # sun_path's 108 bytes, less the final NUL
 REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway is looked up
+
+
+@dataclass
+class Converged:
+    """What applying a spec's holds made: every report, which of them repeat a hold the spec
+    left as it was, and the VMs and profile units it wants."""
+
+    machines: list[Vm]
+    units: tuple[str, ...]
+    reports: list[tuple[str, str, str]] = field(default_factory=list)
+    unchanged: set[int] = field(default_factory=set)
 
 
 class Agent:
@@ -204,12 +215,30 @@ class Agent:
     def apply_spec(self, generation: int, spec: dict[str, Any]) -> list[tuple[str, str, str]]:
         """Converge the node to `spec`: write new holds, remove dropped ones, journaled.
 
-        Holds are idempotent, so a step begun before a crash is simply done again; bound
-        holds are reported again too (the control plane treats a repeat as a no-op). A spec
-        with any malformed hold is refused whole (BadHold): nothing of it is applied.
+        Holds are idempotent, so a step begun before a crash is simply done again. Returns
+        the reports to send now: what this spec changed (holds new or changed, released,
+        failed); the first spec a process applies reports every hold, as does each new
+        session (`spec_reports`, the whole list), so a report lost with a session or a
+        process is made again, while a spec that adds one hold to a busy node costs the
+        control plane one report, not one per hold. A spec with any malformed hold is
+        refused whole (BadHold): nothing of it is applied.
         """
+        converged = self._converge(generation, spec)
+        return self._converged(generation, converged) if converged else []
+
+    async def apply_spec_off_loop(self, generation: int,
+                                  spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """`apply_spec` with the holds' work in a thread: files, the journal's fsyncs, and
+        the search for (and fencing of) what ran under a released hold, which reads every
+        process's open files and may wait out a grace period. The event loop, and every
+        other agent on it, carries on; the session waits, so specs apply one at a time."""
+        converged = await asyncio.to_thread(self._converge, generation, spec)
+        return self._converged(generation, converged) if converged else []
+
+    def _converge(self, generation: int, spec: dict[str, Any]) -> Converged | None:
+        """The holds' part of `apply_spec` (None: an older generation, nothing done)."""
         if generation < self.journal.applied_generation():
-            return []
+            return None
         entries = spec.get("allocations", [])
         if not isinstance(entries, list):
             raise BadHold("allocations must be a list")
@@ -220,10 +249,11 @@ class Agent:
         machines = [Vm.from_wire(entry) for entry in vms]  # BadVm refuses the whole spec
         units = units_of(spec)  # BadProfile refuses the whole spec
         self.journal.begin("spec", str(generation), generation=generation)
-        reports = []
+        done = Converged(machines, units)
         report = self.current_inventory()
         gpu_index = {g["uuid"]: g["index"] for g in report.get("gpus", [])}
-        for allocation, hold in self.held().items():
+        before = self.held()
+        for allocation, hold in before.items():
             if allocation not in wanted:
                 self.journal.begin("unhold", allocation)
                 # Before anything else may hold its devices: fenced, or named if left running.
@@ -233,17 +263,17 @@ class Agent:
                 if not remove_hold(hold, self.paths):
                     self.busy_slices[allocation] = hold
                 self.journal.done("unhold", allocation, workloads=workloads)
-                reports.append(self._signed("released", {
+                done.reports.append(self._signed("released", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "workloads": workloads}))
         claims = Claims.of(report.get("gpus", []))
         self.unclean.prune()
         for allocation, hold in list(wanted.items()):
             problem = claims.take(allocation, hold) or (
-                "" if allocation in self.held() else self.unclean.refusal(hold))
+                "" if allocation in before else self.unclean.refusal(hold))
             if problem:
                 del wanted[allocation]
-                reports.append(self._signed("failed", {
+                done.reports.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": problem}))
         for allocation, hold in wanted.items():
@@ -253,18 +283,27 @@ class Agent:
             except (BadCdiSpec, SliceFailed) as refusal:
                 reason = f"{'cdi' if isinstance(refusal, BadCdiSpec) else 'slice'}: {refusal}"
                 self.journal.done("hold-refused", allocation, reason=reason)
-                reports.append(self._signed("failed", {
+                done.reports.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": reason[:200]}))
                 continue
             self.journal.done("hold", allocation, hold=hold.wire())
-            reports.append(self._signed("bound", {**bound, "generation": generation,
-                                                  "nodeId": self.config.node_id}))
+            done.reports.append(self._signed("bound", {**bound, "generation": generation,
+                                                       "nodeId": self.config.node_id}))
+            if before.get(allocation) == hold:
+                done.unchanged.add(len(done.reports) - 1)
         self.journal.done("spec", str(generation), generation=generation)
-        self.vms.want(machines)
-        self.profile.want(units, generation)
-        self.spec_reports, self.spec_applied_here = reports, True
-        return reports
+        return done
+
+    def _converged(self, generation: int, done: Converged) -> list[tuple[str, str, str]]:
+        """The rest of `apply_spec`, on the event loop: VMs and the profile, and what to
+        report."""
+        self.vms.want(done.machines)
+        self.profile.want(done.units, generation)
+        first = not self.spec_applied_here
+        self.spec_reports, self.spec_applied_here = done.reports, True
+        return done.reports if first else [
+            report for i, report in enumerate(done.reports) if i not in done.unchanged]
 
     def hello_generation(self) -> int:
         """The generation a new session says it applied: the journal's once this process
@@ -365,7 +404,7 @@ class Agent:
             self.session = AgentSession(
                 credentials=self.credentials(), target=targets[turn % len(targets)],
                 inventory=self.inventory, run_command=self.run_command,
-                journal_epoch=self.journal.epoch, apply_spec=self.apply_spec,
+                journal_epoch=self.journal.epoch, apply_spec=self.apply_spec_off_loop,
                 applied_generation=self.hello_generation(),
                 journal_generation=self.journal.applied_generation(),
                 spec_pin=self.config.join_signing_pin)

@@ -67,14 +67,14 @@ def workloads_of(hold: Hold, paths: Paths, gpu_index: dict[str, int]) -> list[Wo
     cgroup, found now."""
     files = device_files(hold, paths, gpu_index)
     found = []
-    for entry in PROC.iterdir():
-        pid = entry.name
+    for pid in os.listdir(PROC):  # plain strings: this reads every open file on the machine
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         why = ""
+        fds = f"{PROC}/{pid}/fd"
         try:
-            for fd in (entry / "fd").iterdir():
-                target = os.readlink(fd)
+            for fd in os.listdir(fds):
+                target = os.readlink(f"{fds}/{fd}")
                 if target in files:
                     why = f"device {files[target]}"
                     break

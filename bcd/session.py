@@ -28,7 +28,7 @@ logger = logging.getLogger("bcd.session")
 
 CommandRunner = Callable[[str, str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
 # (generation, spec) -> signed reports to send: [("bound" | "released" | …, json, signature)]
-SpecApplier = Callable[[int, dict[str, Any]], list[tuple[str, str, str]]]
+SpecApplier = Callable[[int, dict[str, Any]], Awaitable[list[tuple[str, str, str]]]]
 
 
 @dataclass
@@ -162,7 +162,7 @@ class AgentSession:
                 **command))
         return message
 
-    def on_spec(self, message: pb.Spec) -> bool:
+    async def on_spec(self, message: pb.Spec) -> bool:
         """Apply a spec the control plane signed for this node and generation; anything
         else (a gateway's forgery, another node's spec, a replay) is refused whole."""
         if self.apply_spec is None:
@@ -170,7 +170,7 @@ class AgentSession:
         try:
             spec = open_spec(message.json, pin=self.spec_pin, node_id=self.state.node_id,
                              generation=message.generation)
-            reports = self.apply_spec(message.generation, spec)
+            reports = await self.apply_spec(message.generation, spec)
         except (BadHold, BadSignature, ValueError) as refusal:
             logger.error("spec generation %d refused, nothing applied: %s",
                          message.generation, refusal)
@@ -241,7 +241,7 @@ class AgentSession:
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
                     elif kind == "spec":
-                        self.on_spec(message.spec)
+                        await self.on_spec(message.spec)
                     elif kind == "renewed":
                         pem = message.renewed.certificate_pem.encode()
                         self.credentials.certificate_pem = pem

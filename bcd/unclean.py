@@ -6,6 +6,7 @@ file of the agent's state, so a restarted agent still knows."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from bcd.fence import alive
 class Unclean:
     path: Path
     left: dict[str, dict[str, Any]] = field(default_factory=dict)  # uuid -> pids, allocation
+    # A spec's fencing marks and the inventory's pass prunes, each in a thread of its own.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def load(cls, path: Path) -> Unclean:
@@ -31,18 +34,20 @@ class Unclean:
     def mark(self, hold: Hold, survived: list[dict[str, Any]]) -> None:
         """The hold's GPUs stay unclean while any of the `survived` processes runs."""
         pids = sorted(int(w["pid"]) for w in survived)
-        for uuid in hold.gpus:
-            self.left[uuid] = {"pids": pids, "allocationId": hold.allocation_id}
-        self._save()
+        with self._lock:
+            for uuid in hold.gpus:
+                self.left[uuid] = {"pids": pids, "allocationId": hold.allocation_id}
+            self._save()
 
     def prune(self) -> None:
         """Forget the processes that ended since, and the GPUs none of them holds any more."""
-        kept = {uuid: {**entry, "pids": [pid for pid in entry["pids"] if alive(pid)]}
-                for uuid, entry in self.left.items()}
-        kept = {uuid: entry for uuid, entry in kept.items() if entry["pids"]}
-        if kept != self.left:
-            self.left = kept
-            self._save()
+        with self._lock:
+            kept = {uuid: {**entry, "pids": [pid for pid in entry["pids"] if alive(pid)]}
+                    for uuid, entry in self.left.items()}
+            kept = {uuid: entry for uuid, entry in kept.items() if entry["pids"]}
+            if kept != self.left:
+                self.left = kept
+                self._save()
 
     def why(self, uuid: str) -> str:
         entry = self.left.get(uuid)

@@ -52,8 +52,8 @@ def test_a_reservation_round_trip(client):
                                        devices=[{"class": "gpu", "count": 2}],
                                        idempotency_key="round-trip")
     assert again["id"] == rsv["id"]  # the key makes the write safe to retry
-    assert client.reservations.get(reservation_id=rsv["id"])["state"] == "placed"
-    listed = client.reservations.list(state="placed")["items"]
+    assert client.reservations.get(reservation_id=rsv["id"])["state"] == "binding"  # starts now
+    listed = client.reservations.list(state="binding")["items"]
     assert [r["id"] for r in listed] == [rsv["id"]]
 
 

@@ -19,11 +19,10 @@ from django.utils import timezone
 
 from audit.services import audit_record, audited
 from bcd.contract.crypto import verify_bytes
-from bcd.contract.holds import Claims, Hold, SlurmPublish
 from compute.core.db import database_now
 from compute.core.metrics import BIND_SECONDS
 from compute.platform.events.services import event_emit
-from fleet.models import Connectivity, Device, DeviceClass, Node
+from fleet.models import Connectivity, Node
 from fleet.reports import ReportRefused, StaleReport
 from fleet.services.sessions import node_report_refused
 from fleet.services.specs import node_spec_change_locked
@@ -38,7 +37,7 @@ from reservations.services.gang import (
     gang_placed_again,
     locked_members,
 )
-from reservations.services.notices import NOTICES
+from reservations.services.holds import bind_hold, hold_of
 from reservations.services.release import end_reservation, free_allocation
 from reservations.states import transition
 
@@ -50,35 +49,8 @@ class BindingRefused(ReportRefused):
 
 
 # A bound report is stale (StaleReport) when it binds an allocation that has ended since: a
-# node says again what it holds after each spec, and on each new session.
-
-
-def hold_of(allocation: Allocation, rsv: Reservation) -> Hold:
-    """The hold as the node's spec carries it: ids and GPU or MIG UUIDs only (the node
-    derives every path and unit name from the allocation id); a share is held as its GPU,
-    and named among the hold's shares. It carries the reservation's end, and a preempted
-    hold its deadline."""
-    booked = allocation.bookings.values_list("device__uuid", "device__device_class",
-                                             "gpu__uuid")
-    shares = sorted(uuid for uuid, kind, _ in booked if kind == DeviceClass.SHARE)
-    gpus = sorted({gpu if kind == DeviceClass.SHARE else uuid for uuid, kind, gpu in booked})
-    policy = rsv.pool.policy
-    return Hold(allocation.id, rsv.id, tuple(gpus), rsv.kubernetes, tuple(shares),
-                rsv.preempt_at.isoformat() if rsv.preempt_at else "", slurm_of(rsv),
-                rsv.ends_at.isoformat() if rsv.ends_at else "",
-                policy.get("onEnd", "notify"), float(policy.get("fenceGraceSeconds", 10.0)),
-                tuple(sorted((float(n) for n in policy.get("endingNotices", NOTICES)),
-                             reverse=True)))
-
-
-def slurm_of(rsv: Reservation) -> SlurmPublish | None:
-    """Where the hold is published in Slurm: the reservation's account, the partition the
-    pool's policy names, until the window's end."""
-    if not rsv.slurm_account:
-        return None
-    policy = rsv.pool.policy.get("slurm") or {}
-    until = rsv.ends_at or timezone.now()  # a placed reservation has its window
-    return SlurmPublish(rsv.slurm_account, policy.get("partition", ""), until.isoformat())
+# node says again what it holds on each new session, and after the first spec its process
+# applies.
 
 
 @audited
@@ -90,41 +62,12 @@ def reservation_bind(*, reservation_id: str) -> Reservation | None:
     if rsv is None or rsv.during is None or rsv.during.lower > now:
         return None
     allocation = rsv.allocations.get(ended_at__isnull=True)
-    node = Node.objects.select_for_update(no_key=True).get(pk=allocation.node_id)
-    hold = hold_of(allocation, rsv)
-    if _still_held(node, hold):
+    data = bind_hold(rsv, allocation, now)
+    if data is None:
         return None  # what held these GPUs before has not been released yet: bind later
-    spec = node_spec_change_locked(node, add=hold.wire())
-    transition(rsv, ReservationState.BINDING)
-    rsv.binding_started_at = now
-    rsv.save(update_fields=["state", "binding_started_at"])
-    data = {"nodeId": node.id, "allocationId": allocation.id, "generation": spec.generation}
     audit_record(tenant_id=rsv.tenant_id, actor_id="system", action="reservation.bind",
                  target=rsv.id, data=data, reason="window started")
-    event_emit(tenant_id=rsv.tenant_id, type=ReservationEvent.RESERVATION_BINDING, subject=rsv.id,
-               payload=data)
     return rsv
-
-
-def _still_held(node: Node, hold: Hold) -> bool:
-    """Whether the node's desired state still names another hold on one of these GPUs (a
-    reservation whose window ended there and that is not released yet). A spec naming both
-    would be refused by the node as an overlap, so the binding waits for the release: the
-    reconciler releases what ended first, and the sweep brings the binding back. Judged by
-    the node's own `Claims` (two shares of one GPU may be held at once; a whole GPU and a
-    part of it may not)."""
-    latest = node.specs.order_by("-generation").values_list("spec", flat=True).first()
-    others = [Hold.from_wire(entry) for entry in (latest or {}).get("allocations", [])
-              if entry.get("allocationId") != hold.allocation_id]
-    if not others:
-        return False
-    held = {uuid for each in [hold, *others] for uuid in each.gpus}
-    claims = Claims(present=held, parent=dict(
-        Device.objects.filter(uuid__in=held, parent__isnull=False)
-        .values_list("uuid", "parent__uuid")))
-    for other in others:
-        claims.take(other.allocation_id, other)
-    return claims.take(hold.allocation_id, hold) == "overlap"
 
 
 def verified_report(node_id: str, body: str, signature: str) -> tuple[Node, dict[str, Any]]:

@@ -61,6 +61,7 @@ from reservations.services.booking import (
     hold_node,
 )
 from reservations.services.gang import book_gang, check_gang_could_fit, check_gang_request
+from reservations.services.holds import bind_hold
 from reservations.shape import Ask, Shape
 from reservations.sharing import (
     DEFAULT_CLASS,
@@ -75,8 +76,9 @@ GPU = DeviceClass.GPU.value
 
 
 def try_place(rsv: Reservation, pool: Pool, now: datetime,
-              excluded: set[str] | None = None) -> Allocation | None:
-    """Book the reservation on the best node now, or return None (it stays pending).
+              excluded: set[str] | None = None, *, queue_start: bool = True) -> Allocation | None:
+    """Book the reservation on the best node now, or return None (it stays pending). A
+    worker binds it at its start (unless `queue_start` is off: the caller sees to it).
 
     Runs inside the caller's transaction; each booking attempt is a savepoint, so a lost
     race (EXCLUDE violation, or host counters taken) leaves nothing behind and we re-read.
@@ -109,7 +111,8 @@ def try_place(rsv: Reservation, pool: Pool, now: datetime,
         rsv.placement_attempts += 1
         rsv.failure_reason = ""
         transition(rsv, ReservationState.PLACED)
-        enqueue(RESERVATION, rsv.id, due_at=during.lower)  # a worker binds it at its start
+        if queue_start:
+            enqueue(RESERVATION, rsv.id, due_at=during.lower)
         return allocation
     return None
 
@@ -246,7 +249,7 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
         rsv, allocation = book_new(
             tenant=tenant, pool=pool, now=now, shape=shape, requested_start=requested_start,
             duration_ms=duration_ms, at_earliest=at_earliest, before=before,
-            priority=priority, models=models)
+            priority=priority, models=models, bind_at_start=True)
     if allocation is None:  # about to wait: only for what some machine could hold
         check_could_fit(pool, shape)  # (refused, the transaction writes nothing)
     idempotent_remember(tenant_id=tenant.id, scope="reservations.create", key=idempotency_key,
@@ -256,6 +259,10 @@ def reservation_create(*, tenant: Tenant, actor: Principal, pool_id: str, shape:
                                       "class": shape.device_class, "durationMs": duration_ms,
                                       "priorityClass": priority.name,
                                       "placed": bool(allocation),
+                                      **({"binding": {"nodeId": allocation.node_id,
+                                                      "allocationId": allocation.id}}
+                                         if allocation and rsv.state == ReservationState.BINDING
+                                         else {}),
                                       **({"nodes": nodes, "gangId": rsv.gang_id}
                                          if rsv.gang_id else {})})
     return rsv
@@ -292,11 +299,13 @@ def best_pool(tenant: Tenant, pool: Pool, shape: Shape, models: Sequence[str],
 def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
              requested_start: datetime | None, duration_ms: int, at_earliest: bool = False,
              before: datetime | None = None, series: ReservationSeries | None = None,
-             priority: PriorityClass | None = None,
-             models: Sequence[str] = ()) -> tuple[Reservation, Allocation | None]:
+             priority: PriorityClass | None = None, models: Sequence[str] = (),
+             bind_at_start: bool = False) -> tuple[Reservation, Allocation | None]:
     """A new reservation of a checked request, inside the caller's service: the offering's
     limits, the quota, placement (now, or at the earliest window) or pending, and its
-    placed or pending event. Refusals raise and leave nothing."""
+    placed or pending event. With `bind_at_start`, one whose window starts now is bound in
+    the same transaction (`reservation_create`: no worker's turn between the call and the
+    node's spec). Refusals raise and leave nothing."""
     limits = offering_limits(tenant.id, pool)
     check_request(limits, duration_ms=duration_ms, start=requested_start, now=now)
     priority = priority or pool_classes(pool)[DEFAULT_CLASS]
@@ -313,9 +322,10 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
                       gpu_models=sorted({model.upper() for model in models}), **shape.columns())
     insert_row(rsv)
     if at_earliest:
-        allocation: Allocation | None = place_at_earliest(rsv, pool, now, before)
+        allocation: Allocation | None = place_at_earliest(rsv, pool, now, before,
+                                                          queue_start=not bind_at_start)
     else:
-        allocation = try_place(rsv, pool, now)
+        allocation = try_place(rsv, pool, now, queue_start=not bind_at_start)
     if borrowed and allocation is None:
         raise QuotaExceeded(f"{shape.device_class} quota on pool {pool.id} exceeded, and a "
                             "preemptible request borrows only what is free now: none fits",
@@ -332,11 +342,22 @@ def book_new(*, tenant: Tenant, pool: Pool, now: datetime, shape: Shape,
         emit_pending(rsv)
     else:
         emit_placed(rsv, allocation)
+        if bind_at_start:
+            bind_or_queue(rsv, allocation, now)
     return rsv, allocation
 
 
+def bind_or_queue(rsv: Reservation, allocation: Allocation, now: datetime) -> None:
+    """Bind a placed reservation whose window has started, in the caller's transaction;
+    queue the worker's bind for one that starts later, or whose GPUs are still in the
+    node's spec for what ended there (the worker releases that first)."""
+    start = rsv.starts_at or now  # placed: its window's start
+    if start > now or bind_hold(rsv, allocation, now) is None:
+        enqueue(RESERVATION, rsv.id, due_at=start)
+
+
 def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
-                      before: datetime | None) -> Allocation:
+                      before: datetime | None, *, queue_start: bool = True) -> Allocation:
     """Book `rsv` in the earliest window where it fits; when another booker takes that
     window first, the next one. Refused (the caller's transaction rolls back) when no
     window is left before the horizon or `before`."""
@@ -348,7 +369,7 @@ def place_at_earliest(rsv: Reservation, pool: Pool, now: datetime,
         start = slot.during.lower
         rsv.requested_start = start if start > now else None
         rsv.save(update_fields=["requested_start"])
-        allocation = try_place(rsv, pool, now)
+        allocation = try_place(rsv, pool, now, queue_start=queue_start)
         if allocation is not None:
             return allocation
         search = replace(search, after=start)

@@ -27,8 +27,8 @@ from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.limits import check_at_once, check_request, offering_limits
 from reservations.models import Allocation, Booking, Reservation, ReservationState
 from reservations.selectors import access_reservation_by_id
-from reservations.services.binding import hold_of
 from reservations.services.gang import locked_members
+from reservations.services.holds import hold_of
 from reservations.services.release import live_allocation
 from reservations.states import TERMINAL
 from reservations.work import pool_replan

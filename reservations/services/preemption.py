@@ -30,9 +30,9 @@ from reservations.candidates import device_filter_q, placement_request, propose,
 from reservations.events import ReservationEvent
 from reservations.hostshare import host_counters_refresh, node_lock
 from reservations.models import Allocation, Booking, Reservation, ReservationState
-from reservations.services.binding import hold_of
 from reservations.services.book import emit_placed, try_place
 from reservations.services.gang import gang_of_reservation, gang_place, lock_gang, propose_gang
+from reservations.services.holds import hold_of
 from reservations.services.release import end_reservation
 from reservations.shape import Shape
 from reservations.sharing import notice_seconds, pending_queue, pool_classes

@@ -263,6 +263,30 @@ def test_a_new_session_gets_the_last_specs_reports_again(root):
     assert instance.session.reports == released
 
 
+def test_a_spec_reports_what_it_changed_and_a_new_session_gets_every_hold(root):
+    """A spec that adds a hold beside one already bound reports the new hold alone (one
+    report per change, not one per hold on the node); the first spec a process applies
+    reports every hold, and a new session gets them all again."""
+    first, second = gpus_of(root, 2)
+    one = hold(A["a"], [first])
+    instance = agent(root, [])
+    assert [json.loads(b)["allocationId"] for _, b, _ in instance.apply_spec(1, {
+        "allocations": [one]})] == [A["a"]]
+    added = instance.apply_spec(2, {"allocations": [one, hold(A["b"], [second])]})
+    assert [(kind, json.loads(body)["allocationId"]) for kind, body, _ in added] == \
+        [("bound", A["b"])]
+    instance.session = RecordingSession()
+    instance._welcomed(instance.session.state)
+    assert sorted(json.loads(b)["allocationId"] for _, b, _ in instance.session.reports) == \
+        sorted([A["a"], A["b"]])
+    dropped = instance.apply_spec(3, {"allocations": [one]})
+    assert [(kind, json.loads(body)["allocationId"]) for kind, body, _ in dropped] == \
+        [("released", A["b"])]
+    restarted = agent(root, [])  # a new process: what it holds is reported again
+    assert [(kind, json.loads(body)["allocationId"]) for kind, body, _ in restarted.apply_spec(
+        4, {"allocations": [one]})] == [("bound", A["a"])]
+
+
 def test_holds_a_lost_journal_forgot_are_removed_by_the_next_spec_that_drops_them(root):
     first, second = gpus_of(root, 2)
     agent(root, []).apply_spec(1, {"allocations": [hold(A["a"], [first]),

@@ -53,16 +53,20 @@ def test_forged_redirected_or_replayed_specs_are_refused(text, says):
 def test_the_session_applies_nothing_a_malicious_gateway_sends():
     """The messages a gateway could send: only the control plane's own spec is applied."""
     applied = []
+
+    async def apply_spec(generation, spec):
+        applied.append(spec)
+        return []
+
     session = AgentSession(credentials=None, target="", inventory=None, run_command=None,
-                           apply_spec=lambda generation, spec: applied.append(spec) or [],
-                           spec_pin=PIN)
+                           apply_spec=apply_spec, spec_pin=PIN)
     session.state.node_id = "node_a"
     gateway_key = ec.generate_private_key(ec.SECP256R1())
     for forged in (signed(key=gateway_key), signed(node="node_b"), json.dumps(HOLD)):
-        assert session.on_spec(pb.Spec(generation=2, json=forged)) is False
-    assert session.on_spec(pb.Spec(generation=3, json=signed())) is False  # a replay
+        assert asyncio.run(session.on_spec(pb.Spec(generation=2, json=forged))) is False
+    assert asyncio.run(session.on_spec(pb.Spec(generation=3, json=signed()))) is False  # a replay
     assert applied == []
-    assert session.on_spec(pb.Spec(generation=2, json=signed())) is True
+    assert asyncio.run(session.on_spec(pb.Spec(generation=2, json=signed()))) is True
     assert applied == [HOLD]
     assert session.applied_generation == 2
 

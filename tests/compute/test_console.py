@@ -19,7 +19,7 @@ def signed_in(token: str) -> Client:
 
 def test_the_board_shows_nodes_held_gpus_and_a_zero_overlap_check(root, root_token, pool):
     node = make_node(pool["id"])
-    assert reserve(root, pool, 4).result["state"] == "placed"
+    assert reserve(root, pool, 4).result["state"] == "binding"
     page = signed_in(root_token).get("/console/").content.decode()
     assert node.hostname in page
     assert 'id="gpus">4/8<' in page  # booked for a window that holds now

@@ -38,7 +38,7 @@ def test_a_booking_moves_its_series(client, root, pool):
                    devices=[{"class": "gpu", "count": 8}])  # the node has 6 left: it waits
     refused = root.call("reservations.get", reservationId="rsv_01jbx0000000000000000000aa")
     after = scrape(client)
-    assert (booked["state"], waiting["state"], refused.status) == ("placed", "pending", 404)
+    assert (booked["state"], waiting["state"], refused.status) == ("binding", "pending", 404)
     ok = {"method": "reservations.create", "status": "200"}
     assert value(after, "bc_api_requests_total", **ok) - value(
         before, "bc_api_requests_total", **ok) == 2

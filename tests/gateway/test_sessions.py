@@ -305,11 +305,11 @@ def test_a_quiet_node_becomes_unreachable_and_keeps_what_it_holds(fleet):
 
     asyncio.run(connect_and_adopt())
     rsv = reserve(fleet.api, fleet.pool, 4).result
-    assert rsv["state"] == "placed"
+    assert rsv["state"] == "binding"
     assert lapse_lease(payload["nodeId"]) is not None
     node = Node.objects.get(pk=payload["nodeId"])
     assert (node.connectivity, node.schedulable) == ("unreachable", False)
-    assert fleet.api("reservations.get", reservationId=rsv["id"])["state"] == "placed"
+    assert fleet.api("reservations.get", reservationId=rsv["id"])["state"] == "binding"
     assert reserve(fleet.api, fleet.pool, 1).result["state"] == "pending"
 
 

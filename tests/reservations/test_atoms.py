@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from fleet.models import Device
 from reservations.models import Booking, Reservation
-from reservations.services.binding import hold_of
+from reservations.services.holds import hold_of
 from tests.conftest import POLICY
 from tests.factories import make_node, with_default_image
 from tests.reservations.conftest import HOUR, reserve
@@ -53,7 +53,7 @@ def test_mig_instances_are_booked_as_their_own_atoms(root, pool):
     node = make_node(pool["id"], mig={0: SEVEN, 1: TWO})
     assert Device.objects.filter(node=node, device_class="mig").count() == 9
     rsv = book(root, pool, "mig", 2, "1g.10gb").result
-    assert rsv["state"] == "placed"
+    assert rsv["state"] == "binding"
     assert rsv["devices"] == [{"class": "mig", "count": 2, "topology": "any",
                                "profile": "1g.10gb"}]
     rows = booked(rsv["id"])
@@ -74,14 +74,14 @@ def test_mig_instances_are_booked_as_their_own_atoms(root, pool):
 def test_a_whole_gpu_and_its_instances_never_overlap(root, pool):
     make_node(pool["id"], gpus=2, domains=(2,), mig={0: TWO})
     part = book(root, pool, "mig", 1, "3g.40gb").result
-    assert part["state"] == "placed"
+    assert part["state"] == "binding"
     # GPU 0 has a booked instance: two whole GPUs do not fit now, one does (GPU 1).
     assert reserve(root, pool, 2).result["state"] == "pending"
     whole = reserve(root, pool, 1).result
-    assert whole["state"] == "placed"
+    assert whole["state"] == "binding"
     assert booked(whole["id"])[0].device.index == 1
     # GPU 1 is booked whole: its instances (none here) and GPU 0's other instance remain.
-    assert book(root, pool, "mig", 1, "3g.40gb").result["state"] == "placed"
+    assert book(root, pool, "mig", 1, "3g.40gb").result["state"] == "binding"
     assert book(root, pool, "mig", 1, "3g.40gb").result["state"] == "pending"
     assert overlapping_bookings() == 0
 
@@ -115,7 +115,7 @@ def test_shares_fill_a_gpu_before_the_next_and_exclude_whole_bookings(root, slic
     shares = Device.objects.filter(node=node, device_class="gpu-share").order_by("uuid")
     assert [d.profile for d in shares if d.index == 0] == ["1/4", "2/4", "3/4", "4/4"]
     first = [book(root, sliced, "gpu-share", 1).result for _ in range(4)]
-    assert {r["state"] for r in first} == {"placed"}
+    assert {r["state"] for r in first} == {"binding"}
     assert {booked(r["id"])[0].device.index for r in first} == {0}
     assert reserve(root, sliced, 2).result["state"] == "pending"  # GPU 0 is sliced now
     two = book(root, sliced, "gpu-share", 2).result
@@ -136,7 +136,7 @@ def test_earliest_for_a_whole_gpu_waits_for_every_part(root, pool):
     make_node(pool["id"], gpus=1, domains=(1,), mig={0: TWO})
     long = book(root, pool, "mig", 1, "3g.40gb", duration=3 * HOUR).result
     short = book(root, pool, "mig", 1, "3g.40gb", duration=HOUR, startIn=HOUR).result
-    assert (long["state"], short["state"]) == ("placed", "placed")
+    assert (long["state"], short["state"]) == ("binding", "placed")
     found = root("capacity.earliest", poolId=pool["id"], devices=atoms("gpu", 1),
                  duration=HOUR)
     assert found["found"] is True
@@ -169,8 +169,8 @@ def test_bad_atom_requests_name_what_is_wrong(root, pool, devices, field_says):
 def test_each_atom_class_has_its_own_quota(root, pool, acme):
     make_node(pool["id"], mig={0: SEVEN})
     root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 8, "mig": 2})
-    assert book(acme, pool, "mig", 2, "1g.10gb").result["state"] == "placed"
+    assert book(acme, pool, "mig", 2, "1g.10gb").result["state"] == "binding"
     refused = book(acme, pool, "mig", 1, "1g.10gb")
     assert (refused.status, refused.code) == (409, "quota_exceeded"), refused.body
     assert "mig quota" in refused.body["error"]["message"]
-    assert reserve(acme, pool, 4).result["state"] == "placed"  # whole GPUs: another quota
+    assert reserve(acme, pool, 4).result["state"] == "binding"  # whole GPUs: another quota

@@ -54,7 +54,7 @@ def test_a_request_that_fits_nowhere_now_is_planned_and_smaller_ones_backfill_be
     # by then uses them (backfill); one that would not is planned after the big one.
     root("reservations.release", reservationId=short["id"])
     fits = reserve(root, pool, 4, duration=HOUR).result
-    assert fits["state"] == "placed"
+    assert fits["state"] == "binding"
     assert row(fits).during.upper <= planned.during.lower
     late = reserve(root, pool, 4, duration=3 * HOUR).result
     assert late["state"] == "pending"
@@ -130,7 +130,7 @@ def test_without_planned_starts_a_stream_of_small_requests_takes_the_gpus_first(
     assert row(big).state == "pending"
     assert not row(big).planned
     root("reservations.release", reservationId=first["id"])
-    assert reserve(root, pool, 4, duration=3 * HOUR).result["state"] == "placed"
+    assert reserve(root, pool, 4, duration=3 * HOUR).result["state"] == "binding"
     reconcile_pool(pool["id"])
     assert row(big).state == "pending"
 
@@ -174,9 +174,9 @@ def test_a_stream_of_small_requests_never_delays_a_planned_start(root, pool):
                 except ComputeError as error:
                     refused.append(error.code)
                     continue
-                if rsv.state == "placed":
+                if rsv.state == "binding":  # placed, and bound at once: it starts now
                     placed.append(rsv.id)
-                if rsv.state != "placed" or rng.random() < 0.9:
+                if rsv.state != "binding" or rng.random() < 0.9:
                     reservation_release(tenant=tenant, actor=actor, reservation_id=rsv.id)
         except Exception:  # anything else is a finding
             import traceback

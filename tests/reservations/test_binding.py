@@ -24,7 +24,7 @@ from reservations.services.binding import (
     reservation_bind,
 )
 from tests.factories import make_node, make_unreachable, open_session
-from tests.reservations.conftest import reserve
+from tests.reservations.conftest import placed_and_started, reserve
 from tests.support.writes import assert_wrote, recorded
 
 
@@ -34,11 +34,25 @@ def bound(root, pool):
     key = ec.generate_private_key(ec.SECP256R1())
     node = make_node(pool["id"])
     Node.objects.filter(pk=node.pk).update(public_key=public_pem(key.public_key()))
-    rsv = reserve(root, pool, 4).result
-    with assert_wrote(audit="reservation.bind", events=["reservation.binding"]):
-        reservation_bind(reservation_id=rsv["id"])
+    with assert_wrote(audit="reservation.create",
+                      events=["reservation.placed", "reservation.binding"]):
+        rsv = reserve(root, pool, 4).result  # its window starts now: bound by the same call
     spec = NodeSpec.objects.filter(node=node).latest("generation").spec
     return key, node, rsv, spec["allocations"][0]
+
+
+def test_a_reservation_that_starts_later_is_bound_by_the_worker_at_its_start(root, pool):
+    node = make_node(pool["id"])
+    later = reserve(root, pool, 2, startIn=60_000).result
+    assert later["state"] == "placed"
+    assert reservation_bind(reservation_id=later["id"]) is None  # not yet
+    rsv = placed_and_started(root, pool, 2)
+    assert NodeSpec.objects.filter(node=node).count() == 1
+    with assert_wrote(audit="reservation.bind", events=["reservation.binding"]):
+        reservation_bind(reservation_id=rsv["id"])
+    spec = NodeSpec.objects.filter(node=node).latest("generation")
+    assert [a["reservationId"] for a in spec.spec["allocations"]] == [rsv["id"]]
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "binding"
 
 
 def report(key, node, hold, gpus=None):
@@ -222,8 +236,11 @@ def test_a_failed_hold_is_placed_again_elsewhere_at_most_twice(root, pool, acme)
     nodes_tried = []
     for attempt in range(3):
         current = Reservation.objects.get(pk=rsv["id"])
-        assert current.state == "placed", attempt
-        reservation_bind(reservation_id=rsv["id"])
+        if attempt:  # placed again elsewhere: the worker binds it
+            assert current.state == "placed", attempt
+            reservation_bind(reservation_id=rsv["id"])
+        else:  # bound by the create call
+            assert current.state == "binding"
         allocation = current.allocations.get(ended_at__isnull=True)
         node = Node.objects.get(pk=allocation.node_id)
         nodes_tried.append(node.id)

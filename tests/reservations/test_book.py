@@ -10,7 +10,7 @@ from django.db import connection
 
 from audit.models import AuditEvent
 from compute.platform.events.models import Event
-from fleet.models import Device, Node
+from fleet.models import Device, Node, NodeSpec
 from reservations.models import Booking, Quota, Reservation
 from tests.factories import make_node, make_unreachable
 from tests.reservations.conftest import HOUR, gpus, reserve
@@ -27,7 +27,7 @@ def booked_uuids(rsv_id):
 def test_four_gpus_take_a_whole_nvlink_domain(root, pool):
     node = make_node(pool["id"])
     rsv = reserve(root, pool, 4).result
-    assert rsv["state"] == "placed"
+    assert rsv["state"] == "binding"
     assert rsv["nodeId"] == node.id
     domains = set(Device.objects.filter(uuid__in=booked_uuids(rsv["id"]))
                   .values_list("nvlink_domain", flat=True))
@@ -40,20 +40,38 @@ def test_four_gpus_take_a_whole_nvlink_domain(root, pool):
 def test_create_writes_one_audit_and_one_placed_event(root, pool):
     make_node(pool["id"])
     with assert_wrote(audit="reservation.create", events=["reservation.placed"]):
-        rsv = reserve(root, pool, 2).result
+        rsv = reserve(root, pool, 2, startIn=60_000).result
     assert AuditEvent.objects.filter(target=rsv["id"], action="reservation.create").count() == 1
     assert list(Event.objects.filter(subject=rsv["id"]).values_list("type", flat=True)) == [
         "reservation.placed"]
 
 
+def test_a_reservation_that_starts_now_is_bound_by_its_create_call(root, pool):
+    """No worker's turn between the call and the node's spec: the hold is in the node's
+    next generation when the call answers, under the create's one audit row."""
+    node = make_node(pool["id"])
+    with assert_wrote(audit="reservation.create",
+                      events=["reservation.placed", "reservation.binding"]):
+        rsv = reserve(root, pool, 2).result
+    assert rsv["state"] == "binding"
+    spec = NodeSpec.objects.filter(node=node).latest("generation")
+    assert (spec.generation, [a["reservationId"] for a in spec.spec["allocations"]]) == \
+        (2, [rsv["id"]])
+    row = AuditEvent.objects.get(target=rsv["id"], action="reservation.create")
+    assert row.data["binding"] == {"nodeId": node.id, "allocationId": rsv["allocationId"]}
+    assert not queued("reservation", rsv["id"])  # no worker's turn to wait for
+    later = reserve(root, pool, 2, startIn=60_000).result
+    assert (later["state"], queued("reservation", later["id"])) == ("placed", True)
+
+
 def test_nvlink_all_never_spans_domains(root, pool):
     make_node(pool["id"])
-    assert reserve(root, pool, 2).result["state"] == "placed"  # leaves nv0 with 2 free
-    assert reserve(root, pool, 2).result["state"] == "placed"  # fills nv0
+    assert reserve(root, pool, 2).result["state"] == "binding"  # leaves nv0 with 2 free
+    assert reserve(root, pool, 2).result["state"] == "binding"  # fills nv0
     # 4 GPUs left in nv1: nvlink-all of 4 fits; of 5 never (5 > any domain): refused.
     never = reserve(root, pool, 5, "nvlink-all")
     assert (never.status, never.code) == (409, "never_fits"), never.body
-    assert reserve(root, pool, 4, "nvlink-all").result["state"] == "placed"
+    assert reserve(root, pool, 4, "nvlink-all").result["state"] == "binding"
 
 
 def test_selector_and_product_filters(root, pool):
@@ -149,7 +167,7 @@ def test_quota_exceeded_names_the_numbers_and_writes_nothing(root, pool, acme):
 def test_owner_quota_is_unlimited(root, pool):
     for _ in range(3):
         make_node(pool["id"])
-    assert all(reserve(root, pool, 8).result["state"] == "placed" for _ in range(3))
+    assert all(reserve(root, pool, 8).result["state"] == "binding" for _ in range(3))
 
 
 def test_cancel_withdraws_a_future_reservation_and_refuses_a_started_one(root, pool):
@@ -157,7 +175,7 @@ def test_cancel_withdraws_a_future_reservation_and_refuses_a_started_one(root, p
     later = reserve(root, pool, 8, startIn=2 * HOUR).result
     assert later["state"] == "placed"
     now = reserve(root, pool, 8).result  # fits before the later one starts
-    assert now["state"] == "placed"
+    assert now["state"] == "binding"
     with assert_wrote(audit="reservation.cancel", events=["reservation.cancelled"]):
         cancelled = root("reservations.release", reservationId=later["id"], cancel=True)
     assert cancelled["state"] == "cancelled"
@@ -197,7 +215,7 @@ def test_a_tenant_cannot_release_another_tenants_reservation(root, pool, acme):
     rsv = reserve(root, pool, 1).result
     answer = acme.call("reservations.release", reservationId=rsv["id"])
     assert answer.status == 404
-    assert root("reservations.get", reservationId=rsv["id"])["state"] == "placed"
+    assert root("reservations.get", reservationId=rsv["id"])["state"] == "binding"
 
 
 def test_expired_windows_are_released(root, pool):

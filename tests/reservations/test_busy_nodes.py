@@ -54,7 +54,7 @@ def test_a_booker_takes_the_next_node_while_the_best_is_held(root, pool):
         done = not booker.is_alive()
     booker.join(20)
     assert done, "the booker waited for the held node"
-    assert results[0]["state"] == "placed"
+    assert results[0]["state"] == "binding"
     assert booked_node(results[0]) == second.id
     assert booked_node(reserve(root, pool, 1).result) == best.id  # packing again once free
 
@@ -73,7 +73,7 @@ def test_a_booker_waits_for_the_best_when_every_fitting_node_is_held(root, pool)
         holder.close()
         booker.join(20)
     assert results
-    assert results[0]["state"] == "placed"
+    assert results[0]["state"] == "binding"
     assert booked_node(results[0]) == node.id
 
 

@@ -12,7 +12,7 @@ from audit.models import AuditEvent
 from fleet.models import Device, Node
 from reservations.models import Booking
 from tests.factories import make_node, report_inventory
-from tests.reservations.conftest import reserve
+from tests.reservations.conftest import placed_and_started, reserve
 from tests.support.work import run_due_work
 from tests.support.writes import recorded
 
@@ -49,7 +49,7 @@ def test_an_unhealthy_gpu_is_shown_counted_and_never_chosen(root, pool):
     assert capacity["gpu"]["available"] == 7
     assert reserve(root, pool, 8).result["state"] == "pending"  # only 7 healthy
     placed = reserve(root, pool, 7).result
-    assert placed["state"] == "placed"
+    assert placed["state"] == "binding"
     booked = set(Device.objects.filter(bookings__allocation__reservation_id=placed["id"])
                  .values_list("index", flat=True))
     assert 3 not in booked
@@ -148,7 +148,7 @@ def test_a_reservation_whose_window_began_before_its_binding_is_flagged_too(root
     pool = with_policy(root, "replace-future")
     make_node(pool["id"], domains=(8,))
     make_node(pool["id"], domains=(8,))
-    rsv = reserve(root, pool, 8).result
+    rsv = placed_and_started(root, pool, 8)
     assert rsv["state"] == "placed"  # its binding has not run yet
     node = Node.objects.get(pk=rsv["nodeId"])
     report_health(node, {2: XID_79})

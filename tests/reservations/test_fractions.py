@@ -37,7 +37,7 @@ def gpus_of(rsv_id):
 def test_a_fraction_books_the_fewest_shares_of_one_gpu_on_the_gpu_it_fills_best(root, tenths):
     make_node(tenths["id"], gpus=2, domains=(2,))
     first = fraction(root, tenths, 0.22).result
-    assert first["state"] == "placed"
+    assert first["state"] == "binding"
     assert first["devices"] == [{"class": "gpu-share", "count": 3, "topology": "same-gpu",
                                  "profile": None}]
     (gpu,), count = gpus_of(first["id"])
@@ -78,7 +78,7 @@ def test_a_fraction_more_than_a_pools_shares_per_gpu_cover_is_never_split(root):
     # of each GPU at most two.
     placed = [fraction(root, halves, 0.3).result for _ in range(4)]
     assert [r["devices"][0]["count"] for r in placed] == [1, 1, 1, 1]
-    assert {r["state"] for r in placed} == {"placed"}
+    assert {r["state"] for r in placed} == {"binding"}
     assert sorted(gpus_of(r["id"])[0][0] for r in placed) == [0, 0, 1, 1]
 
 

@@ -47,7 +47,7 @@ def test_a_reservation_longer_than_allowed_is_refused_and_writes_nothing(acme, l
     assert (error["details"]["requested"], error["details"]["allowed"]) == (5, 4)
     assert Reservation.objects.count() == 0
     assert Quota.objects.get(tenant__slug="acme").used == 0
-    assert reserve(acme, limited, 1, duration=4 * HOUR).result["state"] == "placed"
+    assert reserve(acme, limited, 1, duration=4 * HOUR).result["state"] == "binding"
 
 
 def test_a_start_further_ahead_than_allowed_is_refused(acme, limited):
@@ -59,7 +59,7 @@ def test_a_start_further_ahead_than_allowed_is_refused(acme, limited):
 def test_the_earliest_slot_stays_inside_the_booking_horizon(root, acme, limited):
     # The owner fills both nodes for the next three days; acme's horizon is two.
     for _ in range(2):
-        assert reserve(root, limited, 8, duration=3 * DAY).result["state"] == "placed"
+        assert reserve(root, limited, 8, duration=3 * DAY).result["state"] == "binding"
     answer = acme.call("reservations.create", poolId=limited["id"], duration=HOUR,
                        devices=[{"class": "gpu", "count": 1}], atEarliest=True)
     assert (answer.status, answer.code) == (409, "capacity_conflict"), answer.body
@@ -72,7 +72,7 @@ def test_the_earliest_slot_stays_inside_the_booking_horizon(root, acme, limited)
 
 
 def test_gpus_at_once_count_over_time(acme, limited):
-    assert reserve(acme, limited, 8).result["state"] == "placed"
+    assert reserve(acme, limited, 8).result["state"] == "binding"
     assert reserve(acme, limited, 8, startIn=DAY).result["state"] == "placed"  # another day
     error = refused_naming(reserve(acme, limited, 1, startIn=HOUR // 2), "maxGpusAtOnce")
     assert error["message"] == "limit maxGpusAtOnce: 8 GPUs held then + 1 requested > 8"
@@ -94,7 +94,7 @@ def test_an_extension_into_held_gpus_or_past_the_length_is_refused(acme, limited
 
 
 def test_the_owner_has_no_limits(root, limited):
-    assert reserve(root, limited, 8, duration=10 * DAY).result["state"] == "placed"
+    assert reserve(root, limited, 8, duration=10 * DAY).result["state"] == "binding"
     assert reserve(root, limited, 8, startIn=30 * DAY).result["state"] == "placed"
 
 

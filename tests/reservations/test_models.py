@@ -34,7 +34,7 @@ def test_the_placer_picks_the_pool_where_the_request_fits_best(root):
     t4, p100, _ = two_pools(root)
     reserve(root, p100, 6)  # two GPUs left of one NVLink domain: a tight fit
     placed = either(root, t4, 2).result  # named T4 (all free), but P100 fits tighter
-    assert (placed["poolId"], placed["state"]) == (p100["id"], "placed")
+    assert (placed["poolId"], placed["state"]) == (p100["id"], "binding")
     reserve(root, p100, 2)  # P100 is full now
     assert either(root, t4, 2).result["poolId"] == t4["id"]
 
@@ -51,7 +51,7 @@ def test_a_pool_of_another_site_or_whose_quota_refuses_is_no_candidate(root, acm
         root("pools.offer", poolId=pool["id"], to="acme", quota={"gpu": 1 if pool is p100
                                                                  else 8})
     root("reservations.release", reservationId=root("reservations.list", poolId=p100["id"],
-                                                    state="placed")["items"][0]["id"])
+                                                    state="binding")["items"][0]["id"])
     # P100 is free again, but acme's quota there is one GPU: T4 is the only candidate left.
     asked = either(acme, t4, 2).result
     assert (asked["poolId"], asked["state"]) == (t4["id"], "pending")
@@ -82,7 +82,7 @@ def test_a_waiting_request_is_placed_by_another_pool_it_accepts_with_its_quota(r
     assert written.audit == ["reservation.place"]
     place = AuditEvent.objects.get(target=waiting["id"], action="reservation.place")
     assert (place.data["fromPool"], place.data["poolId"]) == (t4["id"], p100["id"])
-    assert root("reservations.get", reservationId=t4_full["id"])["state"] == "placed"
+    assert root("reservations.get", reservationId=t4_full["id"])["state"] == "binding"
 
 
 def test_a_pool_the_tenant_may_not_use_or_without_room_leaves_it_waiting(root, acme):

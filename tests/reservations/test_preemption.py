@@ -72,7 +72,7 @@ def test_a_borrowed_reservation_is_preempted_with_notice_for_a_request_within_qu
     root("pools.offer", poolId=pool["id"], to="globex", quota={"gpu": 8})
     node = make_node(pool["id"])
     borrowed = reserve(acme, pool, 8, priorityClass="preemptible").result
-    assert (borrowed["state"], borrowed["borrowed"]) == ("placed", True)
+    assert (borrowed["state"], borrowed["borrowed"]) == ("binding", True)
     assert Quota.objects.get(tenant_id=acme.tenant_id, pool_id=pool["id"]).used == 0
     run_due_work()  # bound: the node is told to hold it
     assert row(borrowed).state == "binding"

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from fleet.services.sessions import heartbeats_record
 from reservations.services.binding import allocation_bound_record
 from tests.factories import make_node, open_session
-from tests.reservations.conftest import reserve
+from tests.reservations.conftest import HOUR, reserve
 from tests.reservations.test_binding import bound, report  # noqa: F401  (a fixture)
 
 
@@ -30,15 +30,20 @@ def test_reservations_create_through_the_api(root, pool):
     for _ in range(8):
         make_node(pool["id"])
     reserve(root, pool, 2)  # warm: the token's first use, plans
-    # token, the call's running slots (taken, given back), pool, IAM, now(), reservation,
-    # placement, node lock, booking (which also marks it placed), work item (with its
-    # NOTIFY), event (with its NOTIFY), audit row (no lock)
-    pinned(lambda: reserve(root, pool, 2).result, 13)
+    # One that starts in an hour: token, the call's running slots (taken, given back), pool,
+    # IAM, now(), reservation, placement, node lock, booking (which also marks it placed),
+    # work item (with its NOTIFY), event (with its NOTIFY), audit row (no lock)
+    pinned(lambda: reserve(root, pool, 2, startIn=HOUR).result, 13)
+    # One that starts now is bound by the call instead of a worker: no work item, but the
+    # node's row, its bookings' GPUs, the node's spec and the parents of what it holds (is
+    # one of these GPUs still held?), the next spec (newest, NOTIFY, signed, written), the
+    # reservation's state and the binding event: a worker's whole transaction saved
+    pinned(lambda: reserve(root, pool, 2).result, 23)
 
 
 def test_reservations_release_through_the_api(root, pool):
     make_node(pool["id"])
-    rsv = reserve(root, pool, 2).result
+    rsv = reserve(root, pool, 2, startIn=HOUR).result
     # node lock, recount, the call's running slots (taken, given back), and the row read
     # before it is locked (a gang's member is locked with the others, in their order)
     pinned(lambda: root("reservations.release", reservationId=rsv["id"]), 18)

@@ -45,7 +45,7 @@ def one_gpu_node_booked_twice(root, pool):
     node = make_node(pool["id"], gpus=1, domains=(1,))
     first = reserve(root, pool, 1).result
     later = reserve(root, pool, 1, startIn=2 * HOUR).result
-    assert (first["state"], later["state"]) == ("placed", "placed")
+    assert (first["state"], later["state"]) == ("binding", "placed")
     return node, first, later
 
 

@@ -168,7 +168,7 @@ def test_sandbox_and_gpu_host_share_never_take_each_others(root, pool):
     make_node(pool["id"])  # 96 vCPUs; 12 per GPU
     root("sandboxes.create", poolId=pool["id"], vcpus=60, memoryGiB=64)
     assert reserve(root, pool, 4).result["state"] == "pending"  # 48 > 36 left
-    assert reserve(root, pool, 3).result["state"] == "placed"  # 36 fit exactly
+    assert reserve(root, pool, 3).result["state"] == "binding"  # 36 fit exactly
     answer = root.call("sandboxes.create", poolId=pool["id"], vcpus=1, memoryGiB=1)
     assert answer.code == "capacity_conflict"
 

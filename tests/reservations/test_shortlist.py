@@ -14,5 +14,5 @@ def test_a_fit_beyond_the_shortlist_is_placed_not_left_pending(root, pool):
     # The first nodes by id have no booking, so they fill the shortlist, but no healthy GPU.
     Device.objects.filter(node__in=nodes[:SHORTLIST]).update(health="unhealthy")
     rsv = reserve(root, pool, 8).result
-    assert rsv["state"] == "placed", rsv["failureReason"]
+    assert rsv["state"] == "binding", rsv["failureReason"]
     assert rsv["nodeId"] in {node.id for node in nodes[SHORTLIST:]}

@@ -178,7 +178,7 @@ def test_a_pending_request_sits_at_its_earliest_start_and_a_planned_one_at_its_b
         root, acme, shared):
     pool = shared["pool"]
     for _ in range(3):
-        assert reserve(root, pool, 8, duration=2 * HOUR).result["state"] == "placed"
+        assert reserve(root, pool, 8, duration=2 * HOUR).result["state"] == "binding"
     waiting = reserve(acme, pool, 4, duration=HOUR).result
     assert waiting["state"] == "pending"
     now = database_now()
