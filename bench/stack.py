@@ -11,11 +11,13 @@ driven by client processes over plain HTTP:
 - reserve -> active as the client sees it, first, on the fresh stack: create, then
   `reservations.get` every 20 ms until it says `active` (4 clients);
 - in the same run, the raw-SQL booking ceiling on the stack's own database (one INSERT per
-  transaction, same table and EXCLUDE constraint, no placement);
+  transaction, same table and EXCLUDE constraint, no placement), and then the API alone
+  (bench.booking's HTTP figure, kept-alive connections, with its own raw ceiling);
 - where the CPU went while the clients booked: API, Postgres, workers, gateway, agents and
   the clients themselves, in CPU milliseconds per booking;
-- the CLI's wall time (`--version`, `api system.whoami`) and the stack's memory (RSS by
-  process kind).
+- the CLI's wall time (`--version`, `api system.whoami`), the stack's memory (RSS and PSS by
+  process kind), and the time to ready: the first start (which migrates) and a second one
+  from the migrated copy, as a user's next `dev` starts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import multiprocessing
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -172,14 +175,16 @@ def p(values: list[float], q: int) -> float:
 
 
 def reserve_to_active(exports: dict[str, str], count: int, clients: int,
-                      within: float = 30.0) -> list[float]:
+                      within: float = 30.0, calls: list[int] | None = None) -> list[float]:
     """Create (1 GPU, now, one hour), then get every 20 ms until active; release. A client
-    that fails (an error answer, or not active `within` seconds) raises here."""
+    that fails (an error answer, or not active `within` seconds) raises here. `calls`, if
+    given, gets the number of API calls made appended."""
     url, token = exports["BETTER_COMPUTE_URL"], exports["BETTER_COMPUTE_TOKEN"].strip()
     headers = {"Authorization": f"Bearer {token}"}
     times: list[float] = []
     lock = threading.Lock()
     left = [count]
+    made = [0]
 
     def one(client: httpx.Client) -> None:
         began = time.monotonic()
@@ -189,6 +194,7 @@ def reserve_to_active(exports: dict[str, str], count: int, clients: int,
         while True:
             state = client.post(f"{url}/reservations/get",
                                 json={"reservationId": rsv["id"]}).json()["result"]["state"]
+            made[0] += 1
             if state == "active":
                 break
             if time.monotonic() - began > within:
@@ -210,6 +216,8 @@ def reserve_to_active(exports: dict[str, str], count: int, clients: int,
     with ThreadPoolExecutor(clients) as pool:
         for client in [pool.submit(loop) for _ in range(clients)]:
             client.result()
+    if calls is not None:
+        calls.append(made[0] + 2 * count)  # the gets, and each one's create and release
     return times
 
 
@@ -237,6 +245,22 @@ def cli_wall(exports: dict[str, str], argv: list[str]) -> float:
     return statistics.median(times) * 1000
 
 
+def api_alone(clients: str, seconds: float) -> dict[int, tuple[float, float]]:
+    """bench.booking's HTTP API alone (`serve` on a database of its own, no agents, gateway
+    or workers beside it, kept-alive connections), with its raw-SQL ceiling: clients ->
+    (bookings/s, ceiling/s)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.booking", "--clients", clients, "--seconds", str(seconds),
+         "--nodes", "8", "--baseline", ""], capture_output=True, text=True, check=True,
+        cwd=Path(__file__).resolve().parent.parent)
+    rates: dict[int, dict[str, float]] = {}
+    for line in done.stdout.splitlines():
+        found = re.match(r"\s*(\d+) clients\s+(raw SQL|HTTP API)\S*.*?\s([\d,.]+)/s", line)
+        if found:
+            rates.setdefault(int(found[1]), {})[found[2]] = float(found[3].replace(",", ""))
+    return {n: (r["HTTP API"], r["raw SQL"]) for n, r in rates.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -252,7 +276,11 @@ def main() -> None:
             rss = by_kind(processes, lambda pid: memory_mib(pid, "Rss"))
             pss = by_kind(processes, lambda pid: memory_mib(pid, "Pss"))
             # First, on the fresh stack: after the booking runs the next hours may be full.
-            active = reserve_to_active(exports, args.reservations, 4)
+            cpu_before, began, calls = by_kind(processes, cpu_seconds), time.monotonic(), []
+            active = reserve_to_active(exports, args.reservations, 4, calls=calls)
+            polled = time.monotonic() - began
+            polling = {kind: used - cpu_before[kind]
+                       for kind, used in by_kind(processes, cpu_seconds).items()}
             counts = [int(c) for c in args.clients.split(",")]
             rows = []
             for clients in counts:
@@ -275,13 +303,27 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(60)
+        process, ready_again, _ = start_dev(Path(folder), args.port, "again")
+        process.terminate()
+        process.wait(60)
+    alone = api_alone(args.clients, args.seconds / 2)
+    for row in rows:
+        rate, ceiling = alone.get(int(row["clients"]), (float("nan"), float("nan")))
+        row["api_alone"] = f"{rate:.1f} ({rate / ceiling:.3f} of its raw {ceiling:.0f})"
+        row["x_api_alone"] = f"{float(row['per_second']) / rate:.2f}"
     print()
     print(table(rows))
     print()
     print(table([
-        {"measure": "dev --memory --sim 8 ready", "value": f"{ready:.1f} s"},
+        {"measure": "dev --memory --sim 8 ready, first start (migrates)",
+         "value": f"{ready:.1f} s"},
+        {"measure": "dev --memory --sim 8 ready, again (from the migrated copy)",
+         "value": f"{ready_again:.1f} s"},
         {"measure": f"reserve -> active, client side ({len(active)}, 4 clients)",
          "value": f"p50 {p(active, 50) * 1000:.0f} ms, p99 {p(active, 99) * 1000:.0f} ms"},
+        {"measure": "  while it ran: API calls/s, and cores busy by kind",
+         "value": f"{calls[0] / polled:.0f}/s; " + ", ".join(
+             f"{k} {v / polled:.2f}" for k, v in polling.items() if v / polled >= 0.01)},
         {"measure": "better-compute --version (median of 10)", "value": f"{version:.0f} ms"},
         {"measure": "better-compute api system.whoami (median of 10)",
          "value": f"{whoami:.0f} ms"},
