@@ -119,7 +119,8 @@ class ReservationCreateIn(RequestShapeIn):
 @endpoint("reservations", "create", returns=wire.RESERVATION,
           input=ReservationCreateIn, mutating=True,
           subject=pool_subject("reservation"),
-          emits=(ReservationEvent.RESERVATION_PLACED, ReservationEvent.RESERVATION_PENDING))
+          emits=(ReservationEvent.RESERVATION_PLACED, ReservationEvent.RESERVATION_BINDING,
+                 ReservationEvent.RESERVATION_PENDING))
 def reservations_create(ctx: CallContext, data: dict[str, Any]) -> dict[str, Any]:
     """Reserve GPUs of one pool for a window: placed now, or pending until capacity frees."""
     data.pop("binding")
