@@ -60,13 +60,14 @@ REDISCOVER_AFTER = 2  # sessions in a row without a Welcome before the gateway i
 
 @dataclass
 class Converged:
-    """What applying a spec's holds made: every report, which of them repeat a hold the spec
-    left as it was, and the VMs and profile units it wants."""
+    """What applying a spec's holds made: the reports of what it changed, the `bound`
+    reports that only repeat a hold it left as it was, and the VMs and profile units it
+    wants."""
 
     machines: list[Vm]
     units: tuple[str, ...]
-    reports: list[tuple[str, str, str]] = field(default_factory=list)
-    unchanged: set[int] = field(default_factory=set)
+    changed: list[tuple[str, str, str]] = field(default_factory=list)
+    repeated: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class Agent:
@@ -263,7 +264,7 @@ class Agent:
                 if not remove_hold(hold, self.paths):
                     self.busy_slices[allocation] = hold
                 self.journal.done("unhold", allocation, workloads=workloads)
-                done.reports.append(self._signed("released", {
+                done.changed.append(self._signed("released", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "workloads": workloads}))
         claims = Claims.of(report.get("gpus", []))
@@ -273,7 +274,7 @@ class Agent:
                 "" if allocation in before else self.unclean.refusal(hold))
             if problem:
                 del wanted[allocation]
-                done.reports.append(self._signed("failed", {
+                done.changed.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": problem}))
         for allocation, hold in wanted.items():
@@ -283,15 +284,14 @@ class Agent:
             except (BadCdiSpec, SliceFailed) as refusal:
                 reason = f"{'cdi' if isinstance(refusal, BadCdiSpec) else 'slice'}: {refusal}"
                 self.journal.done("hold-refused", allocation, reason=reason)
-                done.reports.append(self._signed("failed", {
+                done.changed.append(self._signed("failed", {
                     "allocationId": allocation, "generation": generation,
                     "nodeId": self.config.node_id, "reason": reason[:200]}))
                 continue
             self.journal.done("hold", allocation, hold=hold.wire())
-            done.reports.append(self._signed("bound", {**bound, "generation": generation,
-                                                       "nodeId": self.config.node_id}))
-            if before.get(allocation) == hold:
-                done.unchanged.add(len(done.reports) - 1)
+            said = done.repeated if before.get(allocation) == hold else done.changed
+            said.append(self._signed("bound", {**bound, "generation": generation,
+                                               "nodeId": self.config.node_id}))
         self.journal.done("spec", str(generation), generation=generation)
         return done
 
@@ -300,10 +300,10 @@ class Agent:
         report."""
         self.vms.want(done.machines)
         self.profile.want(done.units, generation)
+        every = done.changed + done.repeated
         first = not self.spec_applied_here
-        self.spec_reports, self.spec_applied_here = done.reports, True
-        return done.reports if first else [
-            report for i, report in enumerate(done.reports) if i not in done.unchanged]
+        self.spec_reports, self.spec_applied_here = every, True
+        return every if first else done.changed
 
     def hello_generation(self) -> int:
         """The generation a new session says it applied: the journal's once this process
