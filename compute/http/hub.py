@@ -50,7 +50,17 @@ class Hub:
     def _ensure_listening(self) -> None:
         loop = asyncio.get_running_loop()
         if self.listener is None or self.listener.done() or self.listener.get_loop() is not loop:
+            self._stop_listening()
             self.listener = loop.create_task(self._listen())
+
+    def _stop_listening(self) -> None:
+        """Cancel a listener left on another event loop: its connection, never read again,
+        would block its backend once notifications filled the socket."""
+        if self.listener is None or self.listener.done():
+            return
+        other = self.listener.get_loop()
+        if not other.is_closed():
+            other.call_soon_threadsafe(self.listener.cancel)
 
     def _wake(self, tenant_id: str | None = None) -> None:
         groups = [self.waiters.get(tenant_id, set())] if tenant_id else self.waiters.values()

@@ -32,10 +32,16 @@ class RunningGateway:
     loop: asyncio.AbstractEventLoop
     gateway: Any
     thread: threading.Thread
+    serving: asyncio.Task[None]
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        """As a real stop does: cancel the server, whose shutdown closes its sessions and
+        its LISTEN connection. Merely stopping the loop would leave that connection open and
+        unread, and its backend, once the notifications fill its socket, would hold back
+        every DROP DATABASE on the server."""
+        self.loop.call_soon_threadsafe(self.serving.cancel)
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "the gateway did not stop"
         self.gateway.close()
 
 
@@ -62,18 +68,20 @@ def start_gateway(api_url: str, cert_dir: Path) -> RunningGateway:
                 listen=f"127.0.0.1:{port}", join_listen=f"127.0.0.1:{join_port}",
                 api_url=api_url, cert_dir=str(cert_dir),
                 trust_domain=trust, ready=started, holder=holder))
+            holder["serving"] = task
             await started.wait()
             ready.set()
             await task
 
-        with contextlib.suppress(RuntimeError):  # the loop was stopped
+        with contextlib.suppress(asyncio.CancelledError):  # stopped
             loop.run_until_complete(main())
+        loop.close()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert ready.wait(15), "the gateway did not start"
     return RunningGateway(f"127.0.0.1:{port}", f"127.0.0.1:{join_port}", loop,
-                          holder["gateway"], thread)
+                          holder["gateway"], thread, holder["serving"])
 
 
 @pytest.fixture
