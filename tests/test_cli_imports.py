@@ -1,5 +1,6 @@
-"""The CLI imports what the command needs: `--version` no HTTP client, an API call no
-database driver, Django, gRPC, simulator, bare-metal or dev-stack code."""
+"""The CLI imports what the command needs: `--version` no HTTP client and no package
+metadata, an API call no database driver, Django, gRPC, simulator, bare-metal or dev-stack
+code."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def imported(*argv: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("argv", "also_never"), [
-    (("--version",), ("httpx", "compute.client", "compute.cli.ledger")),
+    (("--version",), ("httpx", "compute.client", "compute.cli.ledger", "importlib.metadata")),
     (("api", "system.whoami"), ("compute.cli.ledger", "compute.cli.resources")),
     (("reservations", "list"), ("compute.cli.resources", "compute.cli.images")),
 ])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+VERSION = "0.2.0"
+
 # The session protocol's revision, sent in Hello. 1: Hello carries the agent's version and
 # this revision. Agents before it (0.1) send neither: agent_version "bcd-py", protocol 0.
 PROTOCOL = 1
@@ -13,14 +15,9 @@ UNVERSIONED_AGENT = ("bcd-py", "0.1.0")  # what 0.1 agents say, and the release 
 
 
 def version() -> str:
-    from importlib import metadata  # on call: it costs every command ~20 ms to load
-
-    for distribution in ("better-compute", "better-compute-agent"):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return "0+unknown"
+    """This release's version: a constant here, so that printing it loads no package
+    metadata (pyproject.toml reads it from here too)."""
+    return VERSION
 
 
 def release(text: str) -> tuple[int, int] | None:
