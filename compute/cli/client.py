@@ -85,31 +85,43 @@ JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 
 
 class Client:
-    """The CLI's envelope client: the public client library's transport (compute.client),
-    with the CLI's own errors."""
+    """The CLI's envelope client: the standard library's HTTP client for calls
+    (compute.cli.wire), and httpx only for a stream (`http`, made when first used)."""
 
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
-        from compute.client.transport import Transport  # httpx: loaded for a call only
+        from compute.cli.wire import Wire
 
         self.config = config
-        self.transport = Transport(config.url, config.token, timeout=timeout,
-                                   user_agent=USER_AGENT)
-        self.http = self.transport.http
+        self.timeout = timeout
+        self.wire = Wire(config.url, config.token, timeout=timeout, user_agent=USER_AGENT)
+        self._http: Any = None
+
+    @property
+    def http(self) -> Any:
+        """An httpx client with the caller's token, for streams."""
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.Client(
+                timeout=self.timeout, verify=not self.config.url.startswith("http://"),
+                headers={"Authorization": f"Bearer {self.config.token}",
+                         "User-Agent": USER_AGENT})
+        return self._http
 
     def call(self, method: str, body: dict[str, Any] | None = None,
              tenant: str | None = None) -> Any:
-        from compute.client.transport import ApiError as LibraryApiError
-        from compute.client.transport import ClientError
+        from compute.core.envelope import ApiError as EnvelopeError
+        from compute.core.envelope import ClientError
 
         if "." not in method.strip("."):
             raise CliError(f"method must look like group.method, got {method!r}")
-        payload = dict(body or {})
+        payload = {k: v for k, v in (body or {}).items() if v is not None}
         tenant = tenant or self.config.tenant
         if tenant and "tenantId" not in payload:
             payload["tenantId"] = tenant
         try:
-            return self.transport.call(method, payload)
-        except LibraryApiError as error:
+            return self.wire.call(method, payload)
+        except EnvelopeError as error:
             raise ApiError(error.code, error.message, error.status, error.details) from None
         except ClientError as error:
             raise CliError(str(error)) from None

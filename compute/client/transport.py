@@ -10,23 +10,12 @@ from typing import Any
 
 import httpx
 
+from compute.core.envelope import ApiError, ClientError, envelope_result
+
+__all__ = ["ApiError", "ClientError", "Transport"]
+
 USER_AGENT = "better-compute-client"
 RETRY_STATUSES = frozenset({502, 503, 504})
-
-
-class ClientError(Exception):
-    """The API could not be reached, or answered something that is not an envelope."""
-
-
-class ApiError(ClientError):
-    """The envelope's error: `code` (such as capacity_conflict), `message`, `details` (such
-    as the field it names), the HTTP `status` and the `request_id` to quote to an operator."""
-
-    def __init__(self, code: str, message: str, *, status: int, details: dict[str, Any],
-                 request_id: str) -> None:
-        super().__init__(f"{code}: {message} (request {request_id})")
-        self.code, self.message, self.status = code, message, status
-        self.details, self.request_id = details, request_id
 
 
 class Transport:
@@ -70,19 +59,7 @@ class Transport:
 
     @staticmethod
     def _result(url: str, response: httpx.Response) -> Any:
-        try:
-            envelope = response.json()
-        except ValueError:
-            raise ClientError(f"{url} answered HTTP {response.status_code} without a JSON "
-                              "envelope: is this the better-compute API?") from None
-        if not isinstance(envelope, dict) or "ok" not in envelope:
-            raise ClientError(f"{url} answered something that is not an API envelope")
-        if not envelope["ok"]:
-            error = envelope.get("error") or {}
-            raise ApiError(error.get("code", "internal"), error.get("message", ""),
-                           status=response.status_code, details=error.get("details") or {},
-                           request_id=envelope.get("requestId", ""))
-        return envelope["result"]
+        return envelope_result(url, response.status_code, response.content)
 
     def watch(self, *, types: str = "", since: int = 0) -> Iterator[dict[str, Any]]:
         """Events as they happen, after sequence `since`; a dropped stream is resumed from
