@@ -111,7 +111,16 @@ def scratch_url():
             conn.execute(f'CREATE DATABASE "{name}"')
     yield database_url(name)
     with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        conn.execute("SET statement_timeout = '60s'")
+        try:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        except psycopg.errors.QueryCanceled:
+            # The drop waits for every backend on the server to take its signal; one that
+            # is blocked writing to a client that no longer reads never does.
+            blocked = conn.execute(
+                "SELECT pid, datname, wait_event, left(query, 60) FROM pg_stat_activity "
+                "WHERE wait_event = 'ClientWrite'").fetchall()
+            pytest.fail(f"DROP DATABASE waited 60 s; backends blocked writing: {blocked}")
 
 
 def _torture_without(scratch_url: str, flag: str) -> dict:
