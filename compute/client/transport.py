@@ -26,8 +26,7 @@ class Transport:
             self.url += "/api/compute"
         self.tenant = tenant
         self.retries = retries
-        # Over plain HTTP there is no certificate to verify: loading the CA bundle for
-        # nothing would cost each CLI command tens of milliseconds.
+        # Over plain HTTP there is no certificate to verify, and no CA bundle to load.
         self.http = httpx.Client(timeout=timeout, verify=not self.url.startswith("http://"),
                                  headers={"Authorization": f"Bearer {token}",
                                           "User-Agent": user_agent})
