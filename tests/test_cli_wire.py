@@ -81,3 +81,23 @@ def test_an_unreachable_server_is_named():
     url = f"http://127.0.0.1:{free_port()}/api/compute"
     with pytest.raises(ClientError, match=f"cannot reach {url}"):
         Wire(url, "biam_tok_x.y", timeout=5, user_agent="test").call("pools.list", {})
+
+
+def test_threads_sharing_a_wire_each_get_their_own_connection(server):
+    wire = Wire(server, "biam_tok_x.y", timeout=5, user_agent="test")
+    failures: list[BaseException] = []
+
+    def calls(n: int) -> None:
+        try:
+            for i in range(20):
+                assert wire.call("pools.list", {"n": n * 100 + i}) == {"n": n * 100 + i}
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=calls, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert failures == []
+    assert len(Recorder.seen) == 160

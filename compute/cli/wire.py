@@ -8,6 +8,7 @@ import http.client
 import json
 import select
 import ssl
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,8 +16,9 @@ from compute.core.envelope import ClientError, envelope_result
 
 
 class Wire:
-    """POSTs envelopes to `url` (…/api/compute) on one connection, kept between the calls of
-    a command and opened again when the server has closed it meanwhile."""
+    """POSTs envelopes to `url` (…/api/compute) on one connection per thread (an
+    http.client connection is not safe to share), kept between the calls of a command and
+    opened again when the server has closed it meanwhile."""
 
     def __init__(self, url: str, token: str, *, timeout: float, user_agent: str) -> None:
         parts = urlsplit(url)
@@ -27,7 +29,15 @@ class Wire:
         self.timeout = timeout
         self.headers = {"Authorization": f"Bearer {token}", "User-Agent": user_agent,
                         "Content-Type": "application/json", "Accept": "application/json"}
-        self.connection: http.client.HTTPConnection | None = None
+        self._local = threading.local()
+
+    @property
+    def connection(self) -> http.client.HTTPConnection | None:
+        return getattr(self._local, "connection", None)
+
+    @connection.setter
+    def connection(self, connection: http.client.HTTPConnection | None) -> None:
+        self._local.connection = connection
 
     def call(self, method: str, payload: dict[str, Any]) -> Any:
         group, _, name = method.partition(".")
